@@ -123,10 +123,15 @@ def kernel_for(features: dict[str, Any], seed: int = 3) -> np.ndarray:
 
 
 def flat_activations(activations: dict[str, tf.Tensor]) -> tf.Tensor:
-  """The activations side by side, sorted by feature name."""
+  """The activations side by side, sorted by feature name.
+
+  The width of each comes from its static shape, so a ``Dense`` layer on top
+  builds even when the batch size is unknown (as under tf-keras with
+  MultiWorkerMirroredStrategy, where partial batches are possible).
+  """
   return tf.concat(
     [
-      tf.reshape(activations[k], [tf.shape(activations[k])[0], -1])
+      tf.reshape(activations[k], [-1, activations[k].shape[1:].num_elements()])
       for k in sorted(activations)
     ],
     axis=1,

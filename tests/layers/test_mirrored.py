@@ -57,13 +57,19 @@ LAYERS = {
 }
 
 
+def make_model(kind):
+  """``(model, layer)``, compiled; call under the strategy's scope."""
+  big, small = builders.tables(big_optimizer=tpe.Adagrad(0.2))
+  features = dense_features(big, small)
+  layer = LAYERS[kind](features)
+  model = builders.LinearModel(layer, builders.kernel_for(features))
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+  return model, layer
+
+
 def train(strategy, kind):
   with strategy.scope():
-    big, small = builders.tables(big_optimizer=tpe.Adagrad(0.2))
-    features = dense_features(big, small)
-    layer = LAYERS[kind](features)
-    model = builders.LinearModel(layer, builders.kernel_for(features))
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model, layer = make_model(kind)
   x, y = dense_data()
   model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
   return model, layer, x, y

@@ -1,7 +1,9 @@
 """Keras layers: ``TPUEmbedding`` and ``PartialTPUEmbedding``.
 
 The tensorflow-recommenders layers, training inside ``model.fit`` on the
-default strategy, ``OneDeviceStrategy`` and ``MirroredStrategy``. They
+default strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
+``MultiWorkerMirroredStrategy`` (see ``multi_worker_fit`` for the Keras 3
+fix the layers install there). They
 subclass the Keras ``tf.keras`` resolves to when this module is imported:
 Keras 3, or tf-keras when ``TF_USE_LEGACY_KERAS=1`` (see ``keras_compat``).
 
@@ -14,8 +16,14 @@ Example:
   TensorShape([1000, 8])
 """
 
+from tpu_embedding.layers.multi_worker_fit import enable_multi_worker_fit
 from tpu_embedding.layers.partial_tpu_embedding import PartialTPUEmbedding
 from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 
-__all__ = ["PartialTPUEmbedding", "ReplicatedEmbedding", "TPUEmbedding"]
+__all__ = [
+  "PartialTPUEmbedding",
+  "ReplicatedEmbedding",
+  "TPUEmbedding",
+  "enable_multi_worker_fit",
+]

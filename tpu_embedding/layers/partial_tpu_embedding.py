@@ -117,7 +117,7 @@ class PartialTPUEmbedding(Layer):
     self.supports_jit = False
     self._optimizer = common.embedding_optimizer(optimizer)
     self._config = resolve(feature_config, None)
-    self._strategy = tf.distribute.get_strategy()
+    self._strategy = common.creation_strategy()
     self._size_threshold = size_threshold
     self._pipeline_execution_with_tensor_core = (
       pipeline_execution_with_tensor_core

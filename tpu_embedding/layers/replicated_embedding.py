@@ -82,7 +82,7 @@ class ReplicatedEmbedding(Layer):
     super().__init__(**kwargs)
     self.supports_jit = False
     self._config = resolve(feature_config, None)
-    self._strategy = tf.distribute.get_strategy()
+    self._strategy = common.creation_strategy()
     self._weights_by_table = tuple(
       self.add_weight(
         name=table.name,

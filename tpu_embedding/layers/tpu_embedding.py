@@ -61,11 +61,11 @@ class TPUEmbedding(Layer):
   """A Keras layer looking up, and training, ``tpu_embedding`` tables.
 
   A drop-in for ``tfrs.layers.embedding.TPUEmbedding`` that trains on the
-  default strategy, ``OneDeviceStrategy`` and ``MirroredStrategy`` (tables
-  row-sharded over the replicas) inside ``model.fit``/``evaluate``/
-  ``predict`` and custom loops. Call it on a nest of ids (dense, sparse or
-  ragged) matching ``feature_config``; it returns the activations in the same
-  nest, with TPU shapes and combiners.
+  default strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
+  ``MultiWorkerMirroredStrategy`` (tables row-sharded over the replicas)
+  inside ``model.fit``/``evaluate``/``predict`` and custom loops. Call it on
+  a nest of ids (dense, sparse or ragged) matching ``feature_config``; it
+  returns the activations in the same nest, with TPU shapes and combiners.
 
   Training: the loss' gradients with respect to the activations update the
   looked-up rows with each table's optimizer (the table's own, else the
@@ -81,9 +81,12 @@ class TPUEmbedding(Layer):
   Strategies: create the model under the strategy's scope. Under
   ``MirroredStrategy``, training lookups must run in replica context
   (``model.fit`` does so); lookups outside ``strategy.run`` work for
-  inference. Keras 3 builds models under a strategy from the first batch
-  averaged over the replicas, which Keras cannot do for ragged or sparse
-  inputs: use dense ids with ``model.fit`` there, or a custom loop.
+  inference. Keras 3's own ``fit`` fails for every model on a
+  multi-worker ``MultiWorkerMirroredStrategy``; creating this layer there
+  installs the fix (``tpu_embedding.layers.enable_multi_worker_fit``).
+  Keras 3 builds models under a (single-worker) strategy from the first
+  batch averaged over the replicas, which Keras cannot do for ragged or
+  sparse inputs: use dense ids with ``model.fit`` there, or a custom loop.
 
   Saving: ``tf.train.Checkpoint(model=model)`` saves the tables under
   TensorFlow's keys (``.../_tpu_embedding/<table>``, as the
@@ -153,7 +156,7 @@ class TPUEmbedding(Layer):
     )
     self._batch_size = batch_size
     self._row_sharding_threshold = row_sharding_threshold
-    self._strategy = tf.distribute.get_strategy()
+    self._strategy = common.creation_strategy()
     self._single_device = not tf.distribute.has_strategy() or isinstance(
       self._strategy, tf.distribute.OneDeviceStrategy
     )

@@ -1,0 +1,112 @@
+"""Runs test scripts as real processes: worker clusters on 127.0.0.1.
+
+A MultiWorkerMirroredStrategy worker needs its own process with its own
+``TF_CONFIG``; :func:`run_workers` starts one per worker, together, and
+waits for all of them. :func:`run_script` runs one process (no cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import NamedTuple
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+class Finished(NamedTuple):
+  """A finished process: exit code and its whole output."""
+
+  returncode: int
+  stdout: str
+  stderr: str
+
+  def check(self) -> str:
+    """Asserts it exited 0 printing "OK" last; returns stdout."""
+    assert self.returncode == 0, self.stdout[-3000:] + self.stderr[-6000:]
+    assert self.stdout.strip().endswith("OK"), self.stdout[-3000:]
+    return self.stdout
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+  return {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+      [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    ),
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    **(extra or {}),
+  }
+
+
+def _start(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
+  return subprocess.Popen(
+    [sys.executable, *map(str, args)],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+    cwd=str(ROOT),
+  )
+
+
+def _wait(processes: list[subprocess.Popen], timeout: int) -> list[Finished]:
+  finished = []
+  try:
+    for process in processes:
+      stdout, stderr = process.communicate(timeout=timeout)
+      finished.append(Finished(process.returncode, stdout, stderr))
+  finally:
+    for process in processes:
+      process.kill()
+  return finished
+
+
+def run_workers(
+  args: Sequence[str],
+  num_workers: int = 2,
+  env: dict[str, str] | None = None,
+  timeout: int = 300,
+) -> list[Finished]:
+  """Runs ``python *args`` once per worker of a localhost cluster.
+
+  Args:
+    args: the script and its arguments.
+    num_workers: cluster size; worker ``i`` gets task index ``i``.
+    env: extra environment variables for every worker.
+    timeout: seconds to wait for each worker.
+
+  Returns:
+    The workers' results, in task order.
+  """
+  workers = [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]
+  processes = []
+  for index in range(num_workers):
+    tf_config = {
+      "cluster": {"worker": workers},
+      "task": {"type": "worker", "index": index},
+    }
+    processes.append(
+      _start(args, _env({**(env or {}), "TF_CONFIG": json.dumps(tf_config)}))
+    )
+  return _wait(processes, timeout)
+
+
+def run_script(
+  args: Sequence[str], env: dict[str, str] | None = None, timeout: int = 300
+) -> Finished:
+  """Runs ``python *args`` in one fresh process (no ``TF_CONFIG``)."""
+  clean = _env(env)
+  clean.pop("TF_CONFIG", None)
+  return _wait([_start(args, clean)], timeout)[0]

@@ -1,0 +1,99 @@
+"""``model.fit`` with the Keras layers, one process of a comparison.
+
+Run by tests/layers/test_multi_worker_fit.py, under Keras 3 or tf-keras:
+
+* with ``TF_CONFIG`` (one process per worker): under
+  MultiWorkerMirroredStrategy, the ``tests.layers.test_mirrored`` models
+  (``TPUEmbedding``; ``PartialTPUEmbedding``) are built, fitted, evaluated
+  and predicted with Keras, and each worker writes a
+  ``tf.train.Checkpoint`` of each model (every worker must take part; the
+  chief's is the one kept);
+* without (after the workers): the same on the default strategy (the
+  reference), then the chief's checkpoints restored into fresh one-device
+  models.
+
+Writes ``OUT/<run>.npz`` (``<run>``: ``worker0``, ``worker1`` or
+``one_device``) with, per model kind, every table and slot, the dense kernel,
+``evaluate``'s loss, ``predict``'s outputs, the rows of the big table this
+process holds
+(and, for the reference, the restored tables), plus whether the Keras 3
+multi-worker fix is installed.
+Prints "OK" last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tests.layers import test_mirrored  # noqa: E402
+from tpu_embedding.layers import multi_worker_fit  # noqa: E402
+
+BATCH = 8
+
+
+def results(model, layer, x, y):
+  out = {
+    f"{table}/{slot}": value
+    for (table, slot), value in test_mirrored.layer_values(layer).items()
+  }
+  mid_level = test_mirrored.mid_level(layer)
+  if hasattr(mid_level.backend, "shards"):  # Sharded: this worker's shards.
+    held = mid_level.backend.shards("big")
+  else:
+    held = [mid_level.variables["big"]["parameters"]]
+  out["big_rows_held"] = np.asarray([variable.shape[0] for variable in held])
+  out["kernel"] = model.dense.kernel.numpy()
+  out["evaluate"] = np.asarray(
+    model.evaluate(x, y, batch_size=BATCH, verbose=0)
+  )
+  out["predict"] = model.predict(x, batch_size=BATCH, verbose=0)
+  return out
+
+
+def restored(kind, checkpoint, x):
+  """Values of a fresh one-device model restored from ``checkpoint``."""
+  model, layer = test_mirrored.make_model(kind)
+  model({k: tf.constant(v[:2]) for k, v in x.items()}, training=False)
+  status = tf.train.Checkpoint(model=model).read(checkpoint)
+  status.assert_existing_objects_matched()
+  return {
+    f"restored/{table}/{slot}": value
+    for (table, slot), value in test_mirrored.layer_values(layer).items()
+  }
+
+
+def main(out_dir: pathlib.Path) -> None:
+  tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
+  if tf_config:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    run = f"worker{tf_config['task']['index']}"
+  else:
+    strategy = tf.distribute.get_strategy()
+    run = "one_device"
+  saved = {}
+  for kind in sorted(test_mirrored.LAYERS):
+    model, layer, x, y = test_mirrored.train(strategy, kind)
+    for key, value in results(model, layer, x, y).items():
+      saved[f"{kind}/{key}"] = value
+    checkpoint = out_dir / "worker0" / kind / "ckpt"
+    if tf_config:
+      path = checkpoint if run == "worker0" else out_dir / run / kind / "ckpt"
+      tf.train.Checkpoint(model=model).write(str(path))
+    else:
+      for key, value in restored(kind, str(checkpoint), x).items():
+        saved[f"{kind}/{key}"] = value
+  saved["fix_installed"] = np.asarray(multi_worker_fit._installed)
+  np.savez(out_dir / f"{run}.npz", **saved)
+  print("OK")
+
+
+if __name__ == "__main__":
+  main(pathlib.Path(sys.argv[1]))

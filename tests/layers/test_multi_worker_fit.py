@@ -1,0 +1,125 @@
+"""``model.fit`` with the layers on MultiWorkerMirroredStrategy, 2 processes.
+
+Two real worker processes on 127.0.0.1 (``TF_CONFIG``), one replica each:
+the big table is row-sharded across the workers. Both Keras versions:
+Keras 3 (whose own ``fit`` fails there for every model; the layers install
+``tpu_embedding.layers.enable_multi_worker_fit``) and tf-keras. Each worker
+fits, evaluates and predicts the ``test_mirrored`` models, then checkpoints
+them; a third process runs the same on one device and restores the chief's
+checkpoints (see tests/distributed/mwms_keras_fit.py). Both workers must
+end with the one-device tables, slots, dense weights, loss and predictions.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import mirrored_strategy
+from tests.distributed import cluster
+from tests.layers import builders
+from tests.layers.test_mirrored import LAYERS
+from tpu_embedding.layers import keras_compat
+from tpu_embedding.layers import multi_worker_fit
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "distributed" / "mwms_keras_fit.py"
+KERAS = {"keras_3": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
+
+
+@pytest.fixture(scope="module", params=sorted(KERAS))
+def runs(request, tmp_path_factory):
+  """``{run: {key: array}}`` for worker0, worker1 and one_device."""
+  out = tmp_path_factory.mktemp(request.param)
+  env = KERAS[request.param]
+  for worker in cluster.run_workers([SCRIPT, out], env=env):
+    worker.check()
+  cluster.run_script([SCRIPT, out], env=env).check()
+  loaded = {}
+  for run in ("worker0", "worker1", "one_device"):
+    with np.load(out / f"{run}.npz") as data:
+      loaded[run] = {key: data[key] for key in data.files}
+  return request.param, loaded
+
+
+def trained_keys(values, kind):
+  return sorted(
+    key
+    for key in values
+    if key.startswith(f"{kind}/")
+    and "/restored/" not in key
+    and not key.endswith("big_rows_held")
+  )
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+@pytest.mark.parametrize("worker", ["worker0", "worker1"])
+def test_workers_fit_like_one_device(runs, kind, worker):
+  _, values = runs
+  want, got = values["one_device"], values[worker]
+  keys = trained_keys(want, kind)
+  assert f"{kind}/big/parameters" in keys and f"{kind}/kernel" in keys
+  assert set(trained_keys(got, kind)) == set(keys)
+  for key in keys:  # tables, slots, kernel, evaluate's loss, predictions
+    np.testing.assert_allclose(
+      got[key], want[key], rtol=1e-5, atol=1e-5, err_msg=key
+    )
+  initial_big, _ = builders.table_values()
+  assert not np.allclose(want[f"{kind}/big/parameters"], initial_big)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_big_table_is_sharded_across_the_workers(runs, kind):
+  _, values = runs
+  half = [builders.V_BIG // 2]
+  assert list(values["worker0"][f"{kind}/big_rows_held"]) == half
+  assert list(values["worker1"][f"{kind}/big_rows_held"]) == half
+  assert list(values["one_device"][f"{kind}/big_rows_held"]) == [builders.V_BIG]
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_chief_checkpoint_restores_on_one_device(runs, kind):
+  _, values = runs
+  restored = {
+    key.replace("/restored/", "/"): value
+    for key, value in values["one_device"].items()
+    if key.startswith(f"{kind}/restored/")
+  }
+  assert f"{kind}/big/parameters" in restored
+  for key, value in restored.items():
+    np.testing.assert_allclose(
+      value, values["worker0"][key], rtol=1e-6, atol=1e-6, err_msg=key
+    )
+
+
+def test_fix_installed_only_for_keras_3_workers(runs):
+  keras_version, values = runs
+  assert bool(values["worker0"]["fix_installed"]) == (
+    keras_version == "keras_3"
+  )
+  assert bool(values["worker1"]["fix_installed"]) == (
+    keras_version == "keras_3"
+  )
+  assert not values["one_device"]["fix_installed"]
+
+
+@pytest.mark.skipif(not keras_compat.IS_KERAS_3, reason="Keras 3's trainer")
+def test_fix_leaves_single_worker_strategies_to_keras():
+  from keras.src.backend.tensorflow import trainer
+
+  assert multi_worker_fit.enable_multi_worker_fit()
+  assert multi_worker_fit.enable_multi_worker_fit()  # idempotent
+  strategy = mirrored_strategy(2)
+  assert not multi_worker_fit.needs_fix(strategy)
+
+  def replica_id():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.fill([1], tf.cast(replica, tf.float32))
+
+  values = strategy.run(replica_id)
+  mean = trainer.reduce_per_replica({"loss": values}, strategy, "auto")
+  np.testing.assert_array_equal(mean["loss"], [0.5])
+  concat = trainer.reduce_per_replica(values, strategy, "concat")
+  np.testing.assert_array_equal(concat, [0.0, 1.0])
