@@ -1,0 +1,51 @@
+"""SavedModel export of all or a subset of an embedding's tables.
+
+One module per concept:
+
+* ``signature``: ``FeatureSpec``, an embedding feature's dense (padded)
+  id tensor in a serving signature; ``padded_to_sparse``;
+  ``validate_signature``.
+* ``subset``: ``TableSubset``, the selected tables and their features;
+  ``ServingLookup``, live CPU lookups in them (or in copies).
+* ``saved_model``: ``export_for_serving``, which writes the SavedModel
+  (its docstring tables how ids are fed), and its ``ExportResult``.
+* ``from_checkpoint``: ``ExportSpec`` and ``serving_embedding_for``, with
+  which ``tools/export.py`` exports from a checkpoint.
+
+Every public name is importable from ``tpu_embedding.export``.
+
+Example:
+  >>> from tpu_embedding import export
+  >>> export.FeatureSpec([None, 5]).tensor_specs("genres")["genres"].shape
+  TensorShape([None, 5])
+"""
+
+from tpu_embedding.export.from_checkpoint import ExportSpec
+from tpu_embedding.export.from_checkpoint import serving_embedding_for
+from tpu_embedding.export.saved_model import ExportResult
+from tpu_embedding.export.saved_model import export_for_serving
+from tpu_embedding.export.signature import PADDING_ID
+from tpu_embedding.export.signature import FeatureSpec
+from tpu_embedding.export.signature import padded_to_sparse
+from tpu_embedding.export.signature import validate_signature
+from tpu_embedding.export.signature import weights_name
+from tpu_embedding.export.subset import ServingLookup
+from tpu_embedding.export.subset import TableSelection
+from tpu_embedding.export.subset import TableSubset
+from tpu_embedding.export.subset import feature_config_of
+
+__all__ = [
+  "PADDING_ID",
+  "ExportResult",
+  "ExportSpec",
+  "FeatureSpec",
+  "ServingLookup",
+  "TableSelection",
+  "TableSubset",
+  "export_for_serving",
+  "feature_config_of",
+  "padded_to_sparse",
+  "serving_embedding_for",
+  "validate_signature",
+  "weights_name",
+]

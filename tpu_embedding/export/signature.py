@@ -1,0 +1,233 @@
+"""Serving signature inputs: ``FeatureSpec`` and the padded-id convention.
+
+A SavedModel signature takes dense tensors only. ``FeatureSpec`` declares
+the id tensor of an embedding feature (how each shape is fed and looked up
+is tabled in ``tpu_embedding.export.saved_model``); ``padded_to_sparse``
+turns ids padded with ``PADDING_ID`` (-1) into a ``tf.SparseTensor``; and
+``validate_signature`` checks a signature against a feature config and a
+table selection before anything is exported.
+
+Example:
+  >>> from tpu_embedding.export import FeatureSpec
+  >>> sorted(FeatureSpec([None, None], weights=True).tensor_specs("history"))
+  ['history', 'history_weights']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import FeatureConfig
+from tpu_embedding.export.subset import TableSelection
+from tpu_embedding.export.subset import TableSubset
+from tpu_embedding.structure import flatten_with_paths
+
+#: The id that pads a ``[B, L]`` id tensor; such entries are no ids.
+PADDING_ID = -1
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+  """One embedding feature of a serving signature: its dense id tensor.
+
+  Attributes:
+    shape: the id tensor's shape, batch first. ``[None]``: one id per
+      example (a dense lookup). ``[None, L]`` (``L`` an int or None):
+      up to ``L`` ids per example, padded with ``PADDING_ID`` (-1), for
+      the table's combiner or a sequence feature. Higher ranks pad the
+      last dimension (``[B, S, L]`` gives ``(B, S, dim)``).
+    dtype: ``tf.int64`` or ``tf.int32``.
+    weights: also take ``<name>_weights``, float32 of the same shape
+      (rank >= 2 only, not for sequence features).
+    feature: the feature path in the feature config (``"query/user"``
+      for nested configs); defaults to the signature input's name.
+
+  Example:
+    >>> from tpu_embedding.export import FeatureSpec
+    >>> FeatureSpec([None, 5], weights=True).tensor_specs("genres")
+    {'genres': TensorSpec(shape=(None, 5), dtype=tf.int64, name='genres'), \
+'genres_weights': TensorSpec(shape=(None, 5), dtype=tf.float32, \
+name='genres_weights')}
+  """
+
+  shape: Sequence[int | None] = (None,)
+  dtype: tf.DType = tf.int64
+  weights: bool = False
+  feature: str | None = None
+
+  def __post_init__(self):
+    shape = tf.TensorShape(self.shape)
+    if shape.rank is not None:  # hashable and printable like TensorSpec's
+      object.__setattr__(self, "shape", tuple(shape.as_list()))
+    if shape.rank is None or shape.rank < 1:
+      raise ValueError(
+        f"FeatureSpec shape must be [batch] or [batch, ..., ids], got "
+        f"{self.shape!r}."
+      )
+    if tf.as_dtype(self.dtype) not in (tf.int32, tf.int64):
+      raise ValueError(
+        f"FeatureSpec dtype must be tf.int32 or tf.int64, got {self.dtype!r}."
+      )
+    if self.weights and shape.rank < 2:
+      raise ValueError(
+        "FeatureSpec(weights=True) needs padded ids of shape [batch, L]: a "
+        "rank-1 id tensor is a dense lookup, which takes no weights."
+      )
+
+  def tensor_specs(self, name: str) -> dict[str, tf.TensorSpec]:
+    """The signature inputs of this feature when named ``name``."""
+    specs = {name: tf.TensorSpec(self.shape, self.dtype, name=name)}
+    if self.weights:
+      specs[weights_name(name)] = tf.TensorSpec(
+        self.shape, tf.float32, name=weights_name(name)
+      )
+    return specs
+
+
+def weights_name(name: str) -> str:
+  """The signature input holding the weights of feature input ``name``."""
+  return f"{name}_weights"
+
+
+def padded_to_sparse(
+  ids: tf.Tensor, weights: tf.Tensor | None = None
+) -> tuple[tf.SparseTensor, tf.SparseTensor | None]:
+  """The ids ``!= PADDING_ID`` of a padded tensor, as a SparseTensor.
+
+  Args:
+    ids: ``[B, ..., L]`` integer ids padded with ``PADDING_ID``.
+    weights: None, or float weights of the same shape (their values at
+      padded positions are ignored).
+
+  Returns:
+    ``(ids, weights)`` SparseTensors with the dense shape of ``ids``
+    (weights None when not given).
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from tpu_embedding.export import padded_to_sparse
+    >>> sp, _ = padded_to_sparse(tf.constant([[3, -1], [-1, -1], [1, 2]]))
+    >>> sp.indices.numpy().tolist(), sp.values.numpy().tolist()
+    ([[0, 0], [2, 0], [2, 1]], [3, 1, 2])
+  """
+  indices = tf.where(tf.not_equal(ids, tf.cast(PADDING_ID, ids.dtype)))
+  dense_shape = tf.shape(ids, out_type=tf.int64)
+  sparse_ids = tf.SparseTensor(indices, tf.gather_nd(ids, indices), dense_shape)
+  if weights is None:
+    return sparse_ids, None
+  check = tf.debugging.assert_equal(
+    tf.shape(weights, out_type=tf.int64),
+    dense_shape,
+    message="Weights must have the shape of their padded ids.",
+  )
+  with tf.control_dependencies([check]):
+    values = tf.gather_nd(tf.cast(weights, tf.float32), indices)
+  return sparse_ids, tf.SparseTensor(indices, values, dense_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Signature:
+  """A parsed ``input_signature``: embedding features and dense inputs."""
+
+  features: dict[str, tuple[FeatureSpec, str, FeatureConfig]]
+  dense: dict[str, tf.TensorSpec]
+  specs: dict[str, tf.TensorSpec]
+
+
+def validate_signature(
+  feature_config: Any,
+  input_signature: Mapping[str, FeatureSpec | tf.TensorSpec],
+  tables: TableSelection = None,
+) -> None:
+  """Checks a serving signature against the feature config and tables.
+
+  ``export_for_serving`` runs the same checks; this runs them before any
+  table is restored or copied (``tools/export.py`` does).
+
+  Raises:
+    ValueError: for an unknown table or feature, a feature whose table is
+      not selected, invalid names or specs.
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> from tpu_embedding.export import FeatureSpec, validate_signature
+    >>> config = {"user": tpe.FeatureConfig(tpe.TableConfig(9, 2, name="u")),
+    ...           "item": tpe.FeatureConfig(tpe.TableConfig(9, 2, name="i"))}
+    >>> validate_signature(config, {"item": FeatureSpec()}, tables=["u"])
+    Traceback (most recent call last):
+    ...
+    ValueError: Feature 'item' is looked up in table 'i', which is not \
+among the selected tables ['u']: add it to `tables` or drop the feature.
+  """
+  _parse_signature(input_signature, TableSubset(feature_config, tables))
+
+
+def _parse_signature(
+  input_signature: Mapping[str, Any], subset: TableSubset
+) -> _Signature:
+  if not isinstance(input_signature, Mapping) or not input_signature:
+    raise ValueError(
+      "input_signature must be a non-empty dict {input name: FeatureSpec "
+      "or tf.TensorSpec}."
+    )
+  known = {path for path, _ in flatten_with_paths(subset.feature_config)}
+  features, dense, specs = {}, {}, {}
+  for name, spec in input_signature.items():
+    if not isinstance(name, str) or not _NAME.match(name):
+      raise ValueError(
+        f"Signature input name {name!r} must start with a letter and hold "
+        "only letters, digits and '_'; name nested features with "
+        "FeatureSpec(feature='a/b')."
+      )
+    if isinstance(spec, tf.TensorSpec) and name in known:
+      spec = FeatureSpec(spec.shape, spec.dtype)  # ids of that feature
+    if isinstance(spec, FeatureSpec):
+      path = spec.feature or name
+      feature = subset.feature(path)
+      rank = tf.TensorShape(spec.shape).rank
+      if feature.max_sequence_length > 0 and rank == 1:
+        raise ValueError(
+          f"Feature {path!r} is a sequence feature (max_sequence_length="
+          f"{feature.max_sequence_length}): declare its ids as "
+          "FeatureSpec([None, L]), padded with -1."
+        )
+      if feature.max_sequence_length > 0 and spec.weights and rank == 2:
+        raise ValueError(
+          f"Feature {path!r} is a sequence feature: it takes no weights."
+        )
+      features[name] = (spec, path, feature)
+      new = spec.tensor_specs(name)
+    elif isinstance(spec, tf.TensorSpec):
+      dense[name] = tf.TensorSpec(spec.shape, spec.dtype, name=name)
+      new = {name: dense[name]}
+    else:
+      raise TypeError(
+        f"input_signature[{name!r}] is a {type(spec).__name__}; expected "
+        "a FeatureSpec (embedding ids) or a tf.TensorSpec (dense feature)."
+      )
+    clash = set(new) & (set(specs) | set(input_signature) - {name})
+    if clash:
+      raise ValueError(
+        f"Signature input names {sorted(clash)} are used twice (weights "
+        f"of feature {name!r} are named {weights_name(name)!r})."
+      )
+    specs.update(new)
+  return _Signature(features, dense, specs)
+
+
+def _activation_shape(spec: FeatureSpec, feature: FeatureConfig) -> list:
+  shape = tf.TensorShape(spec.shape).as_list()
+  dim = feature.table.dim
+  if len(shape) == 1:
+    return shape + [dim]
+  if len(shape) == 2 and feature.max_sequence_length > 0:
+    return [shape[0], feature.max_sequence_length, dim]
+  return shape[:-1] + [dim]
