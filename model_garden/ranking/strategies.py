@@ -71,6 +71,11 @@ def local_cluster(num_workers: int, num_ps: int) -> tf.train.ClusterSpec:
   For trying ``parameter_server`` on one machine: ``num_workers`` workers
   and ``num_ps`` parameter servers, each a ``tf.distribute.Server`` on a
   free loopback port, in this process.
+
+  Each worker gets at least ``num_workers + 1`` inter-op threads: in-process
+  workers with fewer (the default is one per core) hang as soon as steps run
+  on several workers at once (as TensorFlow's own in-process test clusters
+  do, b/172296720).
   """
   spec = tf.train.ClusterSpec(
     {
@@ -78,10 +83,18 @@ def local_cluster(num_workers: int, num_ps: int) -> tf.train.ClusterSpec:
       "ps": [f"127.0.0.1:{_free_port()}" for _ in range(num_ps)],
     }
   )
+  worker_config = tf.compat.v1.ConfigProto(
+    inter_op_parallelism_threads=max(num_workers + 1, os.cpu_count() or 1)
+  )
   for job, count in (("worker", num_workers), ("ps", num_ps)):
     for index in range(count):
       tf.distribute.Server(
-        spec, job_name=job, task_index=index, protocol="grpc", start=True
+        spec,
+        job_name=job,
+        task_index=index,
+        protocol="grpc",
+        config=worker_config if job == "worker" else None,
+        start=True,
       )
   return spec
 

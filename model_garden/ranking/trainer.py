@@ -227,7 +227,7 @@ class Trainer:
     loss = None
     for step in range(start + 1, target + 1):
       if self._is_ps:
-        # One step at a time (see _ps_evaluate).
+        # One step at a time (see _ps_evaluate for why).
         loss = self._coordinator.schedule(step_fn, args=(iterator,))
         self._coordinator.join()
         loss = loss.fetch()
@@ -327,8 +327,9 @@ class Trainer:
     )
     step_fn = tf.function(self.task.eval_step_ps)
     for _ in range(limit):
-      # One step at a time: concurrent steps on several workers deadlock in
-      # tpu_embedding's parameter-server backend (TF 2.21).
+      # One step at a time: Keras 3 metrics add by read-modify-write
+      # (`assign(self + value)`), so steps running concurrently on several
+      # workers would lose counts and report wrong AUC and means.
       self._coordinator.schedule(step_fn, args=(iterator,))
       self._coordinator.join()
     return limit

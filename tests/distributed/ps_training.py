@@ -4,8 +4,9 @@ Run as a script (by tests/test_parameter_server.py) because connecting to a
 cluster changes the whole process's TensorFlow context. Starts 2 workers and
 2 parameter servers as in-process gRPC servers on 127.0.0.1, trains with a
 ``ClusterCoordinator`` one step at a time, and compares tables, slots and a
-checkpoint with the same steps on one device. Prints "OK" and exits 0 on
-success.
+checkpoint with the same steps on one device; then schedules steps on both
+workers at once (asynchronous training) and checks every update lands.
+Prints "OK" and exits 0 on success.
 """
 
 from __future__ import annotations
@@ -37,10 +38,20 @@ def start_cluster(num_workers: int, num_ps: int) -> tf.train.ClusterSpec:
       "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
     }
   )
+  # In-process workers need num_workers + 1 inter-op threads, or steps
+  # scheduled on several workers at once hang (TensorFlow b/172296720).
+  worker_config = tf.compat.v1.ConfigProto(
+    inter_op_parallelism_threads=num_workers + 1
+  )
   for job, count in (("worker", num_workers), ("ps", num_ps)):
     for index in range(count):
       tf.distribute.Server(
-        spec, job_name=job, task_index=index, protocol="grpc", start=True
+        spec,
+        job_name=job,
+        task_index=index,
+        protocol="grpc",
+        config=worker_config if job == "worker" else None,
+        start=True,
       )
   return spec
 
@@ -79,6 +90,45 @@ def values(emb):
     for t, slots in emb.variables.items()
     for s, v in slots.items()
   }
+
+
+def concurrent_steps_land(strategy, coordinator, big_init, small_init, rng):
+  """Steps scheduled together on both workers all apply their updates.
+
+  Workers update without locks, as asynchronous parameter-server training
+  does, so steps touching the same rows at the same time may overwrite
+  each other's update; here each step owns its rows (the small table gets
+  one id per step, each id used by one step only), so the result must be
+  the single-device one in any order.
+  """
+  steps = V_SMALL
+  batches = [
+    (tf.constant(rows), tf.constant([step] * 4))
+    for step, rows in enumerate(
+      rng.permutation(V_BIG)[: steps * 4].reshape(steps, 4)
+    )
+  ]
+  projection = tf.constant(rng.normal(size=(4, DIM)).astype(np.float32))
+  single = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
+  single_step = tf.function(train_fn(single, projection))
+  for item, country in batches:
+    single_step(item, country)
+  want = values(single)
+  with strategy.scope():
+    emb = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
+    emb.build()
+  replica_step = train_fn(emb, projection)
+
+  @tf.function
+  def worker_step(item, country):
+    strategy.run(replica_step, args=(item, country))
+
+  for item, country in batches:
+    coordinator.schedule(worker_step, args=(item, country))
+  coordinator.join()
+  got = values(emb)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=str(key))
 
 
 def main(checkpoint_dir: str) -> None:
@@ -125,6 +175,7 @@ def main(checkpoint_dir: str) -> None:
   got = values(emb)
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=str(key))
+  concurrent_steps_land(strategy, coordinator, big_init, small_init, rng)
 
   path = tf.train.Checkpoint(embedding=emb).save(
     os.path.join(checkpoint_dir, "ps")

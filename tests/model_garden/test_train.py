@@ -10,7 +10,10 @@ Small runs of ``dlrm_criteo_cpu_small`` on synthetic data (batch 512,
   (the last checkpoint is at step 20), then started again: it resumes and
   ends with ``full``'s tables, dense weights and optimizer state, exactly;
 * ``mirrored``: the same training on 2 replicas with row-sharded tables:
-  the same state as one device.
+  the same state as one device;
+* ``parameter_server``: an in-process cluster (2 workers, 2 PS tasks), big
+  tables split over the PS tasks: it learns, and its checkpoint restores
+  on one device.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def finish(process, timeout=240):
 def runs(tmp_path_factory):
   """Starts the runs together; returns their directories and results."""
   root = tmp_path_factory.mktemp("train")
-  dirs = {name: root / name for name in ("full", "resumed", "mirrored")}
+  names = ("full", "resumed", "mirrored", "parameter_server")
+  dirs = {name: root / name for name in names}
   killed = start(command(dirs["resumed"], "--mode=train", "--kill_at_step=25"))
   others = {
     "full": start(
@@ -95,6 +99,15 @@ def runs(tmp_path_factory):
         "--mode=train",
         "--strategy=mirrored",
         "--num_replicas=2",
+      )
+    ),
+    "parameter_server": start(
+      command(
+        dirs["parameter_server"],
+        "--mode=train_and_eval",
+        "--strategy=parameter_server",
+        "--ps_local_cluster=2,2",
+        params=NO_EXPORT + ",trainer.validation_steps=8",
       )
     ),
   }
@@ -186,3 +199,25 @@ def test_mirrored_two_replicas_shard_tables_and_equal_one_device(runs):
   assert match and int(match.group(1)) > 0, stdout
   check_ok(runs["results"], "full")
   assert_same_state(runs["dirs"]["mirrored"], runs["dirs"]["full"], atol=1e-5)
+
+
+def test_parameter_server_learns_and_its_checkpoint_restores_on_one_device(
+  runs,
+):
+  stdout = check_ok(runs["results"], "parameter_server")
+  match = re.search(r"(\d+) row-sharded\), ParameterServerStrategy", stdout)
+  assert match and int(match.group(1)) > 0, stdout
+  auc = float(re.search(r"Validation AUC ([0-9.]+)", stdout).group(1))
+  assert auc > 0.55, stdout
+  path, saved = checkpoint_values(runs["dirs"]["parameter_server"])
+  assert path.endswith(f"ckpt-{STEPS}"), path
+  config = configs.get_config("dlrm_criteo_cpu_small")
+  task = RankingTask(config, tf.distribute.get_strategy())
+  task.checkpoint.restore(path).assert_existing_objects_matched()
+  assert int(task.step.numpy()) == STEPS
+  tables = task.embedding.embedding_tables
+  assert len(tables) == 26
+  for table, variable in tables.items():  # Saved whole, restored whole.
+    saved_table = saved[f"embedding/{table.name}/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert saved_table.shape == (table.vocabulary_size, table.dim)
+    np.testing.assert_array_equal(np.asarray(variable), saved_table)
