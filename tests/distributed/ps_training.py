@@ -92,28 +92,36 @@ def values(emb):
   }
 
 
-def concurrent_steps_land(strategy, coordinator, big_init, small_init, rng):
-  """Steps scheduled together on both workers all apply their updates.
+def disjoint_batches(rng):
+  """``(batches, projection)`` where no two batches share a row.
 
-  Workers update without locks, as asynchronous parameter-server training
-  does, so steps touching the same rows at the same time may overwrite
-  each other's update; here each step owns its rows (the small table gets
-  one id per step, each id used by one step only), so the result must be
-  the single-device one in any order.
+  Steps run on both workers at once update without locks, as asynchronous
+  parameter-server training does: steps touching the same rows at the same
+  time may overwrite each other's update. Batches that each own their rows
+  (the small table gets one id per step) must give the single-device
+  result in any order.
   """
   steps = V_SMALL
+  big_rows = rng.permutation(V_BIG)[: steps * 4].reshape(steps, 4)
   batches = [
     (tf.constant(rows), tf.constant([step] * 4))
-    for step, rows in enumerate(
-      rng.permutation(V_BIG)[: steps * 4].reshape(steps, 4)
-    )
+    for step, rows in enumerate(big_rows)
   ]
-  projection = tf.constant(rng.normal(size=(4, DIM)).astype(np.float32))
+  return batches, tf.constant(rng.normal(size=(4, DIM)).astype(np.float32))
+
+
+def one_device(big_init, small_init, projection, batches):
   single = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
   single_step = tf.function(train_fn(single, projection))
   for item, country in batches:
     single_step(item, country)
-  want = values(single)
+  return values(single)
+
+
+def on_cluster(
+  strategy, coordinator, big_init, small_init, projection, batches, *, wait
+):
+  """Trains on the workers; ``wait``: one step at a time, else all at once."""
   with strategy.scope():
     emb = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
     emb.build()
@@ -125,7 +133,13 @@ def concurrent_steps_land(strategy, coordinator, big_init, small_init, rng):
 
   for item, country in batches:
     coordinator.schedule(worker_step, args=(item, country))
+    if wait:
+      coordinator.join()
   coordinator.join()
+  return emb
+
+
+def assert_values(emb, want):
   got = values(emb)
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=str(key))
@@ -143,12 +157,12 @@ def main(checkpoint_dir: str) -> None:
     )
     for _ in range(STEPS)
   ]
-  single = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
-  single_step = tf.function(train_fn(single, projection))
-  for item, country in batches:
-    single_step(item, country)
+  disjoint, disjoint_projection = disjoint_batches(rng)
   # Read now: connecting to the cluster renames this process's job.
-  want = values(single)
+  want = one_device(big_init, small_init, projection, batches)
+  want_disjoint = one_device(
+    big_init, small_init, disjoint_projection, disjoint
+  )
 
   spec = start_cluster(num_workers=2, num_ps=2)
   strategy = tf.distribute.experimental.ParameterServerStrategy(
@@ -157,25 +171,25 @@ def main(checkpoint_dir: str) -> None:
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
     strategy
   )
-  with strategy.scope():
-    emb = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
-    emb.build()
+  # One step at a time: the single-device sequence.
+  emb = on_cluster(
+    strategy, coordinator, big_init, small_init, projection, batches, wait=True
+  )
   devices = [v.device for v in emb.backend.shards("big")]
   assert {d.split("/")[1] for d in devices} == {"job:ps"}, devices
   assert [v.shape[0] for v in emb.backend.shards("big")] == [19, 18]
-  replica_step = train_fn(emb, projection)
-
-  @tf.function
-  def worker_step(item, country):
-    strategy.run(replica_step, args=(item, country))
-
-  for item, country in batches:
-    coordinator.schedule(worker_step, args=(item, country))
-    coordinator.join()  # one step at a time: the single-device sequence
-  got = values(emb)
-  for key, value in want.items():
-    np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=str(key))
-  concurrent_steps_land(strategy, coordinator, big_init, small_init, rng)
+  assert_values(emb, want)
+  # All steps scheduled at once, running on both workers concurrently.
+  concurrent = on_cluster(
+    strategy,
+    coordinator,
+    big_init,
+    small_init,
+    disjoint_projection,
+    disjoint,
+    wait=False,
+  )
+  assert_values(concurrent, want_disjoint)
 
   path = tf.train.Checkpoint(embedding=emb).save(
     os.path.join(checkpoint_dir, "ps")
