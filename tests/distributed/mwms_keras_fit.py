@@ -17,7 +17,7 @@ Writes ``OUT/<run>.npz`` (``<run>``: ``worker0``, ``worker1`` or
 ``evaluate``'s loss, ``predict``'s outputs, the rows of the big table this
 process holds
 (and, for the reference, the restored tables), plus whether the Keras 3
-multi-worker fix is installed.
+``fit`` fix (``distributed_fit``) is installed.
 Prints "OK" last.
 """
 
@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.layers import test_mirrored  # noqa: E402
-from tpu_embedding.layers import multi_worker_fit  # noqa: E402
+from tpu_embedding.layers import distributed_fit  # noqa: E402
 
 BATCH = 8
 
@@ -90,7 +90,7 @@ def main(out_dir: pathlib.Path) -> None:
     else:
       for key, value in restored(kind, str(checkpoint), x).items():
         saved[f"{kind}/{key}"] = value
-  saved["fix_installed"] = np.asarray(multi_worker_fit._installed)
+  saved["fix_installed"] = np.asarray(distributed_fit._installed)
   np.savez(out_dir / f"{run}.npz", **saved)
   print("OK")
 

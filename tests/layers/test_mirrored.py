@@ -6,10 +6,10 @@ row-sharded, the small one replicated by the mid-level API;
 weight trained by Keras' optimizer. After the same epochs every table, slot
 and dense weight matches one device, and so does ``predict``.
 
-Keras 3 builds a model under a strategy from the first batch averaged over
-the replicas, which it cannot do for ragged or sparse inputs, so the inputs
-here are dense (ragged and sparse sharded lookups are covered by the
-mid-level tests).
+Dense ids go through Keras' own model building; ragged and sparse ids need
+``tpu_embedding.layers.distributed_fit`` (Keras 3 averages the first batch
+over the replicas to build a model, which it cannot do for them), which the
+layers install under MirroredStrategy.
 """
 
 from __future__ import annotations
@@ -144,3 +144,56 @@ def test_mirrored_serving_lookup_of_a_subset(trained):
   # dense (B, 1) input as is, giving (B, 1, dim); training drops the 1.)
   full = two_layer({k: tf.constant(v) for k, v in x.items()}, training=False)
   np.testing.assert_allclose(full["item_again"], want[:, 0], atol=1e-5)
+
+
+def composite_dataset(kind, seed=6):
+  """24 examples of ragged (or sparse) ids, some rows empty, batches of 8."""
+  rng = np.random.default_rng(seed)
+
+  def ids(vocab, min_len, max_len):
+    rows = [
+      list(rng.integers(0, vocab, rng.integers(min_len, max_len + 1)))
+      for _ in range(SAMPLES)
+    ]
+    ragged = tf.ragged.constant(rows, dtype=tf.int64, ragged_rank=1)
+    return ragged.to_sparse() if kind == "sparse" else ragged
+
+  x = {
+    "item": ids(builders.V_BIG, 0, 3),
+    "item_again": ids(builders.V_BIG, 1, 2),
+    "user": ids(builders.SMALL_IDS, 1, 3),
+  }
+  y = rng.normal(size=(SAMPLES, 1)).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+
+@pytest.mark.parametrize("layer_kind", sorted(LAYERS))
+@pytest.mark.parametrize("ids", ["ragged", "sparse"])
+def test_mirrored_fit_on_ragged_and_sparse_ids_equals_one_device(
+  ids, layer_kind
+):
+  dataset = composite_dataset(ids)
+  results = {}
+  for name, strategy in (
+    ("default", tf.distribute.get_strategy()),
+    ("mirrored", mirrored_strategy(2)),
+  ):
+    with strategy.scope():
+      model, layer = make_model(layer_kind)
+    model.fit(dataset, epochs=2, shuffle=False, verbose=0)
+    results[name] = (
+      layer_values(layer),
+      model.dense.kernel.numpy(),
+      model.predict(dataset, verbose=0),
+    )
+  (want, want_kernel, want_predict) = results["default"]
+  (got, got_kernel, got_predict) = results["mirrored"]
+  assert set(got) == set(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(
+      got[key], value, rtol=1e-5, atol=1e-5, err_msg=str(key)
+    )
+  np.testing.assert_allclose(got_kernel, want_kernel, atol=1e-5)
+  np.testing.assert_allclose(got_predict, want_predict, atol=1e-5)
+  initial_big, _ = builders.table_values()
+  assert not np.allclose(want["big", "parameters"], initial_big)

@@ -3,7 +3,7 @@
 Two real worker processes on 127.0.0.1 (``TF_CONFIG``), one replica each:
 the big table is row-sharded across the workers. Both Keras versions:
 Keras 3 (whose own ``fit`` fails there for every model; the layers install
-``tpu_embedding.layers.enable_multi_worker_fit``) and tf-keras. Each worker
+``tpu_embedding.layers.enable_distributed_fit``) and tf-keras. Each worker
 fits, evaluates and predicts the ``test_mirrored`` models, then checkpoints
 them; a third process runs the same on one device and restores the chief's
 checkpoints (see tests/distributed/mwms_keras_fit.py). Both workers must
@@ -22,8 +22,8 @@ from tests.conftest import mirrored_strategy
 from tests.distributed import cluster
 from tests.layers import builders
 from tests.layers.test_mirrored import LAYERS
+from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import keras_compat
-from tpu_embedding.layers import multi_worker_fit
 
 SCRIPT = pathlib.Path(__file__).parents[1] / "distributed" / "mwms_keras_fit.py"
 KERAS = {"keras_3": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
@@ -106,20 +106,29 @@ def test_fix_installed_only_for_keras_3_workers(runs):
 
 
 @pytest.mark.skipif(not keras_compat.IS_KERAS_3, reason="Keras 3's trainer")
-def test_fix_leaves_single_worker_strategies_to_keras():
+def test_fix_does_what_keras_does_where_keras_works():
   from keras.src.backend.tensorflow import trainer
 
-  assert multi_worker_fit.enable_multi_worker_fit()
-  assert multi_worker_fit.enable_multi_worker_fit()  # idempotent
+  assert distributed_fit.enable_distributed_fit()
+  assert distributed_fit.enable_distributed_fit()  # idempotent
   strategy = mirrored_strategy(2)
-  assert not multi_worker_fit.needs_fix(strategy)
+  assert distributed_fit.needs_fix(strategy)
+  assert not distributed_fit.needs_fix(tf.distribute.get_strategy())
 
   def replica_id():
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    return tf.fill([1], tf.cast(replica, tf.float32))
+    return tf.fill([2], tf.cast(replica, tf.float32))
 
   values = strategy.run(replica_id)
+  # Logged values on one worker: Keras' own mean (and concat for predict).
   mean = trainer.reduce_per_replica({"loss": values}, strategy, "auto")
-  np.testing.assert_array_equal(mean["loss"], [0.5])
+  np.testing.assert_array_equal(mean["loss"], [0.5, 0.5])
   concat = trainer.reduce_per_replica(values, strategy, "concat")
-  np.testing.assert_array_equal(concat, [0.0, 1.0])
+  np.testing.assert_array_equal(concat, [0.0, 0.0, 1.0, 1.0])
+  # Dense batches on one worker: built from Keras' mean over the replicas.
+  batch = ({"x": values}, values)
+  assert not distributed_fit.has_composite_values(strategy, batch)
+  x, y = distributed_fit.keras_mean_batch(strategy, batch)
+  np.testing.assert_array_equal(x["x"], [0.5, 0.5])
+  first_x, _ = distributed_fit.first_replica_batch(strategy, batch)
+  np.testing.assert_array_equal(first_x["x"], [0.0, 0.0])

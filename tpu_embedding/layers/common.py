@@ -18,7 +18,7 @@ from tpu_embedding import optimizers
 from tpu_embedding.backends.sharded import ReplicatedTable
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import prepare_feature
-from tpu_embedding.layers import multi_worker_fit
+from tpu_embedding.layers import distributed_fit
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.structure import flatten_with_paths
@@ -108,12 +108,13 @@ def check_structure(expected: Any, given: Any, layer: str, what: str) -> None:
 def creation_strategy() -> tf.distribute.Strategy:
   """The strategy a layer is being created under; readies Keras for it.
 
-  Under a multi-worker MultiWorkerMirroredStrategy this installs the Keras 3
-  fix that lets ``model.fit`` run there (see ``multi_worker_fit``).
+  Under MirroredStrategy and MultiWorkerMirroredStrategy this installs the
+  Keras 3 fix that lets ``model.fit`` run across workers and on ragged or
+  sparse ids (see ``distributed_fit``).
   """
   strategy = tf.distribute.get_strategy()
-  if multi_worker_fit.needs_fix(strategy):
-    multi_worker_fit.enable_multi_worker_fit()
+  if distributed_fit.needs_fix(strategy):
+    distributed_fit.enable_distributed_fit()
   return strategy
 
 

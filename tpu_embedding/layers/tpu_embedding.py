@@ -82,11 +82,9 @@ class TPUEmbedding(Layer):
   ``MirroredStrategy``, training lookups must run in replica context
   (``model.fit`` does so); lookups outside ``strategy.run`` work for
   inference. Keras 3's own ``fit`` fails for every model on a
-  multi-worker ``MultiWorkerMirroredStrategy``; creating this layer there
-  installs the fix (``tpu_embedding.layers.enable_multi_worker_fit``).
-  Keras 3 builds models under a (single-worker) strategy from the first
-  batch averaged over the replicas, which Keras cannot do for ragged or
-  sparse inputs: use dense ids with ``model.fit`` there, or a custom loop.
+  multi-worker ``MultiWorkerMirroredStrategy``, and on ragged or sparse
+  inputs under any mirrored strategy; creating this layer under one
+  installs the fix (``tpu_embedding.layers.enable_distributed_fit``).
 
   Saving: ``tf.train.Checkpoint(model=model)`` saves the tables under
   TensorFlow's keys (``.../_tpu_embedding/<table>``, as the
