@@ -21,6 +21,7 @@ from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.layers import distributed_fit
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.serving import serving_embedding_lookup
 from tpu_embedding.structure import flatten_with_paths
 
 #: Optimizer names the layers accept, with Keras' default learning rates
@@ -67,6 +68,13 @@ def embedding_optimizer(optimizer: Any) -> Optimizer | None:
 
 
 # --- checks -----------------------------------------------------------------
+
+
+def check_inputs(structure: Any, features: Any, weights: Any, layer: str):
+  """Checks a call's ``features`` (and ``weights``, if given) structure."""
+  check_structure(structure, features, layer, "features")
+  if weights is not None:
+    check_structure(structure, weights, layer, "weights")
 
 
 def check_structure(expected: Any, given: Any, layer: str, what: str) -> None:
@@ -233,14 +241,27 @@ def load_tables(
     assign_full(variable, np.asarray(store[key]))
 
 
-def serving_tables(
-  tables: dict[TableConfig, Any], serving_config: Any, layer: str
-) -> dict[TableConfig, Any]:
-  """The tables a serving lookup reads, checked against the layer's.
+def serving_lookup(
+  tables: dict[TableConfig, Any],
+  structure: Any,
+  layer: str,
+  features: Any,
+  weights: Any = None,
+  serving_config: Any = None,
+) -> Any:
+  """A layer's serving lookup of ``features`` in its ``tables``.
+
+  Args:
+    tables: the layer's ``{TableConfig: table}``.
+    structure: the layer's feature config (the default ``serving_config``).
+    layer: the layer's name, for errors.
+    features, weights, serving_config: as ``serving_embedding_lookup``.
 
   Raises:
     ValueError: if ``serving_config`` uses a table the layer does not have.
   """
+  if serving_config is None:
+    serving_config = structure
   for path, feature in flatten_with_paths(serving_config):
     if feature.table not in tables:
       raise ValueError(
@@ -248,4 +269,5 @@ def serving_tables(
         f"TableConfig ({feature.table!r}) that is not one of the layer's; "
         "build serving configs from the same TableConfig objects."
       )
-  return {table: gatherable(v) for table, v in tables.items()}
+  readable = {table: gatherable(v) for table, v in tables.items()}
+  return serving_embedding_lookup(features, weights, readable, serving_config)

@@ -35,7 +35,6 @@ from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 from tpu_embedding.resolved import resolve
-from tpu_embedding.serving import serving_embedding_lookup
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 
 #: ``placements`` values.
@@ -216,9 +215,7 @@ class PartialTPUEmbedding(Layer):
     if serving_config is not None:
       return self.serving_lookup(features, weights, serving_config)
     structure = self._config.structure
-    common.check_structure(structure, features, self.name, "features")
-    if weights is not None:
-      common.check_structure(structure, weights, self.name, "weights")
+    common.check_inputs(structure, features, weights, self.name)
     common.check_strategy(self._strategy, self.name)
     flat_ids = dict(
       zip(
@@ -263,12 +260,14 @@ class PartialTPUEmbedding(Layer):
 
     See ``TPUEmbedding.serving_lookup``.
     """
-    if serving_config is None:
-      serving_config = self._config.structure
-    tables = common.serving_tables(
-      self.embedding_tables, serving_config, self.name
+    return common.serving_lookup(
+      self.embedding_tables,
+      self._config.structure,
+      self.name,
+      features,
+      weights,
+      serving_config,
     )
-    return serving_embedding_lookup(features, weights, tables, serving_config)
 
   # --- saving --------------------------------------------------------------
 

@@ -40,7 +40,6 @@ from tpu_embedding.lookup import combine
 from tpu_embedding.lookup import group_table
 from tpu_embedding.lookup import split_activations
 from tpu_embedding.resolved import resolve
-from tpu_embedding.serving import serving_embedding_lookup
 
 
 @tf.custom_gradient
@@ -123,9 +122,7 @@ class ReplicatedEmbedding(Layer):
     """
     del training
     structure = self._config.structure
-    common.check_structure(structure, features, self.name, "features")
-    if weights is not None:
-      common.check_structure(structure, weights, self.name, "weights")
+    common.check_inputs(structure, features, weights, self.name)
     if in_symbolic_call():
       return common.symbolic_activations(features, self._config)
     common.check_strategy(self._strategy, self.name)
@@ -178,12 +175,14 @@ class ReplicatedEmbedding(Layer):
     self, features: Any, weights: Any = None, serving_config: Any = None
   ) -> Any:
     """Serving lookups of a subset of the features (see ``TPUEmbedding``)."""
-    if serving_config is None:
-      serving_config = self._config.structure
-    tables = common.serving_tables(
-      self.embedding_tables, serving_config, self.name
+    return common.serving_lookup(
+      self.embedding_tables,
+      self._config.structure,
+      self.name,
+      features,
+      weights,
+      serving_config,
     )
-    return serving_embedding_lookup(features, weights, tables, serving_config)
 
   def get_config(self) -> dict[str, Any]:
     """The constructor arguments, feature configs as plain data."""

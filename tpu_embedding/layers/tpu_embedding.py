@@ -49,7 +49,6 @@ from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
-from tpu_embedding.serving import serving_embedding_lookup
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 
 #: The dummy weight's name (tensorflow-recommenders' name for it).
@@ -220,9 +219,7 @@ class TPUEmbedding(Layer):
     if serving_config is not None:
       return self.serving_lookup(features, weights, serving_config)
     structure = self._config.structure
-    common.check_structure(structure, features, self.name, "features")
-    if weights is not None:
-      common.check_structure(structure, weights, self.name, "weights")
+    common.check_inputs(structure, features, weights, self.name)
     if in_symbolic_call():
       return common.symbolic_activations(features, self._config)
     common.check_strategy(self._strategy, self.name)
@@ -251,12 +248,14 @@ class TPUEmbedding(Layer):
     Raises:
       ValueError: for unknown features or tables.
     """
-    if serving_config is None:
-      serving_config = self._config.structure
-    tables = common.serving_tables(
-      self.embedding_tables, serving_config, self.name
+    return common.serving_lookup(
+      self.embedding_tables,
+      self._config.structure,
+      self.name,
+      features,
+      weights,
+      serving_config,
     )
-    return serving_embedding_lookup(features, weights, tables, serving_config)
 
   def _updates_tables(self, training: Any) -> bool:
     """Whether this call installs the gradient hook that updates tables."""
