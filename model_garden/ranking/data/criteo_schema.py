@@ -54,6 +54,43 @@ class ParsedLines:
   ids: tf.Tensor
   problems: tf.Tensor
 
+  @classmethod
+  def from_checks(
+    cls,
+    label_text: tf.Tensor,
+    dense: tf.Tensor,
+    ids: tf.Tensor,
+    *,
+    bad_columns: tf.Tensor,
+    label_ok: tf.Tensor,
+    dense_ok: tf.Tensor,
+    ids_ok: tf.Tensor,
+  ) -> ParsedLines:
+    """A reader's parsed lines, ``problems`` in ``BAD_RECORD_KINDS`` order.
+
+    Args:
+      label_text: ``[n]`` the label fields (``"1"`` is a click).
+      dense, ids: the parsed values.
+      bad_columns: ``[n]`` lines with the wrong number of fields.
+      label_ok: ``[n]``; dense_ok ``[n, 13]``; ids_ok ``[n, 26]``: which
+        fields parsed.
+    """
+    problems = tf.stack(
+      [
+        bad_columns,
+        tf.logical_not(label_ok),
+        tf.logical_not(tf.reduce_all(dense_ok, axis=1)),
+        tf.logical_not(tf.reduce_all(ids_ok, axis=1)),
+      ],
+      axis=1,
+    )
+    return cls(
+      labels=tf.cast(label_text == "1", tf.float32),
+      dense=dense,
+      ids=ids,
+      problems=problems,
+    )
+
 
 def log_transform(counts: tf.Tensor) -> tf.Tensor:
   """Model Garden's dense transform: ``log(1 + max(x, 0))`` as float32.

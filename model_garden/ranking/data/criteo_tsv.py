@@ -161,18 +161,12 @@ def parse_tsv_lines(
     ids = tf.math.floormod(tf.strings.to_number(cat_s, tf.int64), vocab)
   ids = tf.where(present, ids, tf.constant(missing_id, tf.int64))
 
-  problems = tf.stack(
-    [
-      bad_columns,
-      tf.logical_not(label_ok),
-      tf.logical_not(tf.reduce_all(dense_ok, axis=1)),
-      tf.logical_not(tf.reduce_all(cat_ok, axis=1)),
-    ],
-    axis=1,
-  )
-  return criteo_schema.ParsedLines(
-    labels=tf.cast(label_s == "1", tf.float32),
-    dense=dense,
-    ids=ids,
-    problems=problems,
+  return criteo_schema.ParsedLines.from_checks(
+    label_s,
+    dense,
+    ids,
+    bad_columns=bad_columns,
+    label_ok=label_ok,
+    dense_ok=dense_ok,
+    ids_ok=cat_ok,
   )

@@ -176,18 +176,12 @@ def parse_paddlerec_lines(
 
   ids = tf.strings.to_number(tf.where(ids_ok, ids_s, "0"), tf.int64)
   ids = tf.math.floormod(ids, tf.constant(list(vocab_sizes), tf.int64))
-  problems = tf.stack(
-    [
-      bad_count | bad_keys,
-      tf.logical_not(label_ok),
-      tf.logical_not(tf.reduce_all(dense_ok, axis=1)),
-      tf.logical_not(tf.reduce_all(ids_ok, axis=1)),
-    ],
-    axis=1,
-  )
-  return criteo_schema.ParsedLines(
-    labels=tf.cast(label_s == "1", tf.float32),
-    dense=dense,
-    ids=ids,
-    problems=problems,
+  return criteo_schema.ParsedLines.from_checks(
+    label_s,
+    dense,
+    ids,
+    bad_columns=bad_count | bad_keys,
+    label_ok=label_ok,
+    dense_ok=dense_ok,
+    ids_ok=ids_ok,
   )
