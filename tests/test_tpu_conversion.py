@@ -9,7 +9,7 @@ must come out equal to the ones a user would write with TensorFlow's API,
 down to the ``OptimizationParameters`` proto the TPU receives; every
 TensorFlow constructor argument must be mapped or listed as unsupported.
 
-``TPUDelegate`` itself needs a TPU; here it drives TensorFlow's
+The TPU engines need a TPU; here ``TPUEngine`` drives TensorFlow's
 ``TPUEmbedding`` in its CPU mode (build, tables, checkpoints) and a
 recording stand-in for ``TPUEmbeddingV2`` (the SparseCore call protocol).
 """
@@ -34,14 +34,15 @@ from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.tpu import tpu_embedding_v2_utils as tf_utils
 
 import tpu_embedding as tpe
-from tpu_embedding.backends import tpu
-from tpu_embedding.backends.tpu_conversion import FEATURE_ARGS
-from tpu_embedding.backends.tpu_conversion import OPTIMIZER_MAPPINGS
-from tpu_embedding.backends.tpu_conversion import TABLE_ARGS
-from tpu_embedding.backends.tpu_conversion import to_tf_feature_config
-from tpu_embedding.backends.tpu_conversion import to_tf_optimizer
-from tpu_embedding.backends.tpu_conversion import to_tf_table
-from tpu_embedding.backends.tpu_conversion import translate
+from tpu_embedding.engines import tpu
+from tpu_embedding.engines.base import EngineCheckpointOwner
+from tpu_embedding.engines.tpu_conversion import FEATURE_ARGS
+from tpu_embedding.engines.tpu_conversion import OPTIMIZER_MAPPINGS
+from tpu_embedding.engines.tpu_conversion import TABLE_ARGS
+from tpu_embedding.engines.tpu_conversion import to_tf_feature_config
+from tpu_embedding.engines.tpu_conversion import to_tf_optimizer
+from tpu_embedding.engines.tpu_conversion import to_tf_table
+from tpu_embedding.engines.tpu_conversion import translate
 from tpu_embedding.resolved import resolve
 
 TFE = tf.tpu.experimental.embedding
@@ -595,7 +596,7 @@ def test_tensorflow_checkpoint_restores_into_ours(tmp_path, rng):
   _assert_nests_close(ours(_inputs()), theirs(_inputs()))
 
 
-# --- TPUDelegate --------------------------------------------------------------
+# --- TPU engines --------------------------------------------------------------
 
 
 def _fake_strategy(feature):
@@ -624,8 +625,8 @@ def _parameter_names(function) -> list[str]:
   "method", ["build", "enqueue", "dequeue", "apply_gradients"]
 )
 def test_forwarded_signatures_match_tensorflow(method):
-  # The delegate forwards positionally: the argument lists must agree.
-  ours = _parameter_names(getattr(tpu.TPUDelegate, method))
+  # The engine forwards positionally: the argument lists must agree.
+  ours = _parameter_names(getattr(tpu.TPUEngine, method))
   assert _parameter_names(getattr(TFE.TPUEmbedding, method)) == ours
   sparse_core = {
     "build": [],
@@ -639,25 +640,25 @@ def test_forwarded_signatures_match_tensorflow(method):
   )
 
 
-class _Owner(tpu.TPUDelegatingTrackable):
+class _Owner(EngineCheckpointOwner):
   """What ``TPUEmbeddingV3`` looks like to checkpoints when on TPU."""
 
-  def __init__(self, delegate):
-    self._tpu_delegate = delegate
+  def __init__(self, engine):
+    self._engine = engine
 
 
 def _engine_delegate(user=None):
-  """A delegate on TensorFlow's TPUEmbedding, in its CPU mode."""
+  """An engine on TensorFlow's TPUEmbedding, in its CPU mode."""
   user = _user_config() if user is None else user
   adam = tpe.Adam(0.1)
-  return tpu.TPUDelegate(resolve(user, adam), adam, TFE.TPUEmbedding)
+  return tpu.TPUEngine(resolve(user, adam), adam, TFE.TPUEmbedding)
 
 
 def test_delegate_tables_are_keyed_by_the_user_configs(ours_trained, tmp_path):
   user = _user_config()
   before = _snapshot(user)
   delegate = _engine_delegate(user)
-  assert not delegate.uses_sparse_core
+  assert delegate.copies_tables_around_checkpoints
   delegate.build()
   users, items, tags = (
     user["context"][0].table,
@@ -666,7 +667,7 @@ def test_delegate_tables_are_keyed_by_the_user_configs(ours_trained, tmp_path):
   )
   assert list(delegate.embedding_tables) == [users, items, tags]
   assert delegate.embedding_tables[items].shape == (12, 4)
-  assert delegate.table_names() == {
+  assert delegate.table_names == {
     users: "table_0",
     items: "items",
     tags: "table_2",
@@ -712,7 +713,7 @@ def test_tensorflow_retrieves_before_save_and_loads_after_restore(tmp_path):
   theirs = _tf_serving()
   theirs.build()
   tf.train.Checkpoint(embedding=theirs).restore(path).assert_consumed()
-  names = delegate.table_names()
+  names = delegate.table_names
   for user_table, variable in delegate.embedding_tables.items():
     np.testing.assert_array_equal(
       ours.variables[names[user_table]]["parameters"].numpy(), variable.numpy()
@@ -722,13 +723,13 @@ def test_tensorflow_retrieves_before_save_and_loads_after_restore(tmp_path):
 def test_delegate_needs_an_optimizer_for_every_table():
   config = resolve(_user_config(), None)
   with pytest.raises(ValueError, match="Table 'items' has no optimizer"):
-    tpu.TPUDelegate(config, None, TFE.TPUEmbedding)
+    tpu.TPUEngine(config, None, TFE.TPUEmbedding)
 
 
 def test_sparse_core_config_is_refused_on_the_embedding_engine():
   sgd = tpe.SGD(0.1)
   with pytest.raises(ValueError, match="sparse_core_embedding_config"):
-    tpu.TPUDelegate(
+    tpu.TPUEngine(
       resolve(_user_config(), sgd),
       sgd,
       TFE.TPUEmbedding,
@@ -758,13 +759,13 @@ class _RecordingSparseCore(TFE.TPUEmbeddingV2):
 def test_sparse_core_protocol():
   sgd = tpe.SGD(0.1)
   sc_config = TFE.SparseCoreEmbeddingConfig(disable_table_stacking=True)
-  delegate = tpu.TPUDelegate(
+  delegate = tpu.SparseCoreEngine(
     resolve(_user_config(), sgd),
     sgd,
     _RecordingSparseCore,
     sparse_core_embedding_config=sc_config,
   )
-  assert delegate.uses_sparse_core
+  assert not delegate.copies_tables_around_checkpoints
   calls = delegate.tf_embedding.calls
   _, tf_features, tf_optimizer, config = calls[0]
   assert isinstance(tf_features["item"], TFE.FeatureConfig)
@@ -786,7 +787,7 @@ def test_sparse_core_protocol():
 
 def test_sparse_core_enqueue_refuses_per_replica_features():
   sgd = tpe.SGD(0.1)
-  delegate = tpu.TPUDelegate(
+  delegate = tpu.SparseCoreEngine(
     resolve(_user_config(), sgd), sgd, _RecordingSparseCore
   )
   # What a distributed dataset yields outside `strategy.run` (built

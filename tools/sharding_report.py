@@ -56,10 +56,8 @@ def measured_bytes_per_device(tables, replicas: int, threshold: int):
     )
   emb.build()
   per_device = collections.Counter()
-  for table in tables:
-    for slot in ("parameters",) + table.optimizer.SLOT_NAMES:
-      for variable in emb.backend.shards(table.name, slot):
-        per_device[variable.device] += variable.shape.num_elements() * 4
+  for store in emb.table_stores.values():
+    per_device.update(store.bytes_per_device())
   return [per_device[d] for d in sorted(per_device)]
 
 

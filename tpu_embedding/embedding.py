@@ -1,8 +1,10 @@
 """``TPUEmbeddingV3``: the mid-level embedding object users build.
 
-It validates and resolves the configs, picks a backend from the strategy it
-is created under, and runs TensorFlow's TPU training loop — ``enqueue`` →
-``dequeue`` → ``apply_gradients`` — with TPU semantics on any device.
+It validates and resolves the configs, picks one engine from the strategy
+it is created under (``engines/``: TensorFlow's TPU classes on TPU, this
+package's backends elsewhere) and forwards every call to it: TensorFlow's
+TPU training loop — ``enqueue`` → ``dequeue`` → ``apply_gradients`` — with
+TPU semantics on any device.
 
 Example:
   >>> import tensorflow as tf
@@ -33,46 +35,23 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding import errors
 from tpu_embedding.backends.base import Backend
-from tpu_embedding.backends.base import current_replica
-from tpu_embedding.backends.base import first_local_replica
-from tpu_embedding.backends.parameter_server import ParameterServerBackend
-from tpu_embedding.backends.selection import select_backend
-from tpu_embedding.backends.selection import strategy_name
-from tpu_embedding.backends.sharded import ShardedBackend
-from tpu_embedding.backends.tpu import TPUDelegate
-from tpu_embedding.backends.tpu import TPUDelegatingTrackable
-from tpu_embedding.backends.tpu import is_tpu_strategy
 from tpu_embedding.config import TableConfig
-from tpu_embedding.inputs import gate_on_all_checks
-from tpu_embedding.inputs import prepare_feature
-from tpu_embedding.lookup import TableBatch
-from tpu_embedding.lookup import combine
-from tpu_embedding.lookup import group_table
-from tpu_embedding.lookup import row_gradients
-from tpu_embedding.lookup import split_activations
+from tpu_embedding.engines.base import Engine
+from tpu_embedding.engines.base import EngineCheckpointOwner
+from tpu_embedding.engines.selection import select_engine
 from tpu_embedding.optimizers.base import Optimizer
-from tpu_embedding.output_shapes import OutputShapes
-from tpu_embedding.output_shapes import output_shapes_from_batch_size
-from tpu_embedding.output_shapes import output_shapes_from_input_shapes
-from tpu_embedding.pipelining import HeldUpdates
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
-from tpu_embedding.steps import Enqueued
-from tpu_embedding.steps import Step
-from tpu_embedding.steps import checked_gradients
-from tpu_embedding.steps import current_graph
-from tpu_embedding.steps import select_replica
-from tpu_embedding.structure import check_same_structure
-from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.tables.base import TableStore
 
 #: Library methods run as written inside the user's ``tf.function``:
 #: AutoGraph need not (and should not) rewrite their Python control flow.
 _library_code = tf.autograph.experimental.do_not_convert
 
 
-class TPUEmbeddingV3(TPUDelegatingTrackable):
+class TPUEmbeddingV3(EngineCheckpointOwner):
   """The TPUEmbedding mid-level API, on any ``tf.distribute`` strategy.
 
   A drop-in for ``tf.tpu.experimental.embedding.TPUEmbedding``: the same
@@ -131,48 +110,16 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
         or an unsupported strategy.
     """
     self._config = resolve(feature_config, optimizer)
-    self._optimizer = optimizer
-    self._pipeline_execution_with_tensor_core = (
-      pipeline_execution_with_tensor_core
+    self._engine: Engine = select_engine(
+      self._config,
+      optimizer,
+      tf.distribute.get_strategy(),
+      pipeline_execution_with_tensor_core,
+      sparse_core_embedding_config,
+      row_sharding_threshold=row_sharding_threshold,
     )
-    self._sparse_core_embedding_config = sparse_core_embedding_config
-    self._strategy = tf.distribute.get_strategy()
-    # Under TPUStrategy, TensorFlow's own TPU classes do all the work.
-    self._tpu_delegate = None
-    if is_tpu_strategy(self._strategy):
-      self._tpu_delegate = TPUDelegate.for_strategy(
-        self._config,
-        optimizer,
-        self._strategy,
-        pipeline_execution_with_tensor_core,
-        sparse_core_embedding_config,
-      )
-    else:
-      self._backend = select_backend(
-        self._strategy, self._config.tables, row_sharding_threshold
-      )
-    self._output_shapes = OutputShapes(
-      [f.output_shape for f in self._config.features], list(self._config.paths)
-    )
-    self._variables: dict[str, dict[str, tf.Variable]] = {}
-    self._built = False
-    self._steps: dict[int, Step] = {}
-    self._enqueued: Enqueued | None = None
-    self._held: HeldUpdates | None = None
-    if pipeline_execution_with_tensor_core and isinstance(
-      getattr(self, "_backend", None), ParameterServerBackend
-    ):
-      raise ValueError(
-        "pipeline_execution_with_tensor_core=True is not available under "
-        "ParameterServerStrategy (workers update asynchronously already)."
-      )
 
   # --- properties ----------------------------------------------------------
-
-  @property
-  def backend(self) -> Backend:
-    """The backend holding the tables."""
-    return self._backend
 
   @property
   def feature_config(self) -> Any:
@@ -180,37 +127,52 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
     return self._config.structure
 
   @property
-  def embedding_tables(self) -> dict[TableConfig, tf.Variable]:
-    """``{TableConfig: table variable}``, keyed by the user's configs."""
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.embedding_tables
-    self._maybe_build()
-    return {
-      user: self._variables[table.name]["parameters"]
-      for user, table in zip(
-        self._config.user_tables, self._config.tables, strict=True
-      )
-    }
+  def embedding_tables(self) -> dict[TableConfig, Any]:
+    """``{TableConfig: table}``, keyed by the user's configs.
+
+    Off TPU each value converts with ``tf.convert_to_tensor`` to the whole
+    ``[vocabulary_size, dim]`` table and has ``numpy()``, whatever the
+    layout (a ``tf.Variable``, a row-sharded ``ShardedVariable``, a
+    replicated or a multi-worker variable; reading the last is a collective
+    every worker joins). Under TPUStrategy these are TensorFlow's (on
+    SparseCore keyed by stacked table name, as TensorFlow does).
+    """
+    return self._engine.embedding_tables
 
   @property
-  def variables(self) -> dict[str, dict[str, tf.Variable]]:
+  def variables(self) -> dict[str, dict[str, Any]]:
     """``{table_name: {"parameters": var, <slot name>: var, ...}}``."""
-    self._maybe_build()
-    return self._variables
+    return self._engine.variables
 
   @property
   def table_names(self) -> dict[TableConfig, str]:
     """The name of each user ``TableConfig`` (given or ``table_<i>``)."""
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.table_names()
-    return {
-      user: table.name
-      for user, table in zip(
-        self._config.user_tables, self._config.tables, strict=True
-      )
-    }
+    return self._engine.table_names
 
-  # --- build ---------------------------------------------------------------
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}``: every table behind one interface.
+
+    Raises:
+      RuntimeError: under TPUStrategy (TensorFlow holds the tables).
+    """
+    return self._engine.table_stores
+
+  @property
+  def backend(self) -> Backend:
+    """The backend holding the tables (off TPU).
+
+    Raises:
+      RuntimeError: under TPUStrategy (TensorFlow holds the tables).
+    """
+    return self._engine.backend
+
+  @property
+  def sharding_plan(self) -> ShardingPlan | None:
+    """Where each table's rows live; None when every table is whole."""
+    return self._engine.sharding_plan
+
+  # --- the training loop ---------------------------------------------------
 
   @_library_code
   def build(
@@ -230,63 +192,7 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
     Raises:
       ValueError: if the shapes contradict ``FeatureConfig.output_shape``.
     """
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.build(
-        per_replica_input_shapes, per_replica_batch_size
-      )
-    if self._built:
-      return
-    incoming = None
-    features = list(self._config.features)
-    if isinstance(per_replica_input_shapes, int):
-      incoming = output_shapes_from_batch_size(
-        per_replica_input_shapes, features
-      )
-    elif per_replica_input_shapes is not None:
-      check_same_structure(
-        self._config.structure,
-        per_replica_input_shapes,
-        "per_replica_input_shapes passed to build",
-      )
-      incoming = output_shapes_from_input_shapes(
-        tf.nest.flatten(per_replica_input_shapes, expand_composites=False),
-        features,
-      )
-    elif per_replica_batch_size:
-      incoming = output_shapes_from_batch_size(per_replica_batch_size, features)
-    if incoming is not None:
-      self._output_shapes.check(incoming)
-      self._output_shapes.update(incoming)
-    with tf.init_scope():
-      with self._strategy.scope():
-        self._variables = self._backend.create_variables(
-          self._config.tables, VariableTracker(self)
-        )
-        if self._pipeline_execution_with_tensor_core:
-          devices = [None]
-          if isinstance(self._backend, ShardedBackend):
-            devices = list(self._strategy.extended.worker_devices)
-          self._held = HeldUpdates(self._config.tables, devices)
-    self._built = True
-
-  def _maybe_build(self, incoming_shapes: list | None = None) -> None:
-    if not self._built:
-      if current_replica(self._strategy) is not None and (
-        self._strategy.num_replicas_in_sync > 1
-      ):
-        raise RuntimeError(
-          "TPUEmbedding is not built yet and cannot build inside "
-          "strategy.run (its variables are created once, in cross-replica "
-          "context). Call embedding.build() first, or enqueue outside "
-          "strategy.run."
-        )
-      with tf.init_scope():
-        self.build()
-    if incoming_shapes is not None:
-      self._output_shapes.check(incoming_shapes)
-      self._output_shapes.update(incoming_shapes)
-
-  # --- the training loop ---------------------------------------------------
+    self._engine.build(per_replica_input_shapes, per_replica_batch_size)
 
   @_library_code
   def enqueue(
@@ -306,33 +212,15 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
         the same kind as the ids (None entries allowed).
       training: False for lookups that will not be followed by
         ``apply_gradients``.
-      name: unused off TPU (op names).
-      device: unused off TPU (the host to enqueue on).
+      name: op names (TPU only).
+      device: the host to enqueue on (TPU only).
 
     Raises:
       ValueError: if the structure, a kind, dtype, rank or shape is wrong;
         the message names the feature. Ids out of range and mismatched
         weights raise ``tf.errors.InvalidArgumentError`` when the step runs.
     """
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.enqueue(
-        features, weights, training, name, device
-      )
-    del name, device
-    self._check_strategy()
-    replica = current_replica(self._strategy)
-    if replica is None and self._strategy.num_replicas_in_sync > 1:
-      # Per-replica values (e.g. from a distributed dataset): check replica
-      # 0's now; each replica prepares its own in dequeue.
-      first = select_replica(self._strategy, (features, weights), 0)
-      prepared = self._prepare(*first, "features passed to enqueue")
-      self._maybe_build([p.static_shape for p in prepared])
-      self._steps = {}
-      self._enqueued = Enqueued(features, weights, training, current_graph())
-      return
-    prepared = self._prepare(features, weights, "features passed to enqueue")
-    self._maybe_build([p.static_shape for p in prepared])
-    self._steps[replica or 0] = Step(prepared, training, current_graph())
+    self._engine.enqueue(features, weights, training, name, device)
 
   @_library_code
   def dequeue(self, name: str | None = None) -> Any:
@@ -344,18 +232,7 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
     Raises:
       RuntimeError: if nothing was enqueued in this function or eagerly.
     """
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.dequeue(name)
-    del name
-    self._check_strategy()
-    if not self._built:
-      raise RuntimeError(errors.NOT_BUILT.format(method="dequeue"))
-    step = self._current_step(for_dequeue=True)
-    if step is None or step.graph is not current_graph():
-      raise RuntimeError(errors.DEQUEUE_WITHOUT_ENQUEUE)
-    activations, batches = self._lookup(step.prepared, apply_held=step.training)
-    step.batches = batches if step.training else None
-    return activations
+    return self._engine.dequeue(name)
 
   @_library_code
   def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
@@ -374,24 +251,18 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
       ValueError: for a wrong structure, a non-tensor or a wrongly shaped
         gradient, or a table without an optimizer.
     """
-    if self._tpu_delegate is not None:
-      return self._tpu_delegate.apply_gradients(gradients, name)
-    del name
-    self._check_strategy()
-    if not self._built:
-      raise RuntimeError(errors.NOT_BUILT.format(method="apply_gradients"))
-    step = self._current_step(for_dequeue=False)
-    if (
-      step is None or step.batches is None or step.graph is not current_graph()
-    ):
-      raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
-    check_same_structure(
-      self._config.structure, gradients, "gradients passed to apply_gradients"
-    )
-    self._update_tables(
-      checked_gradients(gradients, step, self._config.features), step
-    )
-    self._steps.pop(current_replica(self._strategy) or 0, None)
+    self._engine.apply_gradients(gradients, name)
+
+  @_library_code
+  def flush_pipeline(self) -> None:
+    """Applies the update held back by pipelining (no-op otherwise).
+
+    With ``pipeline_execution_with_tensor_core=True`` the last step's update
+    waits for the next lookup; call this before evaluating, exporting or
+    checkpointing tables that must include it. With several replicas, call
+    it inside ``strategy.run``.
+    """
+    self._engine.flush_pipeline()
 
   # --- direct lookups ------------------------------------------------------
 
@@ -413,18 +284,12 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
 
     Returns:
       A nest like the feature config of activations.
+
+    Raises:
+      RuntimeError: under ``TPUStrategy`` (TensorFlow has no direct
+        lookups there).
     """
-    if self._tpu_delegate is not None:
-      raise RuntimeError(
-        "Direct lookups are not available under TPUStrategy (TensorFlow's "
-        "TPU embedding has none); use enqueue/dequeue, or "
-        "TPUEmbeddingForServing on CPU."
-      )
-    self._check_strategy()
-    self._maybe_build()
-    prepared = self._prepare(features, weights, "features passed to lookup")
-    activations, _ = self._lookup(prepared)
-    return activations
+    return self._engine.embedding_lookup(features, weights)
 
   @_library_code
   def lookup_for_training(
@@ -461,151 +326,7 @@ class TPUEmbeddingV3(TPUDelegatingTrackable):
       >>> emb.embedding_tables[table].numpy().ravel().tolist()
       [0.0, -1.0, 0.0, 0.0]
     """
-    if self._tpu_delegate is not None:
-      raise RuntimeError(
-        "lookup_for_training is not available under TPUStrategy; use "
-        "enqueue/dequeue/apply_gradients."
-      )
-    self._check_strategy()
-    self._maybe_build()
-    prepared = self._prepare(features, weights, "features passed to lookup")
-    activations, batches = self._lookup(prepared, apply_held=True)
-    step = Step(prepared, True, current_graph(), batches)
-
-    def apply_gradients(gradients: Any) -> None:
-      check_same_structure(
-        self._config.structure, gradients, "gradients passed to apply"
-      )
-      self._update_tables(
-        checked_gradients(gradients, step, self._config.features), step
-      )
-
-    return activations, apply_gradients
-
-  # --- internals -----------------------------------------------------------
-
-  def _update_tables(self, flat_gradients: list, step: Step) -> None:
-    """Applies each table's optimizer to the rows ``step`` looked up."""
-    updates = []
-    for table in self._config.tables:
-      batch = step.batches.get(table.name)
-      if batch is None:
-        continue
-      if table.optimizer is None:
-        raise ValueError(
-          f"Table '{table.name}' has no optimizer: pass one to "
-          "TPUEmbedding(optimizer=...) or to its TableConfig."
-        )
-      grads = [flat_gradients[i] for i in self._config.features_of(table)]
-      updates.append((table, batch.unique_ids, row_gradients(grads, batch)))
-    if self._held is not None:  # pipelined: applied after the next lookup
-      self._held.hold(self._local_replica(), updates)
-    else:
-      self._backend.apply_updates(updates)
-
-  def _local_replica(self) -> int:
-    replica = current_replica(self._strategy)
-    return (
-      0 if replica is None else replica - first_local_replica(self._strategy)
-    )
-
-  @_library_code
-  def flush_pipeline(self) -> None:
-    """Applies the update held back by pipelining (no-op otherwise).
-
-    With ``pipeline_execution_with_tensor_core=True`` the last step's update
-    waits for the next lookup; call this before evaluating, exporting or
-    checkpointing tables that must include it. With several replicas, call
-    it inside ``strategy.run``.
-    """
-    if self._held is not None:
-      self._backend.apply_updates(self._held.take(self._local_replica()))
-
-  def _current_step(self, for_dequeue: bool) -> Step | None:
-    """This replica's enqueued step (prepared from per-replica values)."""
-    replica = current_replica(self._strategy) or 0
-    enqueued = self._enqueued
-    if (
-      for_dequeue
-      and enqueued is not None
-      and enqueued.graph is current_graph()
-      and replica not in self._steps
-    ):
-      features, weights = select_replica(
-        self._strategy,
-        (enqueued.features, enqueued.weights),
-        replica - first_local_replica(self._strategy),
-      )
-      prepared = self._prepare(features, weights, "features passed to enqueue")
-      self._steps[replica] = Step(prepared, enqueued.training, enqueued.graph)
-    return self._steps.get(replica)
-
-  def _check_strategy(self) -> None:
-    # Outside any scope is fine (TF's loop enqueues outside the scope);
-    # inside the scope of another strategy is not.
-    current = tf.distribute.get_strategy()
-    if tf.distribute.has_strategy() and current is not self._strategy:
-      raise RuntimeError(
-        errors.WRONG_STRATEGY.format(
-          created=strategy_name(self._strategy),
-          current=strategy_name(current),
-        )
-      )
-
-  def _prepare(self, features: Any, weights: Any, what: str) -> list:
-    check_same_structure(self._config.structure, features, what)
-    flat_inputs = tf.nest.flatten(features, expand_composites=False)
-    flat_weights = [None] * len(flat_inputs)
-    if weights is not None:
-      check_same_structure(
-        self._config.structure, weights, what.replace("features", "weights")
-      )
-      flat_weights = tf.nest.flatten(weights, expand_composites=False)
-    prepared = [
-      prepare_feature(inp, weight, feature, path)
-      for inp, weight, feature, path in zip(
-        flat_inputs,
-        flat_weights,
-        self._config.features,
-        self._config.paths,
-        strict=True,
-      )
-    ]
-    return gate_on_all_checks(prepared)
-
-  def _lookup(
-    self, prepared: list, apply_held: bool = False
-  ) -> tuple[Any, dict[str, TableBatch]]:
-    """Activations (and table batches); then, if pipelined, the held update.
-
-    With ``apply_held`` and pipelining on, the update held from the previous
-    step is applied after this step's rows were gathered: the activations
-    are one step stale, as on TPU.
-    """
-    flat_outputs: list[Any] = [None] * len(prepared)
-    batches = {
-      table.name: group_table(
-        table, [prepared[i] for i in self._config.features_of(table)]
-      )
-      for table in self._config.tables
-    }
-    all_rows = self._backend.gather_tables(
-      [(t, batches[t.name].unique_ids) for t in self._config.tables]
-    )
-    if apply_held and self._held is not None:
-      with tf.control_dependencies(all_rows):
-        self._backend.apply_updates(self._held.take(self._local_replica()))
-    for table, rows in zip(self._config.tables, all_rows, strict=True):
-      batch = batches[table.name]
-      for i, output in zip(
-        self._config.features_of(table),
-        split_activations(combine(rows, batch), batch),
-        strict=True,
-      ):
-        flat_outputs[i] = output
-    return tf.nest.pack_sequence_as(self._config.structure, flat_outputs), (
-      batches
-    )
+    return self._engine.lookup_for_training(features, weights)
 
 
 TPUEmbedding = TPUEmbeddingV3

@@ -94,3 +94,10 @@ APPLY_WITHOUT_DEQUEUE = (
   "function: the gradients must be those of the activations returned by "
   "the last `dequeue()` call."
 )
+
+NOT_OFF_TPU = (
+  "TPUEmbedding.{what} is not available under TPUStrategy: the tables live "
+  "in TensorFlow's TPU embedding, not in this package's table stores. Use "
+  "embedding_tables / variables, or save a checkpoint and restore it into "
+  "TPUEmbeddingForServing (or tools/export.py) to read them on CPU."
+)

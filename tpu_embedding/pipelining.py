@@ -9,9 +9,10 @@ step**: step ``n + 1`` sees the tables before step ``n``'s update::
   step n+1:   lookup(T_{n-1})  apply g_n -> T_n   ...dense n+1...   hold g_{n+1}
                                \\______ runs alongside dense n+1 ______/
 
-Off TPU this module keeps each replica's last update (its distinct row ids
-and summed row gradients, per table) in variables; the next training
-``dequeue`` first looks up, then applies the held update, with no data
+Off TPU, ``PipelinedBackend`` wraps the backend that holds the tables: it
+keeps each replica's last update (its distinct row ids and summed row
+gradients, per table) in variables instead of applying it; the next
+training lookup first gathers, then applies the held update, with no data
 dependency between that update and the dense computation, so TensorFlow's
 executor can run them concurrently. ``TPUEmbedding.flush_pipeline()``
 applies a held update at once (call it before evaluating, exporting or
@@ -36,23 +37,30 @@ Example:
 
 from __future__ import annotations
 
-import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
+from collections.abc import Sequence
 
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.backends.base import Backend
+from tpu_embedding.backends.base import GatherRequests
+from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
+from tpu_embedding.replicas import local_replica
+from tpu_embedding.sharding import ShardingPlan
 
 
 class HeldUpdates:
   """Each local replica's last, not yet applied, update of every table."""
 
-  def __init__(self, tables: tuple[TableConfig, ...], devices: list):
+  def __init__(self, tables: Sequence[TableConfig], devices: Sequence):
     """Creates empty holding variables.
 
     Args:
       tables: the resolved tables.
       devices: one device per local replica (None: the default device).
     """
-    self._tables = tables
+    self._tables = tuple(tables)
     self._held: list[dict[str, tuple[tf.Variable, tf.Variable]]] = []
     for device in devices:
       with tf.init_scope(), tf.device(device):
@@ -62,11 +70,11 @@ class HeldUpdates:
               _unshaped_variable(tf.zeros([0], tf.int64)),
               _unshaped_variable(tf.zeros([0, table.dim], tf.float32)),
             )
-            for table in tables
+            for table in self._tables
           }
         )
 
-  def hold(self, replica: int, updates: list) -> None:
+  def hold(self, replica: int, updates: Updates) -> None:
     """Keeps ``[(table, ids, grads)]`` for the next ``take``."""
     for table, ids, grads in updates:
       held_ids, held_grads = self._held[replica][table.name]
@@ -85,9 +93,70 @@ class HeldUpdates:
     return updates
 
 
+class PipelinedBackend(Backend):
+  """A backend whose updates wait for the next training lookup.
+
+  Wraps the backend that holds the tables: lookups and stores are the
+  inner backend's; ``apply_updates`` holds the update, and the next
+  ``gather_for_training`` applies it after gathering (one step stale).
+  ``flush`` applies a held update at once.
+  """
+
+  def __init__(self, inner: Backend, strategy: tf.distribute.Strategy):
+    super().__init__()
+    self._inner = inner
+    self._strategy = strategy
+    self._held: HeldUpdates | None = None
+
+  @property
+  def inner(self) -> Backend:
+    """The backend that holds the tables."""
+    return self._inner
+
+  @property
+  def stores(self):
+    return self._inner.stores
+
+  @property
+  def plan(self) -> ShardingPlan | None:
+    return self._inner.plan
+
+  @property
+  def local_devices(self) -> list[str | None]:
+    return self._inner.local_devices
+
+  def shards(self, table_name: str, slot: str = "parameters"):
+    return self._inner.shards(table_name, slot)
+
+  def create_tables(self, tables, tracker):
+    stores = self._inner.create_tables(tables, tracker)
+    self._held = HeldUpdates(tables, self._inner.local_devices)
+    return stores
+
+  def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
+    return self._inner.gather_tables(requests)
+
+  def gather_for_training(self, requests: GatherRequests) -> list[tf.Tensor]:
+    rows = self._inner.gather_tables(requests)
+    with tf.control_dependencies(rows):
+      self.flush()
+    return rows
+
+  def apply_updates(self, updates: Updates) -> None:
+    self._holding().hold(local_replica(self._strategy), updates)
+
+  def flush(self) -> None:
+    self._inner.apply_updates(
+      self._holding().take(local_replica(self._strategy))
+    )
+
+  def _holding(self) -> HeldUpdates:
+    if self._held is None:
+      raise RuntimeError("The pipelined backend has no tables yet (build).")
+    return self._held
+
+
 def _unshaped_variable(initial: tf.Tensor) -> tf.Variable:
   """A plain variable whose first dimension may change at each assign."""
   shape = tf.TensorShape([None]).concatenate(initial.shape[1:])
-  return resource_variable_ops.ResourceVariable(
-    initial, shape=shape, trainable=False
-  )
+  return compat.ResourceVariable(initial, shape=shape, trainable=False)

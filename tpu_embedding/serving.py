@@ -32,11 +32,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Callable
+from collections.abc import Mapping
+
 import tensorflow as tf
-from tensorflow.python.distribute import sharded_variable
 
 from tpu_embedding import errors
-from tpu_embedding.backends.local import create_table_variables
+from tpu_embedding.activations import look_up_groups
+from tpu_embedding.compat import Trackable
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import check_ids_in_range
@@ -44,13 +47,16 @@ from tpu_embedding.inputs import check_input_type
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
-from tpu_embedding.lookup import combine
-from tpu_embedding.lookup import group_table
-from tpu_embedding.lookup import split_activations
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import row_reader
+from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
+
+#: Reads rows of one table by id, in id order.
+RowReader = Callable[[tf.Tensor], tf.Tensor]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -73,6 +79,26 @@ def serving_embedding_lookup(
     ValueError: for paths not in the feature config, wrong kinds, dtypes,
       ranks, or weights that do not fit their ids.
   """
+  readers = {table: row_reader(value) for table, value in tables.items()}
+  return lookup_with_readers(inputs, weights, readers, feature_config)
+
+
+@tf.autograph.experimental.do_not_convert
+def lookup_with_readers(
+  inputs: Any,
+  weights: Any,
+  readers: Mapping[TableConfig, RowReader],
+  feature_config: Any,
+) -> Any:
+  """``serving_embedding_lookup`` reading rows through ``readers``.
+
+  Args:
+    inputs: a nest of id tensors (paths: a subset of the feature config's).
+    weights: None, or a nest like ``inputs``.
+    readers: ``{TableConfig: function(ids) -> rows}``, e.g. a table
+      store's ``gather``.
+    feature_config: the nest of ``FeatureConfig`` the inputs refer to.
+  """
   flat_inputs = flatten_with_paths(inputs)
   flat_weights = [None] * len(flat_inputs)
   if weights is not None:
@@ -89,18 +115,18 @@ def serving_embedding_lookup(
   outputs = []
   for (path, inp), weight in zip(flat_inputs, flat_weights, strict=True):
     feature = features[path]
-    if feature.table not in tables:
+    if feature.table not in readers:
       raise ValueError(
         f"No table given for feature {path} (table {feature.table.name!r})."
       )
     outputs.append(
-      _lookup_one(inp, weight, feature, tables[feature.table], path)
+      _lookup_one(inp, weight, feature, readers[feature.table], path)
     )
   return tf.nest.pack_sequence_as(inputs, outputs)
 
 
 def _lookup_one(
-  inp: Any, weight: Any, feature: FeatureConfig, table: Any, path: str
+  inp: Any, weight: Any, feature: FeatureConfig, read: RowReader, path: str
 ) -> tf.Tensor:
   _check_serving_weight(inp, weight, path)
   check_input_type(inp, weight, path)
@@ -120,7 +146,7 @@ def _lookup_one(
     ids = check_ids_in_range(
       tf.cast(inp, tf.int64), table_config.vocabulary_size, path, name
     )
-    return gather_rows(table, ids)
+    return read(ids)
   if isinstance(inp, tf.SparseTensor):
     if feature.output_shape.rank:
       # TF's serving lookup ignores output_shape for sparse input (and
@@ -137,24 +163,10 @@ def _lookup_one(
   (prepared,) = gate_on_all_checks(
     [prepare_feature(inp, weight, feature.replace(table=named), path)]
   )
-  batch = group_table(named, [prepared])
-  rows = gather_rows(table, batch.unique_ids)
-  return split_activations(combine(rows, batch), batch)[0]
-
-
-def gather_rows(table: Any, ids: tf.Tensor) -> tf.Tensor:
-  """Rows ``ids`` of a table in any layout, in id order.
-
-  ``table`` may be a variable or tensor, a ``ShardedVariable`` (row blocks;
-  ``tf.gather`` on it returns rows grouped by shard, not in id order) or a
-  ``ReplicatedTable`` (per-replica copies).
-  """
-  if isinstance(table, sharded_variable.ShardedVariable):
-    return tf.nn.embedding_lookup(table, ids)
-  copies = getattr(table, "copies", None)
-  if copies is not None:
-    return tf.gather(copies[0], ids)
-  return tf.gather(table, ids)
+  (activations,), _ = look_up_groups(
+    [(named, [0])], [prepared], lambda requests: [read(requests[0][1])]
+  )
+  return activations
 
 
 def _check_serving_weight(inp: Any, weight: Any, path: str) -> None:
@@ -186,7 +198,7 @@ def _prune_invalid(
   return tf.sparse.retain(ids, keep), weights
 
 
-class TPUEmbeddingForServing(tf.__internal__.tracking.Trackable):
+class TPUEmbeddingForServing(Trackable):
   """Embedding tables for serving (and CPU lookups) from a checkpoint.
 
   A drop-in for ``tf.tpu.experimental.embedding.TPUEmbeddingForServing``:
@@ -230,7 +242,7 @@ class TPUEmbeddingForServing(tf.__internal__.tracking.Trackable):
       raise RuntimeError("Serving on TPU is not yet supported.")
     self._feature_config = feature_config
     self._config = resolve(feature_config, optimizer)
-    self._variables: dict[str, dict[str, tf.Variable]] = {}
+    self._stores: dict[str, TableStore] = {}
     self._built = False
 
   def build(self) -> None:
@@ -239,10 +251,16 @@ class TPUEmbeddingForServing(tf.__internal__.tracking.Trackable):
       return
     with tf.init_scope():
       tracker = VariableTracker(self)
-      self._variables = {
-        t.name: create_table_variables(t, tracker) for t in self._config.tables
+      self._stores = {
+        t.name: WholeTable.create(t, tracker) for t in self._config.tables
       }
     self._built = True
+
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}`` (whole tables)."""
+    self.build()
+    return self._stores
 
   @property
   def feature_config(self) -> Any:
@@ -252,9 +270,9 @@ class TPUEmbeddingForServing(tf.__internal__.tracking.Trackable):
   @property
   def embedding_tables(self) -> dict[TableConfig, tf.Variable]:
     """``{TableConfig: table variable}``, keyed by the user's configs."""
-    self.build()
+    stores = self.table_stores
     return {
-      user: self._variables[table.name]["parameters"]
+      user: stores[table.name].variables["parameters"]
       for user, table in zip(
         self._config.user_tables, self._config.tables, strict=True
       )
@@ -263,8 +281,9 @@ class TPUEmbeddingForServing(tf.__internal__.tracking.Trackable):
   @property
   def variables(self) -> dict[str, dict[str, tf.Variable]]:
     """``{table_name: {"parameters": var, <slot name>: var, ...}}``."""
-    self.build()
-    return self._variables
+    return {
+      name: dict(store.variables) for name, store in self.table_stores.items()
+    }
 
   def __call__(self, features: Any, weights: Any = None) -> Any:
     """Looks up ``features``; see ``embedding_lookup``."""

@@ -319,7 +319,7 @@ def run(
 def _describe(loop: Any, experiment: str) -> None:
   config, strategy = loop.config, loop.strategy
   model = config.task.model
-  plan = getattr(getattr(loop.task.embedding, "backend", None), "plan", None)
+  plan = loop.task.embedding.sharding_plan
   sharded = (
     sum(p.sharded for p in plan.placements.values()) if plan is not None else 0
   )

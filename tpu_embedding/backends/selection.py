@@ -1,4 +1,4 @@
-"""Which backend serves the strategy an embedding object is created under.
+"""Which backend holds the tables under the strategy of the moment.
 
 Example:
   >>> import tensorflow as tf
@@ -8,23 +8,24 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.local import LocalBackend
 from tpu_embedding.backends.parameter_server import ParameterServerBackend
 from tpu_embedding.backends.sharded import ShardedBackend
-
-
-def strategy_name(strategy: tf.distribute.Strategy) -> str:
-  """The strategy's class name, for messages."""
-  return type(strategy).__name__
+from tpu_embedding.config import TableConfig
+from tpu_embedding.replicas import strategy_name
 
 
 def select_backend(
-  strategy: tf.distribute.Strategy, tables: tuple, row_threshold: int
+  strategy: tf.distribute.Strategy,
+  tables: Sequence[TableConfig],
+  row_threshold: int,
 ) -> Backend:
-  """The backend for ``strategy`` (TPUStrategy is delegated elsewhere).
+  """The off-TPU backend for ``strategy``.
 
   Raises:
     ValueError: for a strategy without a backend.

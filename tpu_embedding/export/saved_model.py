@@ -76,6 +76,8 @@ from tpu_embedding.export.signature import _Signature
 from tpu_embedding.export.signature import padded_to_sparse
 from tpu_embedding.export.signature import weights_name
 from tpu_embedding.export.subset import ServingLookup
+from tpu_embedding.export.subset import table_stores_of
+from tpu_embedding.tables.base import TableStore
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.structure import flatten_with_paths
 
@@ -176,16 +178,15 @@ def _make_serve(
   return serve
 
 
-def _embedding_variable_ids(embedding: Any) -> dict[int, str]:
-  """``{id(variable): table}`` of every variable the embedding holds."""
+def _embedding_variable_ids(stores: Mapping[str, TableStore]) -> dict[int, str]:
+  """``{id(variable): table}`` of every variable the tables are held in."""
   found = {}
-  for table, slots in getattr(embedding, "variables", {}).items():
-    for holder in slots.values():
-      parts = [holder]
-      parts += list(getattr(holder, "variables", None) or [])
-      parts += list(getattr(holder, "copies", None) or [])
-      for part in parts:
-        found[id(part)] = table
+  for name, store in stores.items():
+    for variable in store.variables.values():
+      found[id(variable)] = name
+    for block in store.blocks:
+      for variable in block.values():
+        found[id(variable)] = name
   return found
 
 
@@ -287,7 +288,7 @@ def export_for_serving(
   copies = lookup.copies
   own = {id(v) for v in copies.values()}
   model_variables = [v for v in concrete.variables if id(v) not in own]
-  leaked = _embedding_variable_ids(embedding)
+  leaked = _embedding_variable_ids(table_stores_of(embedding))
   for variable in model_variables:
     if id(variable) in leaked:
       raise ValueError(

@@ -26,15 +26,16 @@ from typing import Union
 
 import tensorflow as tf
 from absl import logging
-from tensorflow.python.distribute import sharded_variable
-from tensorflow.python.ops import resource_variable_ops
 
+from tpu_embedding import compat
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
-from tpu_embedding.serving import serving_embedding_lookup
+from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import row_reader
 
 #: A selection of tables: names or the user's ``TableConfig`` objects.
 TableSelection = Union[
@@ -172,28 +173,6 @@ class TableSubset:
     return feature
 
 
-def _gatherable(source: Any, name: str) -> Any:
-  """``source`` if this host can read its rows (any one-worker layout)."""
-  if isinstance(
-    source, (sharded_variable.ShardedVariable, tf.Variable, tf.Tensor)
-  ) or getattr(source, "copies", None):
-    return source  # serving_embedding_lookup reads every such layout
-  raise ValueError(
-    f"Table {name!r} is held as {type(source).__name__}, which cannot be "
-    "read on this host (e.g. sharded over several workers). Save a "
-    "checkpoint and export with tools/export.py."
-  )
-
-
-def _whole_value(source: Any) -> tf.Tensor:
-  """The full ``[vocabulary_size, dim]`` value of a table, any layout."""
-  if isinstance(source, sharded_variable.ShardedVariable):
-    return tf.convert_to_tensor(source)
-  if hasattr(source, "read_value"):
-    return source.read_value()
-  return tf.convert_to_tensor(source)
-
-
 class ServingLookup:
   """Serving lookups in a subset of an embedding's tables, on CPU.
 
@@ -236,8 +215,7 @@ class ServingLookup:
 
     Args:
       embedding: a ``TPUEmbedding`` (built or not) or
-        ``TPUEmbeddingForServing``; its ``variables[name]["parameters"]``
-        are read.
+        ``TPUEmbeddingForServing``; its ``table_stores`` are read.
       tables: None for all tables, or names / ``TableConfig`` objects.
       feature_config: the embedding's feature config; read from the
         embedding by default.
@@ -251,25 +229,31 @@ class ServingLookup:
     if feature_config is None:
       feature_config = feature_config_of(embedding)
     self.subset = TableSubset(feature_config, tables)
-    variables = embedding.variables
-    self._sources = {}
+    stores = table_stores_of(embedding)
+    self._sources: dict[str, TableStore] = {}
     for table in self.subset.tables:
-      source = variables.get(table.name, {}).get("parameters")
+      store = stores.get(table.name)
       expected = (table.vocabulary_size, table.dim)
-      if source is None or tuple(source.shape) != expected:
+      found = None if store is None else (
+        store.table.vocabulary_size, store.table.dim
+      )
+      if found != expected:
         raise ValueError(
           f"Table {table.name!r} ({expected[0]} x {expected[1]}) not found in "
-          f"{type(embedding).__name__}.variables (got "
-          f"{None if source is None else tuple(source.shape)}). Under "
-          "TPUStrategy, save a checkpoint and export with tools/export.py."
+          f"{type(embedding).__name__}.table_stores (got {found})."
         )
-      self._sources[table.name] = source
+      self._sources[table.name] = store
     self._copies: dict[str, tf.Variable] | None = None
     if copy:
       self._copies = {
         name: _copy_to_cpu(source, name)
         for name, source in self._sources.items()
       }
+
+  @property
+  def stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}`` of the selected tables (live)."""
+    return dict(self._sources)
 
   @property
   def table_names(self) -> tuple[str, ...]:
@@ -298,26 +282,37 @@ class ServingLookup:
     """
     for path, _ in flatten_with_paths(features):
       self.subset.feature(path)
-    tables = {}
+    readers = {}
     for user, name in zip(
       self.subset.user_tables, self.subset.names, strict=True
     ):
       if self._copies is not None:
-        tables[user] = self._copies[name]
+        readers[user] = row_reader(self._copies[name])
       else:
-        tables[user] = _gatherable(self._sources[name], name)
-    return serving_embedding_lookup(
-      features, weights, tables, self.subset.feature_config
+        readers[user] = self._sources[name].gather
+    return lookup_with_readers(
+      features, weights, readers, self.subset.feature_config
     )
 
 
-def _copy_to_cpu(source: Any, name: str) -> tf.Variable:
+def table_stores_of(embedding: Any) -> dict[str, TableStore]:
+  """The embedding's table stores, or a clear error where it has none."""
+  try:
+    return embedding.table_stores
+  except (AttributeError, RuntimeError) as e:
+    raise ValueError(
+      f"Cannot read the tables of {type(embedding).__name__} on this host "
+      f"({e}). Save a checkpoint and export with tools/export.py."
+    ) from e
+
+
+def _copy_to_cpu(source: TableStore, name: str) -> tf.Variable:
   """A plain, non-trainable CPU variable holding ``source``'s value."""
   start = time.time()
   with tf.init_scope(), tf.device("/CPU:0"):
-    value = _whole_value(source)
+    value = source.read()
     # A plain variable even inside a strategy scope (no mirroring).
-    variable = resource_variable_ops.ResourceVariable(
+    variable = compat.ResourceVariable(
       value, name=name, trainable=False
     )
   logging.info(

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from collections.abc import Mapping
+
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import sharded_variable
 
 from tpu_embedding import optimizers
-from tpu_embedding.backends.sharded import ReplicatedTable
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.layers import distributed_fit
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
-from tpu_embedding.serving import serving_embedding_lookup
+from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.tables.base import TableStore
 
 #: Optimizer names the layers accept, with Keras' default learning rates
 #: (the defaults of these classes): sgd 0.01, the others 0.001.
@@ -181,24 +182,12 @@ def symbolic_activations(features: Any, config: ResolvedConfig) -> Any:
 
 
 def full_value(variable: Any) -> np.ndarray:
-  """The whole ``[vocabulary_size, dim]`` value, whatever the layout."""
-  if hasattr(variable, "numpy"):  # plain, replicated or multi-worker
-    return np.asarray(variable.numpy())
-  return np.asarray(tf.convert_to_tensor(variable))  # ShardedVariable
+  """The whole ``[vocabulary_size, dim]`` value of any table variable.
 
-
-def assign_full(variable: Any, value: Any) -> None:
-  """Writes a whole ``[vocabulary_size, dim]`` value into any layout."""
-  variable.assign(value)  # any layout (ShardedVariable by slices)
-
-
-def gatherable(variable: Any) -> Any:
-  """Something ``tf.gather`` reads any ids of the table from."""
-  if isinstance(variable, ReplicatedTable):
-    return variable.copies[0]
-  if isinstance(variable, sharded_variable.ShardedVariable):
-    return tf.convert_to_tensor(variable)  # Gathers need 1-D ids otherwise.
-  return variable
+  Every layout's variable converts to its whole value (see
+  ``tpu_embedding.tables``).
+  """
+  return np.asarray(tf.convert_to_tensor(variable))
 
 
 def store_key(table: str, slot: str) -> str:
@@ -210,50 +199,52 @@ def store_key(table: str, slot: str) -> str:
   return name if slot == "parameters" else f"{name}.S{slot}"
 
 
-def save_tables(variables: dict[str, dict[str, Any]], store: Any) -> None:
+def save_tables(stores: Mapping[str, TableStore], weights_store: Any) -> None:
   """Writes every table and slot, whole, into a Keras weights store."""
-  for table, slots in variables.items():
-    for slot, variable in slots.items():
-      store[store_key(table, slot)] = full_value(variable)
+  for name, table_store in stores.items():
+    for key in table_store.keys:
+      weights_store[store_key(name, key)] = np.asarray(table_store.read(key))
 
 
 def load_tables(
-  variables: dict[str, dict[str, Any]], store: Any, layer: str
+  stores: Mapping[str, TableStore], weights_store: Any, layer: str
 ) -> None:
   """Restores every table and slot from a Keras weights store.
 
   Raises:
-    ValueError: naming the tables or slots the store lacks.
+    ValueError: naming the tables or slots the store lacks (nothing is
+      written then).
   """
-  keys = {
-    store_key(table, slot): variable
-    for table, slots in variables.items()
-    for slot, variable in slots.items()
+  wanted = {
+    store_key(name, key): (table_store, key)
+    for name, table_store in stores.items()
+    for key in table_store.keys
   }
-  missing = sorted(k for k in keys if k not in store)
+  missing = sorted(k for k in wanted if k not in weights_store)
   if missing:
     raise ValueError(
       f"Layer '{layer}': the saved weights lack the tables or slots "
-      f"{missing}; they hold {sorted(store.keys())}. Was the model saved "
-      "with the same feature config and optimizers?"
+      f"{missing}; they hold {sorted(weights_store.keys())}. Was the model "
+      "saved with the same feature config and optimizers?"
     )
-  for key, variable in keys.items():
-    assign_full(variable, np.asarray(store[key]))
+  for weights_key, (table_store, key) in wanted.items():
+    table_store.assign(np.asarray(weights_store[weights_key]), key)
 
 
 def serving_lookup(
-  tables: dict[TableConfig, Any],
-  structure: Any,
+  stores: Mapping[str, TableStore],
+  config: ResolvedConfig,
   layer: str,
   features: Any,
   weights: Any = None,
   serving_config: Any = None,
 ) -> Any:
-  """A layer's serving lookup of ``features`` in its ``tables``.
+  """A layer's serving lookup of ``features`` in its tables.
 
   Args:
-    tables: the layer's ``{TableConfig: table}``.
-    structure: the layer's feature config (the default ``serving_config``).
+    stores: the layer's ``{table name: TableStore}``.
+    config: the layer's resolved feature config (its structure is the
+      default ``serving_config``).
     layer: the layer's name, for errors.
     features, weights, serving_config: as ``serving_embedding_lookup``.
 
@@ -261,13 +252,16 @@ def serving_lookup(
     ValueError: if ``serving_config`` uses a table the layer does not have.
   """
   if serving_config is None:
-    serving_config = structure
+    serving_config = config.structure
+  readers = {
+    user: stores[table.name].gather
+    for user, table in zip(config.user_tables, config.tables, strict=True)
+  }
   for path, feature in flatten_with_paths(serving_config):
-    if feature.table not in tables:
+    if feature.table not in readers:
       raise ValueError(
         f"Layer '{layer}': serving_config feature {path!r} uses a "
         f"TableConfig ({feature.table!r}) that is not one of the layer's; "
         "build serving configs from the same TableConfig objects."
       )
-  readable = {table: gatherable(v) for table, v in tables.items()}
-  return serving_embedding_lookup(features, weights, readable, serving_config)
+  return lookup_with_readers(features, weights, readers, serving_config)

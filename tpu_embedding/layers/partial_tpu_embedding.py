@@ -28,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.tables.base import TableStore
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
@@ -185,6 +186,15 @@ class PartialTPUEmbedding(Layer):
       )
     }
 
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}`` of both halves."""
+    stores: dict[str, TableStore] = {}
+    for layer in (self._tpu_embedding_layer, self._replicated_layer):
+      if layer is not None:
+        stores.update(layer.table_stores)
+    return stores
+
   # --- calls ---------------------------------------------------------------
 
   @tf.autograph.experimental.do_not_convert
@@ -261,8 +271,8 @@ class PartialTPUEmbedding(Layer):
     See ``TPUEmbedding.serving_lookup``.
     """
     return common.serving_lookup(
-      self.embedding_tables,
-      self._config.structure,
+      self.table_stores,
+      self._config,
       self.name,
       features,
       weights,

@@ -29,17 +29,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding.inputs import gate_on_all_checks
-from tpu_embedding.inputs import prepare_feature
+from tpu_embedding.activations import look_up
+from tpu_embedding.activations import prepare_features
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
-from tpu_embedding.lookup import combine
-from tpu_embedding.lookup import group_table
-from tpu_embedding.lookup import split_activations
 from tpu_embedding.resolved import resolve
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.whole import WholeTable
 
 
 @tf.custom_gradient
@@ -92,6 +91,12 @@ class ReplicatedEmbedding(Layer):
       )
       for table in self._config.tables
     )
+    self._stores = {
+      table.name: WholeTable.wrap(table, {"parameters": weight})
+      for table, weight in zip(
+        self._config.tables, self._weights_by_table, strict=True
+      )
+    }
     self.built = True
 
   @property
@@ -100,6 +105,11 @@ class ReplicatedEmbedding(Layer):
     return dict(
       zip(self._config.user_tables, self._weights_by_table, strict=True)
     )
+
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}`` over the Keras weights."""
+    return dict(self._stores)
 
   @tf.autograph.experimental.do_not_convert
   def call(
@@ -126,35 +136,21 @@ class ReplicatedEmbedding(Layer):
     if in_symbolic_call():
       return common.symbolic_activations(features, self._config)
     common.check_strategy(self._strategy, self.name)
-    flat_ids = tf.nest.flatten(features, expand_composites=False)
-    flat_weights = (
-      [None] * len(flat_ids)
-      if weights is None
-      else tf.nest.flatten(weights, expand_composites=False)
+    prepared = prepare_features(
+      self._config, features, weights, "features passed to the layer"
     )
-    prepared = gate_on_all_checks(
-      [
-        prepare_feature(ids, weight, feature, path)
-        for ids, weight, feature, path in zip(
-          flat_ids,
-          flat_weights,
-          self._config.features,
-          self._config.paths,
-          strict=True,
-        )
-      ]
-    )
-    outputs: list[Any] = [None] * len(prepared)
-    for table, variable in zip(
-      self._config.tables, self._weights_by_table, strict=True
-    ):
-      indices = self._config.features_of(table)
-      batch = group_table(table, [prepared[i] for i in indices])
-      rows = tf.gather(self._readable(variable), batch.unique_ids)
-      combined = split_activations(combine(rows, batch), batch)
-      for i, activations in zip(indices, combined, strict=True):
-        outputs[i] = activations
-    return tf.nest.pack_sequence_as(structure, outputs)
+    readable = {
+      table.name: self._readable(variable)
+      for table, variable in zip(
+        self._config.tables, self._weights_by_table, strict=True
+      )
+    }
+
+    def rows(requests):
+      return [tf.gather(readable[table.name], ids) for table, ids in requests]
+
+    activations, _ = look_up(self._config, prepared, rows)
+    return activations
 
   def _readable(self, variable: Any) -> Any:
     """What to gather rows from: the weight, or its value (dense gradient).
@@ -176,8 +172,8 @@ class ReplicatedEmbedding(Layer):
   ) -> Any:
     """Serving lookups of a subset of the features (see ``TPUEmbedding``)."""
     return common.serving_lookup(
-      self.embedding_tables,
-      self._config.structure,
+      self.table_stores,
+      self._config,
       self.name,
       features,
       weights,

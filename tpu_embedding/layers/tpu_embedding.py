@@ -50,6 +50,7 @@ from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.tables.base import TableStore
 
 #: The dummy weight's name (tensorflow-recommenders' name for it).
 DUMMY_NAME = "tpu_embedding_helper_dummy"
@@ -187,6 +188,11 @@ class TPUEmbedding(Layer):
     """``{TableConfig: table variable}``, keyed by the user's configs."""
     return self._tpu_embedding.embedding_tables
 
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    """``{table name: TableStore}``: the tables in one interface."""
+    return self._tpu_embedding.table_stores
+
   # --- calls ---------------------------------------------------------------
 
   @tf.autograph.experimental.do_not_convert
@@ -249,8 +255,8 @@ class TPUEmbedding(Layer):
       ValueError: for unknown features or tables.
     """
     return common.serving_lookup(
-      self.embedding_tables,
-      self._config.structure,
+      self.table_stores,
+      self._config,
       self.name,
       features,
       weights,
@@ -325,8 +331,8 @@ class TPUEmbedding(Layer):
 
   def save_own_variables(self, store: Any) -> None:
     """Saves every table and slot whole (Keras ``model.save``)."""
-    common.save_tables(self._tpu_embedding.variables, store)
+    common.save_tables(self._tpu_embedding.table_stores, store)
 
   def load_own_variables(self, store: Any) -> None:
     """Restores every table and slot (Keras ``load_model``)."""
-    common.load_tables(self._tpu_embedding.variables, store, self.name)
+    common.load_tables(self._tpu_embedding.table_stores, store, self.name)

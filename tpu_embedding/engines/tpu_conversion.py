@@ -309,7 +309,7 @@ def _check_attributes(config: Any, translated: tuple[str, ...]) -> None:
     raise ValueError(
       f"{type(config).__name__} attributes {unknown} have no translation to "
       "TensorFlow's TPU embedding configs; add them to "
-      "tpu_embedding/backends/tpu_conversion.py."
+      "tpu_embedding/engines/tpu_conversion.py."
     )
 
 

@@ -1,0 +1,137 @@
+"""The one lookup path: ids in, activations out, for any row source.
+
+Every lookup of this package — the mid-level API's ``dequeue`` and direct
+lookups, the Keras layers, serving and export — runs the same stages::
+
+  features ──prepare──▶ PreparedFeature ──gate──▶ (checks passed)
+    ──group──▶ TableBatch per table (ids of all its features, deduplicated)
+    ──gather──▶ unique rows (from the caller's row source)
+    ──combine──▶ [rows, dim] ──split──▶ one activation per feature
+
+Only the row source differs: a backend (which may exchange ids between
+replicas), a table store, or plain Keras weights.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.resolved import resolve
+  >>> table = tpe.TableConfig(10, 1, combiner="sum", name="t")
+  >>> config = resolve({"f": tpe.FeatureConfig(table)}, None)
+  >>> prepared = prepare_features(
+  ...     config, {"f": tf.ragged.constant([[1, 2], [3]])}, None, "features")
+  >>> def rows(requests):  # row i holds the value i
+  ...   return [tf.cast(ids, tf.float32)[:, None] for _, ids in requests]
+  >>> activations, _ = look_up(config, prepared, rows)
+  >>> activations["f"].numpy().ravel().tolist()
+  [3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import TableConfig
+from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.inputs import gate_on_all_checks
+from tpu_embedding.inputs import prepare_feature
+from tpu_embedding.lookup import TableBatch
+from tpu_embedding.lookup import combine
+from tpu_embedding.lookup import group_table
+from tpu_embedding.lookup import split_activations
+from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.structure import check_same_structure
+
+#: Reads the rows of several tables at once: ``[(table, unique ids)]`` →
+#: ``[rows]`` (``[n, dim]`` each, in the order of the ids).
+RowSource = Callable[
+  [Sequence[tuple[TableConfig, tf.Tensor]]], Sequence[tf.Tensor]
+]
+
+
+def prepare_features(
+  config: ResolvedConfig, features: Any, weights: Any, what: str
+) -> list[PreparedFeature]:
+  """Checks and flattens a nest of features (and weights) for lookup.
+
+  Args:
+    config: the resolved feature config.
+    features: a nest of id tensors like the feature config.
+    weights: None, or a nest like it (entries may be None).
+    what: what the features are, for errors (e.g. "features passed to
+      enqueue").
+
+  Returns:
+    One ``PreparedFeature`` per feature, gated on all input checks (a bad
+    input fails the step before any row is read or written).
+
+  Raises:
+    ValueError: for a wrong structure, kind, dtype, rank or shape; the
+      message names the feature.
+  """
+  check_same_structure(config.structure, features, what)
+  flat_inputs = tf.nest.flatten(features, expand_composites=False)
+  flat_weights = [None] * len(flat_inputs)
+  if weights is not None:
+    check_same_structure(
+      config.structure, weights, what.replace("features", "weights")
+    )
+    flat_weights = tf.nest.flatten(weights, expand_composites=False)
+  prepared = [
+    prepare_feature(inp, weight, feature, path)
+    for inp, weight, feature, path in zip(
+      flat_inputs, flat_weights, config.features, config.paths, strict=True
+    )
+  ]
+  return gate_on_all_checks(prepared)
+
+
+def look_up(
+  config: ResolvedConfig,
+  prepared: Sequence[PreparedFeature],
+  row_source: RowSource,
+) -> tuple[Any, dict[str, TableBatch]]:
+  """Activations of prepared features, with rows from ``row_source``.
+
+  Args:
+    config: the resolved feature config (tables and their features).
+    prepared: one prepared feature per feature of ``config``.
+    row_source: reads the distinct rows of every table at once.
+
+  Returns:
+    ``(activations, batches)``: a nest like the feature config, and each
+    table's ``TableBatch`` (what ``row_gradients`` needs for the update).
+  """
+  groups = [(table, config.features_of(table)) for table in config.tables]
+  flat, batches = look_up_groups(groups, prepared, row_source)
+  return tf.nest.pack_sequence_as(config.structure, flat), batches
+
+
+def look_up_groups(
+  groups: Sequence[tuple[TableConfig, Sequence[int]]],
+  prepared: Sequence[PreparedFeature],
+  row_source: RowSource,
+) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
+  """``look_up`` for explicit ``(table, feature indices)`` groups.
+
+  Returns:
+    ``(flat activations, batches)``, activations in ``prepared`` order.
+  """
+  flat: list[Any] = [None] * len(prepared)
+  batches = {
+    table.name: group_table(table, [prepared[i] for i in indices])
+    for table, indices in groups
+  }
+  all_rows = row_source(
+    [(table, batches[table.name].unique_ids) for table, _ in groups]
+  )
+  for (table, indices), rows in zip(groups, all_rows, strict=True):
+    batch = batches[table.name]
+    for i, output in zip(
+      indices, split_activations(combine(rows, batch), batch), strict=True
+    ):
+      flat[i] = output
+  return flat, batches

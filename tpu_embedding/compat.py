@@ -1,0 +1,92 @@
+"""Every private TensorFlow name the package relies on, and what for.
+
+TensorFlow's public API lacks a few things an embedding library needs
+(row-sharded variables, per-device variables inside a strategy scope,
+checkpoint-saver registration, nest paths). They are imported here, and
+only here, each with the reason, so that a TensorFlow upgrade that moves
+one breaks one module and the fix is in one place. (The Keras private
+names are in ``tpu_embedding/layers/keras_compat.py`` and
+``layers/distributed_fit.py``, imported lazily because Keras is optional
+for the mid-level API.)
+
+Example:
+  >>> from tpu_embedding import compat
+  >>> compat.flatten_with_joined_string_paths({"b": 1, "a": [2]})
+  [('a/0', 2), ('b', 1)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+# Row blocks of one logical table, saved as one full-size checkpoint value
+# (slices) and read in id order by ``tf.nn.embedding_lookup``: the layout of
+# TensorFlow's own sharded embedding variables.
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+# The cluster position of a worker (MultiWorkerMirroredStrategy): which
+# global replicas are this process's.
+from tensorflow.python.distribute.multi_worker_util import id_in_cluster
+
+# A plain variable on one device even inside a strategy scope (the scope's
+# variable creator would mirror it), and one whose first dimension may
+# change at each assign (pipelining's held updates).
+from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
+# Registers the checkpoint callback that copies tables off / onto the TPU
+# around saves and restores, as TensorFlow does for its own TPUEmbedding.
+from tensorflow.python.saved_model.registration import (
+  register_checkpoint_saver,
+)
+
+# Feature paths (``"a/0"``) in error messages, in ``tf.nest.flatten`` order.
+from tensorflow.python.util.nest import flatten_with_joined_string_paths
+
+#: ``tf.__internal__.tracking.Trackable``: the checkpoint base class (public
+#: under ``tf.__internal__``, which TensorFlow reserves for its own libraries).
+Trackable = tf.__internal__.tracking.Trackable
+
+__all__ = [
+  "ResourceVariable",
+  "ShardedVariable",
+  "Trackable",
+  "flatten_with_joined_string_paths",
+  "id_in_cluster",
+  "parameter_server_resolver",
+  "register_checkpoint_saver",
+  "tf_tpu_variables",
+]
+
+
+def parameter_server_resolver(strategy: tf.distribute.Strategy) -> Any:
+  """The cluster resolver of a ``ParameterServerStrategy``.
+
+  ``ParameterServerStrategy.cluster_resolver`` is None in TensorFlow 2.21
+  (it keeps the resolver in a private attribute).
+  """
+  resolver = strategy.cluster_resolver
+  if resolver is None:
+    resolver = strategy._cluster_resolver  # noqa: SLF001
+  return resolver
+
+
+def tf_tpu_variables(tf_embedding: Any) -> dict[str, dict[str, Any]]:
+  """``{table: {"parameters": var, <slot>: var}}`` of TensorFlow's object.
+
+  TensorFlow's ``TPUEmbedding``/``TPUEmbeddingV2`` keep their table and
+  slot variables in ``_variables`` (public only as ``embedding_tables``,
+  without the slots).
+  """
+  return dict(getattr(tf_embedding, "_variables", None) or {})
+
+
+def retrieve_tpu_tables(tf_embedding: Any) -> None:
+  """Copies TensorFlow's TPU tables to their host variables (before save)."""
+  tf_embedding._retrieve_variables()  # noqa: SLF001
+
+
+def load_tpu_tables(tf_embedding: Any) -> None:
+  """Copies host variables onto the TPU (after restore)."""
+  tf_embedding._load_variables()  # noqa: SLF001

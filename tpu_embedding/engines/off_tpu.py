@@ -1,0 +1,316 @@
+"""The off-TPU engine: TensorFlow's TPU training loop on any other strategy.
+
+It keeps the step bookkeeping of ``enqueue`` → ``dequeue`` →
+``apply_gradients`` (``steps.py``), runs lookups through the one lookup
+path (``activations.py``) with rows from its backend, and turns activation
+gradients into row gradients for the backend's updates. The backend is
+chosen from the strategy (``backends/selection.py``) and, with
+``pipeline_execution_with_tensor_core=True``, wrapped in a
+``PipelinedBackend``.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> emb = tpe.TPUEmbedding(
+  ...     tpe.FeatureConfig(tpe.TableConfig(5, 2, name="t")), tpe.SGD(0.1))
+  >>> type(emb.engine).__name__, type(emb.backend).__name__
+  ('OffTPUEngine', 'LocalBackend')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import errors
+from tpu_embedding.activations import look_up
+from tpu_embedding.activations import prepare_features
+from tpu_embedding.backends.base import Backend
+from tpu_embedding.backends.parameter_server import ParameterServerBackend
+from tpu_embedding.backends.selection import select_backend
+from tpu_embedding.compat import Trackable
+from tpu_embedding.engines.base import Engine
+from tpu_embedding.lookup import TableBatch
+from tpu_embedding.lookup import row_gradients
+from tpu_embedding.output_shapes import OutputShapes
+from tpu_embedding.output_shapes import output_shapes_from_batch_size
+from tpu_embedding.output_shapes import output_shapes_from_input_shapes
+from tpu_embedding.pipelining import PipelinedBackend
+from tpu_embedding.replicas import current_replica
+from tpu_embedding.replicas import first_local_replica
+from tpu_embedding.replicas import strategy_name
+from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.steps import Enqueued
+from tpu_embedding.steps import Step
+from tpu_embedding.steps import checked_gradients
+from tpu_embedding.steps import current_graph
+from tpu_embedding.steps import select_replica
+from tpu_embedding.structure import check_same_structure
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tracking import VariableTracker
+
+
+class OffTPUEngine(Engine, Trackable):
+  """Tables in this package's backends; the TPU loop's semantics."""
+
+  def __init__(
+    self,
+    config: ResolvedConfig,
+    strategy: tf.distribute.Strategy,
+    row_sharding_threshold: int,
+    pipeline_execution_with_tensor_core: bool = False,
+  ):
+    """Picks the backend for ``strategy``.
+
+    Raises:
+      ValueError: for a strategy without a backend, or pipelining under
+        ParameterServerStrategy.
+    """
+    Engine.__init__(self, config)
+    self._strategy = strategy
+    backend = select_backend(strategy, config.tables, row_sharding_threshold)
+    if pipeline_execution_with_tensor_core:
+      if isinstance(backend, ParameterServerBackend):
+        raise ValueError(
+          "pipeline_execution_with_tensor_core=True is not available under "
+          "ParameterServerStrategy (workers update asynchronously already)."
+        )
+      backend = PipelinedBackend(backend, strategy)
+    self._backend: Backend = backend
+    self._output_shapes = OutputShapes(
+      [f.output_shape for f in config.features], list(config.paths)
+    )
+    self._built = False
+    self._steps: dict[int, Step] = {}
+    self._enqueued: Enqueued | None = None
+
+  # --- checkpoints and tables ----------------------------------------------
+
+  @property
+  def checkpoint_target(self) -> Trackable:
+    return self
+
+  @property
+  def backend(self) -> Backend:
+    return self._backend
+
+  @property
+  def sharding_plan(self) -> ShardingPlan | None:
+    return self._backend.plan
+
+  @property
+  def table_stores(self) -> dict[str, TableStore]:
+    self._maybe_build()
+    return self._backend.stores
+
+  @property
+  def embedding_tables(self) -> dict[Any, Any]:
+    stores = self.table_stores
+    return {
+      user: stores[table.name].variables["parameters"]
+      for user, table in zip(
+        self.config.user_tables, self.config.tables, strict=True
+      )
+    }
+
+  @property
+  def variables(self) -> dict[str, dict[str, Any]]:
+    return {
+      name: dict(store.variables) for name, store in self.table_stores.items()
+    }
+
+  # --- build ---------------------------------------------------------------
+
+  def build(
+    self,
+    per_replica_input_shapes: Any = None,
+    per_replica_batch_size: int | None = None,
+  ) -> None:
+    if self._built:
+      return
+    incoming = None
+    features = list(self.config.features)
+    if isinstance(per_replica_input_shapes, int):
+      incoming = output_shapes_from_batch_size(
+        per_replica_input_shapes, features
+      )
+    elif per_replica_input_shapes is not None:
+      check_same_structure(
+        self.config.structure,
+        per_replica_input_shapes,
+        "per_replica_input_shapes passed to build",
+      )
+      incoming = output_shapes_from_input_shapes(
+        tf.nest.flatten(per_replica_input_shapes, expand_composites=False),
+        features,
+      )
+    elif per_replica_batch_size:
+      incoming = output_shapes_from_batch_size(per_replica_batch_size, features)
+    if incoming is not None:
+      self._output_shapes.check(incoming)
+      self._output_shapes.update(incoming)
+    with tf.init_scope():
+      with self._strategy.scope():
+        self._backend.create_tables(self.config.tables, VariableTracker(self))
+    self._built = True
+
+  def _maybe_build(self, incoming_shapes: list | None = None) -> None:
+    if not self._built:
+      in_run = tf.distribute.has_strategy() and (
+        current_replica(self._strategy) is not None
+      )
+      if in_run:
+        raise RuntimeError(
+          "TPUEmbedding is not built yet and cannot build inside "
+          "strategy.run (its variables are created once, in cross-replica "
+          "context). Call embedding.build() first, or enqueue outside "
+          "strategy.run."
+        )
+      with tf.init_scope():
+        self.build()
+    if incoming_shapes is not None:
+      self._output_shapes.check(incoming_shapes)
+      self._output_shapes.update(incoming_shapes)
+
+  # --- the training loop ---------------------------------------------------
+
+  def enqueue(
+    self,
+    features: Any,
+    weights: Any = None,
+    training: bool = True,
+    name: str | None = None,
+    device: str | None = None,
+  ) -> None:
+    del name, device
+    self._check_strategy()
+    replica = current_replica(self._strategy)
+    if replica is None and self._strategy.num_replicas_in_sync > 1:
+      # Per-replica values (e.g. from a distributed dataset): check replica
+      # 0's now; each replica prepares its own in dequeue.
+      first = select_replica(self._strategy, (features, weights), 0)
+      prepared = self._prepare(*first, "features passed to enqueue")
+      self._maybe_build([p.static_shape for p in prepared])
+      self._steps = {}
+      self._enqueued = Enqueued(features, weights, training, current_graph())
+      return
+    prepared = self._prepare(features, weights, "features passed to enqueue")
+    self._maybe_build([p.static_shape for p in prepared])
+    self._steps[replica or 0] = Step(prepared, training, current_graph())
+
+  def dequeue(self, name: str | None = None) -> Any:
+    del name
+    self._check_strategy()
+    if not self._built:
+      raise RuntimeError(errors.NOT_BUILT.format(method="dequeue"))
+    step = self._current_step(for_dequeue=True)
+    if step is None or step.graph is not current_graph():
+      raise RuntimeError(errors.DEQUEUE_WITHOUT_ENQUEUE)
+    activations, batches = self._lookup(step.prepared, training=step.training)
+    step.batches = batches if step.training else None
+    return activations
+
+  def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
+    del name
+    self._check_strategy()
+    if not self._built:
+      raise RuntimeError(errors.NOT_BUILT.format(method="apply_gradients"))
+    step = self._current_step(for_dequeue=False)
+    if (
+      step is None or step.batches is None or step.graph is not current_graph()
+    ):
+      raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
+    self._apply(gradients, step, "gradients passed to apply_gradients")
+    self._steps.pop(current_replica(self._strategy) or 0, None)
+
+  def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
+    self._check_strategy()
+    self._maybe_build()
+    prepared = self._prepare(features, weights, "features passed to lookup")
+    activations, _ = self._lookup(prepared, training=False)
+    return activations
+
+  def lookup_for_training(
+    self, features: Any, weights: Any = None
+  ) -> tuple[Any, Callable[[Any], None]]:
+    self._check_strategy()
+    self._maybe_build()
+    prepared = self._prepare(features, weights, "features passed to lookup")
+    activations, batches = self._lookup(prepared, training=True)
+    step = Step(prepared, True, current_graph(), batches)
+
+    def apply_gradients(gradients: Any) -> None:
+      self._apply(gradients, step, "gradients passed to apply")
+
+    return activations, apply_gradients
+
+  def flush_pipeline(self) -> None:
+    if self._built:
+      self._backend.flush()
+
+  # --- internals -----------------------------------------------------------
+
+  def _prepare(self, features: Any, weights: Any, what: str) -> list:
+    return prepare_features(self.config, features, weights, what)
+
+  def _lookup(
+    self, prepared: list, training: bool
+  ) -> tuple[Any, dict[str, TableBatch]]:
+    source = (
+      self._backend.gather_for_training
+      if training
+      else self._backend.gather_tables
+    )
+    return look_up(self.config, prepared, source)
+
+  def _apply(self, gradients: Any, step: Step, what: str) -> None:
+    """Applies each table's optimizer to the rows ``step`` looked up."""
+    check_same_structure(self.config.structure, gradients, what)
+    flat = checked_gradients(gradients, step, self.config.features)
+    updates = []
+    for table in self.config.tables:
+      batch = step.batches.get(table.name)
+      if batch is None:
+        continue
+      if table.optimizer is None:
+        raise ValueError(
+          f"Table '{table.name}' has no optimizer: pass one to "
+          "TPUEmbedding(optimizer=...) or to its TableConfig."
+        )
+      grads = [flat[i] for i in self.config.features_of(table)]
+      updates.append((table, batch.unique_ids, row_gradients(grads, batch)))
+    self._backend.apply_updates(updates)
+
+  def _current_step(self, for_dequeue: bool) -> Step | None:
+    """This replica's enqueued step (prepared from per-replica values)."""
+    replica = current_replica(self._strategy) or 0
+    enqueued = self._enqueued
+    if (
+      for_dequeue
+      and enqueued is not None
+      and enqueued.graph is current_graph()
+      and replica not in self._steps
+    ):
+      features, weights = select_replica(
+        self._strategy,
+        (enqueued.features, enqueued.weights),
+        replica - first_local_replica(self._strategy),
+      )
+      prepared = self._prepare(features, weights, "features passed to enqueue")
+      self._steps[replica] = Step(prepared, enqueued.training, enqueued.graph)
+    return self._steps.get(replica)
+
+  def _check_strategy(self) -> None:
+    # Outside any scope is fine (TF's loop enqueues outside the scope);
+    # inside the scope of another strategy is not.
+    current = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and current is not self._strategy:
+      raise RuntimeError(
+        errors.WRONG_STRATEGY.format(
+          created=strategy_name(self._strategy),
+          current=strategy_name(current),
+        )
+      )

@@ -1,0 +1,48 @@
+"""Where a call runs: this replica's id, this worker's first replica.
+
+Example:
+  >>> import tensorflow as tf
+  >>> current_replica(tf.distribute.get_strategy())  # the default replica
+  0
+  >>> first_local_replica(tf.distribute.get_strategy())
+  0
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+
+
+def current_replica(strategy: tf.distribute.Strategy) -> int | None:
+  """This replica's global id inside ``strategy.run``; None outside it."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.strategy is not strategy:
+    return None
+  return int(tf.get_static_value(context.replica_id_in_sync_group))
+
+
+def first_local_replica(strategy: tf.distribute.Strategy) -> int:
+  """Global id of this worker's first replica (0 on a single worker)."""
+  if strategy.num_replicas_in_sync == 1:
+    return 0
+  local = len(strategy.extended.worker_devices)
+  if strategy.num_replicas_in_sync == local:
+    return 0
+  resolver = strategy.cluster_resolver
+  worker = compat.id_in_cluster(
+    resolver.cluster_spec(), resolver.task_type, resolver.task_id
+  )
+  return worker * local
+
+
+def local_replica(strategy: tf.distribute.Strategy) -> int:
+  """This replica's index among this worker's replicas (0 outside run)."""
+  replica = current_replica(strategy)
+  return 0 if replica is None else replica - first_local_replica(strategy)
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+  """The strategy's class name, for messages."""
+  return type(strategy).__name__

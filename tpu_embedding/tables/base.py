@@ -1,0 +1,234 @@
+"""The table store: one table's parameters and slots, in one layout.
+
+Every layout a table can have (whole on one device, row blocks over
+replicas or parameter servers, row blocks over workers, a copy per
+replica) is one ``TableStore`` subclass with the same small interface:
+
+========================  ===================================================
+``variables``             ``{"parameters": v, <slot>: v}``: what users,
+                          ``embedding_tables`` and checkpoints see
+``blocks``                this process's row blocks, one dict of plain
+                          variables per local device
+``block_rows(i)``         ``(first row, rows)`` of local block ``i``
+``gather(ids)``           rows by id, in id order (where this host can)
+``update_block(i, ...)``  the optimizer applied to rows of block ``i``
+``update(ids, grads)``    the optimizer applied to rows by global id
+``read(key)``             the whole ``[vocabulary_size, dim]`` value
+``assign(value, key)``    writes a whole value into every block
+``bytes_per_device()``    bytes of parameters and slots on each device
+========================  ===================================================
+
+Checkpoints save each of ``variables`` under TensorFlow's keys
+(``<table>`` and ``<table>/<slot>``) with its full logical value, whatever
+the layout. Serving, export, the Keras layers and the backends use only
+this interface; adding a layout means adding one subclass.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> emb = tpe.TPUEmbedding(
+  ...     tpe.FeatureConfig(tpe.TableConfig(4, 2, name="t",
+  ...                                       initializer=tpe.RowIdInitializer())),
+  ...     tpe.Adagrad(0.1))
+  >>> store = emb.table_stores["t"]
+  >>> store.keys
+  ('parameters', 'accumulators')
+  >>> store.gather(tf.constant([3, 1], tf.int64)).numpy().tolist()
+  [[3.0, 3.0], [1.0, 1.0]]
+  >>> store.bytes_per_device()  # 4 rows x 2 x 4 bytes, twice
+  {'/job:localhost/replica:0/task:0/device:CPU:0': 64}
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+from typing import Protocol
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
+from tpu_embedding.tables.updates import apply_rows
+
+#: The variables of one row block: ``{"parameters": var, <slot>: var}``.
+Block = dict[str, Any]
+
+
+class VariableTracker(Protocol):
+  """Creates variables that checkpoints save under a given name."""
+
+  def create(
+    self,
+    name: str,
+    shape: tuple[int, int],
+    initializer: Any,
+    getter: Callable[..., Any],
+    trainable: bool,
+  ) -> Any:
+    """Creates a variable with ``getter`` and tracks it as ``name``.
+
+    A value pending from an earlier ``checkpoint.restore`` is used instead
+    of ``initializer`` (restore-before-build).
+    """
+
+  def register(self, name: str, variable: Any) -> None:
+    """Tracks an already created variable as ``name``."""
+
+
+def checkpoint_name(table: str, key: str) -> str:
+  """TensorFlow's name of a table's variable: ``t`` or ``t/<slot>``."""
+  return table if key == "parameters" else f"{table}/{key}"
+
+
+def variable_specs(table: TableConfig, layout: str) -> list[tuple]:
+  """``(key, initializer, trainable)`` of a table's variables.
+
+  The parameters first, then the optimizer's slots, in the optimizer's
+  ``SLOT_NAMES`` order.
+
+  Args:
+    table: the (resolved) table.
+    layout: the layout, for the error message (e.g. "with sharded tables").
+
+  Raises:
+    ValueError: if the optimizer asks to create its slots itself, which
+      only whole tables support.
+  """
+  optimizer = table.optimizer
+  specs = [("parameters", table.initializer, True)]
+  if optimizer is None:
+    return specs
+  if optimizer.slot_variable_creation_fn is not None:
+    raise ValueError(
+      f"Table '{table.name}': slot_variable_creation_fn is not supported "
+      f"{layout}; leave it None to let tpu_embedding create the slots."
+    )
+  return specs + [
+    (slot, initializer, False)
+    for slot, initializer in zip(
+      optimizer.SLOT_NAMES, optimizer.slot_initializers(), strict=True
+    )
+  ]
+
+
+class TableStore(metaclass=abc.ABCMeta):
+  """One table's parameters and optimizer slots, in one layout.
+
+  Attributes:
+    table: the resolved (named) ``TableConfig``.
+  """
+
+  #: Short name of the layout, for reports ("whole", "row_sharded", ...).
+  layout = ""
+
+  def __init__(self, table: TableConfig):
+    self.table = table
+
+  @property
+  def keys(self) -> tuple[str, ...]:
+    """``("parameters", <slot names>...)``."""
+    return tuple(self.variables)
+
+  @property
+  @abc.abstractmethod
+  def variables(self) -> dict[str, Any]:
+    """``{"parameters": v, <slot>: v}`` as users and checkpoints see them.
+
+    Each value converts with ``tf.convert_to_tensor`` (the whole table)
+    and has ``shape`` ``[vocabulary_size, dim]``.
+    """
+
+  @property
+  @abc.abstractmethod
+  def blocks(self) -> list[Block]:
+    """This process's row blocks, one per local device (or PS task)."""
+
+  @abc.abstractmethod
+  def block_rows(self, block: int) -> tuple[int, int]:
+    """``(first global row, number of rows)`` of local block ``block``."""
+
+  @abc.abstractmethod
+  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` (any shape) of ``key``, in id order: ``ids.shape + [dim]``.
+
+    Raises:
+      RuntimeError: where this host cannot read every row (a table
+        sharded over several workers: look it up inside ``strategy.run``).
+    """
+
+  @abc.abstractmethod
+  def read(self, key: str = "parameters") -> tf.Tensor:
+    """The whole ``[vocabulary_size, dim]`` value of ``key``."""
+
+  @abc.abstractmethod
+  def assign(self, value: Any, key: str = "parameters") -> Any:
+    """Writes a whole ``[vocabulary_size, dim]`` value of ``key``."""
+
+  def update_block(self, block: int, rows: tf.Tensor, grads: tf.Tensor) -> None:
+    """Applies the table's optimizer to rows of one local block.
+
+    Args:
+      block: the local block index.
+      rows: ``[n]`` distinct row indices *within the block*.
+      grads: ``[n, dim]`` summed gradients of those rows.
+    """
+    apply_rows(
+      self.table, self.blocks[block], rows, grads, self.block_rows(block)[1]
+    )
+
+  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+    """Applies the table's optimizer to rows ``ids`` (distinct, global).
+
+    Each local block updates the rows it owns.
+    """
+    for block in range(len(self.blocks)):
+      first, size = self.block_rows(block)
+      mine = tf.logical_and(ids >= first, ids < first + size)
+      self.update_block(
+        block,
+        tf.boolean_mask(ids - first, mine),
+        tf.boolean_mask(grads, mine),
+      )
+
+  def bytes_per_device(self) -> dict[str, int]:
+    """Bytes of parameters and slots held on each of this host's devices."""
+    totals: dict[str, int] = {}
+    for block in self.blocks:
+      for variable in block.values():
+        size = variable.shape.num_elements() * variable.dtype.size
+        totals[variable.device] = totals.get(variable.device, 0) + size
+    return totals
+
+  def track(self, tracker: VariableTracker) -> None:
+    """Registers ``variables`` for checkpoints under TensorFlow's keys."""
+    for key, variable in self.variables.items():
+      tracker.register(checkpoint_name(self.table.name, key), variable)
+
+
+_STORE_ATTRIBUTE = "_tpu_embedding_store"
+
+
+def attach(variable: Any, store: TableStore, key: str) -> None:
+  """Remembers which store (and key) a user-facing variable belongs to."""
+  setattr(variable, _STORE_ATTRIBUTE, (store, key))
+
+
+def row_reader(table: Any) -> Callable[[tf.Tensor], tf.Tensor]:
+  """A function reading rows by id, in id order, from a table value.
+
+  ``table`` may be a value from ``embedding_tables``/``variables`` of this
+  package (read through its store, whatever the layout), or a foreign
+  value as TensorFlow's serving lookup accepts it: a TensorFlow
+  ``ShardedVariable`` (read with ``tf.nn.embedding_lookup``, which keeps
+  id order for row blocks; ``tf.gather`` would not), or any variable or
+  tensor.
+  """
+  attached = getattr(table, _STORE_ATTRIBUTE, None)
+  if attached is not None:
+    store, key = attached
+    return lambda ids: store.gather(ids, key)
+  if isinstance(table, compat.ShardedVariable):
+    return lambda ids: tf.nn.embedding_lookup(table, ids)
+  return lambda ids: tf.gather(table, ids)

@@ -1,0 +1,135 @@
+"""A small table copied on every replica.
+
+Each replica holds a full copy of the table and its slots and applies the
+same globally summed update to it, so the copies stay equal. Users see a
+``ReplicatedVariable``: it converts to the table (copy 0), has ``numpy()``,
+and saves once under TensorFlow's key; a restore writes every copy.
+
+Example:
+  >>> import tensorflow as tf
+  >>> v = ReplicatedVariable([tf.Variable([[1.0]]), tf.Variable([[1.0]])])
+  >>> tf.convert_to_tensor(v).numpy().tolist(), v.shape
+  ([[1.0]], TensorShape([1, 1]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
+from tpu_embedding.tables.base import Block
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tables.base import attach
+from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import variable_specs
+
+_VALUE_KEY = "VARIABLE_VALUE"
+
+
+class ReplicatedVariable(compat.Trackable):
+  """Identical copies of one variable, one per replica, saved once."""
+
+  def __init__(self, copies: list[tf.Variable]):
+    self.copies = copies
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    return self.copies[0].shape
+
+  @property
+  def dtype(self) -> tf.DType:
+    return self.copies[0].dtype
+
+  def numpy(self) -> Any:
+    return self.copies[0].numpy()
+
+  def read_value(self) -> tf.Tensor:
+    return self.copies[0].read_value()
+
+  def assign(self, value: Any) -> Any:
+    """Writes the whole value into every copy."""
+    return tf.group([copy.assign(value) for copy in self.copies])
+
+  def _serialize_to_tensors(self):
+    return {_VALUE_KEY: self.copies[0].read_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    return self.assign(restored_tensors[_VALUE_KEY])
+
+
+tf.register_tensor_conversion_function(
+  ReplicatedVariable,
+  lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
+)
+
+
+class ReplicatedTable(TableStore):
+  """A full copy of the table and its slots on each local device."""
+
+  layout = "replicated"
+
+  def __init__(self, table: TableConfig, blocks: list[Block]):
+    super().__init__(table)
+    self._blocks = blocks
+    self._variables = {
+      key: ReplicatedVariable([b[key] for b in blocks]) for key in blocks[0]
+    }
+    for key, variable in self._variables.items():
+      attach(variable, self, key)
+
+  @classmethod
+  def create(
+    cls,
+    table: TableConfig,
+    devices: Sequence[str],
+    tracker: VariableTracker,
+  ) -> ReplicatedTable:
+    """Creates one copy per device and tracks them for checkpoints."""
+    shape = (table.vocabulary_size, table.dim)
+    blocks: list[Block] = [{} for _ in devices]
+    for key, initializer, trainable in variable_specs(
+      table, "with replicated tables"
+    ):
+      name = checkpoint_name(table.name, key)
+      value = None
+      for local, device in enumerate(devices):
+        with tf.device(device):
+          if value is None:  # One initial value: the copies are equal.
+            value = tf.convert_to_tensor(initializer(shape, dtype=tf.float32))
+          blocks[local][key] = compat.ResourceVariable(
+            tf.identity(value), name=f"{name}/replica_{local}",
+            trainable=trainable,
+          )
+    store = cls(table, blocks)
+    store.track(tracker)
+    return store
+
+  @property
+  def variables(self) -> Block:
+    return self._variables
+
+  @property
+  def blocks(self) -> list[Block]:
+    return self._blocks
+
+  def block_rows(self, block: int) -> tuple[int, int]:
+    return 0, self.table.vocabulary_size
+
+  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    return tf.gather(self._blocks[0][key], ids)
+
+  def read(self, key: str = "parameters") -> tf.Tensor:
+    return self._blocks[0][key].read_value()
+
+  def assign(self, value: Any, key: str = "parameters") -> Any:
+    return self._variables[key].assign(value)
+
+  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+    """Applies the same update to every copy."""
+    for block in range(len(self._blocks)):
+      self.update_block(block, ids, grads)

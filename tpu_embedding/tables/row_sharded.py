@@ -1,0 +1,166 @@
+"""Row blocks of a table on several devices of this process.
+
+Replica (or parameter-server task) ``r`` holds rows
+``[offsets[r], offsets[r] + sizes[r])`` of the table and of each slot, in
+a plain variable on its device ("div" sharding, see ``sharding.py``).
+Users and checkpoints see a ``ShardedVariable``: it converts to the whole
+table, reads rows in id order through ``tf.nn.embedding_lookup`` and
+saves as one ``[vocabulary_size, dim]`` value made of slices, so a
+checkpoint restores into any other layout.
+
+This is the layout of row-sharded tables under ``MirroredStrategy`` (one
+block per replica) and ``ParameterServerStrategy`` (one per PS task).
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.resolved import resolve
+  >>> from tpu_embedding.sharding import make_plan
+  >>> from tpu_embedding.tables.row_sharded import RowShardedTable
+  >>> from tpu_embedding.tracking import VariableTracker
+  >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(
+  ...     5, 1, name="t", initializer=tpe.RowIdInitializer())), None).tables[0]
+  >>> placement = make_plan([table], 2, 0).placements["t"]
+  >>> owner = tf.__internal__.tracking.Trackable()
+  >>> store = RowShardedTable.create(table, placement, ["/cpu:0", "/cpu:0"],
+  ...                                0, VariableTracker(owner))
+  >>> [b["parameters"].shape[0] for b in store.blocks]
+  [3, 2]
+  >>> store.gather(tf.constant([4, 0], tf.int64)).numpy().ravel().tolist()
+  [4.0, 0.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
+from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.tables.base import Block
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tables.base import attach
+from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import variable_specs
+from tpu_embedding.tables.initial_values import block_initial_value
+
+
+def create_blocks(
+  table: TableConfig,
+  placement: TablePlacement,
+  devices: Sequence[str],
+  first: int,
+  layout: str,
+) -> list[Block]:
+  """Creates this process's row blocks of a table and its slots.
+
+  Args:
+    table: the resolved table.
+    placement: where its rows live.
+    devices: one device per local block.
+    first: the global replica (or task) index of the first local block.
+    layout: the layout's description, for errors.
+
+  Returns:
+    One ``{"parameters": var, <slot>: var}`` per device.
+  """
+  full_shape = (table.vocabulary_size, table.dim)
+  blocks: list[Block] = [{} for _ in devices]
+  for key, initializer, trainable in variable_specs(table, layout):
+    name = checkpoint_name(table.name, key)
+    cache: dict = {}
+    for local, device in enumerate(devices):
+      replica = first + local
+      with tf.device(device):
+        value = block_initial_value(
+          initializer,
+          placement.shard_offsets[replica],
+          placement.shard_sizes[replica],
+          full_shape,
+          tf.float32,
+          cache,
+        )
+        # A plain per-device variable, even inside a strategy scope.
+        blocks[local][key] = compat.ResourceVariable(
+          value, name=f"{name}/part_{replica}", trainable=trainable
+        )
+  return blocks
+
+
+class RowShardedTable(TableStore):
+  """Contiguous row blocks on this process's devices, one per replica."""
+
+  layout = "row_sharded"
+
+  def __init__(
+    self,
+    table: TableConfig,
+    placement: TablePlacement,
+    blocks: list[Block],
+    first: int,
+  ):
+    super().__init__(table)
+    self.placement = placement
+    self._blocks = blocks
+    self._first = first
+    self._variables = {
+      key: self._user_variable(key, [b[key] for b in blocks])
+      for key in blocks[0]
+    }
+    for key, variable in self._variables.items():
+      attach(variable, self, key)
+
+  @classmethod
+  def create(
+    cls,
+    table: TableConfig,
+    placement: TablePlacement,
+    devices: Sequence[str],
+    first: int,
+    tracker: VariableTracker,
+  ) -> RowShardedTable:
+    """Creates the blocks on ``devices`` and tracks them for checkpoints."""
+    blocks = create_blocks(
+      table, placement, devices, first, "with row-sharded tables"
+    )
+    store = cls(table, placement, blocks, first)
+    store.track(tracker)
+    return store
+
+  def _user_variable(self, key: str, shards: list[Any]) -> Any:
+    return compat.ShardedVariable(
+      shards, name=checkpoint_name(self.table.name, key)
+    )
+
+  @property
+  def variables(self) -> Block:
+    return self._variables
+
+  @property
+  def blocks(self) -> list[Block]:
+    return self._blocks
+
+  def block_rows(self, block: int) -> tuple[int, int]:
+    replica = self._first + block
+    return (
+      self.placement.shard_offsets[replica],
+      self.placement.shard_sizes[replica],
+    )
+
+  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    # "div" row blocks: embedding_lookup returns the rows in id order.
+    return tf.nn.embedding_lookup(self._variables[key], ids)
+
+  def read(self, key: str = "parameters") -> tf.Tensor:
+    return tf.convert_to_tensor(self._variables[key])
+
+  def assign(self, value: Any, key: str = "parameters") -> Any:
+    assigns = []
+    for block in range(len(self._blocks)):
+      first, rows = self.block_rows(block)
+      assigns.append(self._blocks[block][key].assign(value[first : first + rows]))
+    return tf.group(assigns)

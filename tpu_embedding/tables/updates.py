@@ -1,0 +1,66 @@
+"""Applying an optimizer to rows of a table block: the one sparse update.
+
+Every layout updates its rows through ``apply_rows``: gather the rows and
+their slots, apply the optimizer's pure row rule (``optimizers/``), and
+scatter the results back. Only the given rows are read and written; the
+one exception is ``Adam(lazy_adam=False)``, whose rule changes every row by
+definition.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.resolved import resolve
+  >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(3, 1, name="t")),
+  ...                 tpe.SGD(0.5)).tables[0]
+  >>> block = {"parameters": tf.Variable(tf.zeros([3, 1]))}
+  >>> apply_rows(table, block, tf.constant([2], tf.int64),
+  ...            tf.constant([[1.0]]), num_rows=3)
+  >>> block["parameters"].numpy().ravel().tolist()
+  [0.0, 0.0, -0.5]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import TableConfig
+
+
+def apply_rows(
+  table: TableConfig,
+  block: dict[str, Any],
+  ids: tf.Tensor,
+  grads: tf.Tensor,
+  num_rows: int,
+) -> None:
+  """Applies ``table.optimizer`` to rows ``ids`` of one block of variables.
+
+  Args:
+    table: the table (with its resolved optimizer).
+    block: ``{"parameters": var, <slot>: var}`` holding ``num_rows`` rows
+      (a whole table or one row block of it).
+    ids: ``[n]`` distinct row indices into ``block``.
+    grads: ``[n, dim]`` summed gradients of those rows.
+    num_rows: rows in ``block``.
+  """
+  optimizer = table.optimizer
+  lr = optimizer.learning_rate_tensor()
+  names = optimizer.SLOT_NAMES
+  if optimizer.updates_all_rows:
+    dense_grads = tf.math.unsorted_segment_sum(grads, ids, num_rows)
+    slots = optimizer.Slots(*(block[n].read_value() for n in names))
+    params, slots = optimizer.apply(
+      block["parameters"].read_value(), slots, dense_grads, lr
+    )
+    block["parameters"].assign(params)
+    for name, value in zip(names, slots, strict=True):
+      block[name].assign(value)
+    return
+  slots = optimizer.Slots(*(tf.gather(block[n], ids) for n in names))
+  params = tf.gather(block["parameters"], ids)
+  params, slots = optimizer.apply(params, slots, grads, lr)
+  block["parameters"].scatter_update(tf.IndexedSlices(params, ids))
+  for name, value in zip(names, slots, strict=True):
+    block[name].scatter_update(tf.IndexedSlices(value, ids))

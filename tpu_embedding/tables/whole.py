@@ -1,0 +1,134 @@
+"""A table held whole: one variable per table and slot, on one device.
+
+The layout of the default strategy and ``OneDeviceStrategy``, of
+``TPUEmbeddingForServing``, of a small table on one parameter server, and
+of the Keras weights of ``ReplicatedEmbedding``.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.resolved import resolve
+  >>> from tpu_embedding.tables.whole import WholeTable
+  >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(
+  ...     3, 1, name="t", initializer=tf.zeros_initializer())),
+  ...     tpe.SGD(1.0)).tables[0]
+  >>> store = WholeTable.wrap(table, {"parameters": tf.Variable(tf.zeros([3, 1]))})
+  >>> store.update(tf.constant([1], tf.int64), tf.constant([[2.0]]))
+  >>> store.read().numpy().ravel().tolist()
+  [0.0, -2.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
+from tpu_embedding.tables.base import Block
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tables.base import attach
+from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.updates import apply_rows
+
+
+def plain_variable_getter(name, shape, dtype, initializer, trainable):
+  """Creates one ``tf.Variable`` with ``initializer(shape, dtype=dtype)``."""
+  return tf.Variable(
+    initial_value=functools.partial(initializer, shape, dtype=dtype),
+    name=name,
+    shape=shape,
+    dtype=dtype,
+    trainable=trainable,
+  )
+
+
+class WholeTable(TableStore):
+  """One ``[vocabulary_size, dim]`` variable per table and slot."""
+
+  layout = "whole"
+
+  def __init__(self, table: TableConfig, variables: Block):
+    super().__init__(table)
+    self._variables = dict(variables)
+    for key, variable in self._variables.items():
+      attach(variable, self, key)
+
+  @classmethod
+  def wrap(cls, table: TableConfig, variables: Block) -> WholeTable:
+    """A store over existing variables (e.g. Keras weights)."""
+    return cls(table, variables)
+
+  @classmethod
+  def create(
+    cls,
+    table: TableConfig,
+    tracker: VariableTracker,
+    device: str | None = None,
+  ) -> WholeTable:
+    """Creates and tracks the table's variables (on ``device``, if given).
+
+    Variables are created through ``tracker``, so a checkpoint restored
+    before they exist fills them (restore-before-build), and an
+    optimizer's ``slot_variable_creation_fn`` creates its slots.
+    """
+    shape = (table.vocabulary_size, table.dim)
+
+    def getter(name, shape, dtype, initializer, trainable):
+      if device is None:
+        return plain_variable_getter(name, shape, dtype, initializer, trainable)
+      with tf.device(device):  # A plain variable, whatever the strategy.
+        return compat.ResourceVariable(
+          functools.partial(initializer, shape, dtype=dtype),
+          name=name,
+          dtype=dtype,
+          trainable=trainable,
+        )
+
+    parameters = tracker.create(
+      table.name, shape, table.initializer, getter, True
+    )
+    variables = {"parameters": parameters}
+    optimizer = table.optimizer
+    if optimizer is not None:
+
+      def slot_creator(slot, initializer):
+        return tracker.create(
+          checkpoint_name(table.name, slot), shape, initializer, getter, False
+        )
+
+      slots = optimizer.create_slots(parameters, slot_creator)
+      if optimizer.slot_variable_creation_fn is not None:
+        # Created by the user's function: still checkpointed under our keys.
+        for slot, variable in slots.items():
+          tracker.register(checkpoint_name(table.name, slot), variable)
+      variables.update(slots)
+    return cls(table, variables)
+
+  @property
+  def variables(self) -> Block:
+    return self._variables
+
+  @property
+  def blocks(self) -> list[Block]:
+    return [self._variables]
+
+  def block_rows(self, block: int) -> tuple[int, int]:
+    return 0, self.table.vocabulary_size
+
+  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    return tf.gather(self._variables[key], ids)
+
+  def read(self, key: str = "parameters") -> tf.Tensor:
+    return tf.convert_to_tensor(self._variables[key])
+
+  def assign(self, value: Any, key: str = "parameters") -> Any:
+    return self._variables[key].assign(value)
+
+  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+    apply_rows(
+      self.table, self._variables, ids, grads, self.table.vocabulary_size
+    )
