@@ -21,14 +21,14 @@ from typing import Any
 
 import tensorflow as tf
 
+# The cluster position of a worker (MultiWorkerMirroredStrategy): which
+# global replicas are this process's.
+from tensorflow.python.distribute.multi_worker_util import id_in_cluster
+
 # Row blocks of one logical table, saved as one full-size checkpoint value
 # (slices) and read in id order by ``tf.nn.embedding_lookup``: the layout of
 # TensorFlow's own sharded embedding variables.
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-# The cluster position of a worker (MultiWorkerMirroredStrategy): which
-# global replicas are this process's.
-from tensorflow.python.distribute.multi_worker_util import id_in_cluster
 
 # A plain variable on one device even inside a strategy scope (the scope's
 # variable creator would mirror it), and one whose first dimension may
@@ -37,9 +37,7 @@ from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
 # Registers the checkpoint callback that copies tables off / onto the TPU
 # around saves and restores, as TensorFlow does for its own TPUEmbedding.
-from tensorflow.python.saved_model.registration import (
-  register_checkpoint_saver,
-)
+from tensorflow.python.saved_model.registration import register_checkpoint_saver
 
 # Feature paths (``"a/0"``) in error messages, in ``tf.nest.flatten`` order.
 from tensorflow.python.util.nest import flatten_with_joined_string_paths

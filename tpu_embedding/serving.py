@@ -30,10 +30,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Callable
 from collections.abc import Mapping
+from typing import Any
 
 import tensorflow as tf
 

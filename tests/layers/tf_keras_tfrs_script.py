@@ -74,6 +74,7 @@ def main() -> None:
   from tpu_embedding.layers import keras_compat
 
   assert not keras_compat.IS_KERAS_3
+  tf_keras.utils.set_random_seed(0)  # The dense layers' initial weights.
   assert issubclass(TPUEmbedding, tf_keras.layers.Layer)
   assert issubclass(PartialTPUEmbedding, tf.keras.layers.Layer)
 

@@ -92,6 +92,7 @@ class Backend(metaclass=abc.ABCMeta):
 
   def flush(self) -> None:
     """Applies any update held back (pipelining); a no-op otherwise."""
+    return None
 
 
 class HostBackend(Backend):

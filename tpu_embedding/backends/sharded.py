@@ -172,9 +172,7 @@ class ShardedBackend(Backend):
         index,
         tf.size(rows),
       )
-      self._stores[table.name].update_block(
-        replica - self._first, rows, summed
-      )
+      self._stores[table.name].update_block(replica - self._first, rows, summed)
 
 
 def owned_rows(ids: tf.Tensor, placement: TablePlacement, replica: int):

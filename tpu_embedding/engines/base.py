@@ -54,9 +54,11 @@ class Engine(metaclass=abc.ABCMeta):
 
   def before_save(self) -> None:
     """Makes the host variables current before a checkpoint save."""
+    return None
 
   def after_restore(self) -> None:
     """Moves restored host variables to where the tables live."""
+    return None
 
   # --- tables --------------------------------------------------------------
 

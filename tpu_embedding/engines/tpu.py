@@ -42,7 +42,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from typing import Any
 

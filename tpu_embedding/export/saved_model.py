@@ -76,10 +76,10 @@ from tpu_embedding.export.signature import _Signature
 from tpu_embedding.export.signature import padded_to_sparse
 from tpu_embedding.export.signature import weights_name
 from tpu_embedding.export.subset import ServingLookup
-from tpu_embedding.export.subset import table_stores_of
-from tpu_embedding.tables.base import TableStore
 from tpu_embedding.export.subset import TableSelection
+from tpu_embedding.export.subset import table_stores_of
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.tables.base import TableStore
 
 
 @dataclasses.dataclass(frozen=True)

@@ -234,8 +234,10 @@ class ServingLookup:
     for table in self.subset.tables:
       store = stores.get(table.name)
       expected = (table.vocabulary_size, table.dim)
-      found = None if store is None else (
-        store.table.vocabulary_size, store.table.dim
+      found = (
+        None
+        if store is None
+        else (store.table.vocabulary_size, store.table.dim)
       )
       if found != expected:
         raise ValueError(
@@ -312,9 +314,7 @@ def _copy_to_cpu(source: TableStore, name: str) -> tf.Variable:
   with tf.init_scope(), tf.device("/CPU:0"):
     value = source.read()
     # A plain variable even inside a strategy scope (no mirroring).
-    variable = compat.ResourceVariable(
-      value, name=name, trainable=False
-    )
+    variable = compat.ResourceVariable(value, name=name, trainable=False)
   logging.info(
     "Copied table %r (%d x %d, %.1f MB) in %.2fs.",
     name,

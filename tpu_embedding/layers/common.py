@@ -8,15 +8,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from tpu_embedding import optimizers
-from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.layers import distributed_fit
 from tpu_embedding.optimizers.base import Optimizer

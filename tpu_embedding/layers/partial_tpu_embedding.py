@@ -28,7 +28,6 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.tables.base import TableStore
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
@@ -37,6 +36,7 @@ from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.tables.base import TableStore
 
 #: ``placements`` values.
 TPU_EMBEDDING = "tpu_embedding"

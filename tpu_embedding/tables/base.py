@@ -26,10 +26,9 @@ this interface; adding a layout means adding one subclass.
 Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
-  >>> emb = tpe.TPUEmbedding(
-  ...     tpe.FeatureConfig(tpe.TableConfig(4, 2, name="t",
-  ...                                       initializer=tpe.RowIdInitializer())),
-  ...     tpe.Adagrad(0.1))
+  >>> table = tpe.TableConfig(4, 2, name="t",
+  ...                         initializer=tpe.RowIdInitializer())
+  >>> emb = tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.Adagrad(0.1))
   >>> store = emb.table_stores["t"]
   >>> store.keys
   ('parameters', 'accumulators')

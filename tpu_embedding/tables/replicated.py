@@ -102,7 +102,8 @@ class ReplicatedTable(TableStore):
           if value is None:  # One initial value: the copies are equal.
             value = tf.convert_to_tensor(initializer(shape, dtype=tf.float32))
           blocks[local][key] = compat.ResourceVariable(
-            tf.identity(value), name=f"{name}/replica_{local}",
+            tf.identity(value),
+            name=f"{name}/replica_{local}",
             trainable=trainable,
           )
     store = cls(table, blocks)

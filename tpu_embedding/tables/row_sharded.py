@@ -162,5 +162,7 @@ class RowShardedTable(TableStore):
     assigns = []
     for block in range(len(self._blocks)):
       first, rows = self.block_rows(block)
-      assigns.append(self._blocks[block][key].assign(value[first : first + rows]))
+      assigns.append(
+        self._blocks[block][key].assign(value[first : first + rows])
+      )
     return tf.group(assigns)

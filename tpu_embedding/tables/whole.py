@@ -12,7 +12,8 @@ Example:
   >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(
   ...     3, 1, name="t", initializer=tf.zeros_initializer())),
   ...     tpe.SGD(1.0)).tables[0]
-  >>> store = WholeTable.wrap(table, {"parameters": tf.Variable(tf.zeros([3, 1]))})
+  >>> variable = tf.Variable(tf.zeros([3, 1]))
+  >>> store = WholeTable.wrap(table, {"parameters": variable})
   >>> store.update(tf.constant([1], tf.int64), tf.constant([[2.0]]))
   >>> store.read().numpy().ravel().tolist()
   [0.0, -2.0, 0.0]
