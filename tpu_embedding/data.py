@@ -1,21 +1,19 @@
-"""tf.data helpers for embedding inputs: files, batching, distribution.
+"""tf.data helpers for embedding inputs: batching, distribution, ids.
 
 Small building blocks for the input pipelines that feed ``TPUEmbedding``,
 in the shape TPU users write them:
 
-* ``list_files`` and ``numbered_lines`` read sharded text files in
-  parallel (``interleave``), in chunks of lines that keep their file and
-  line numbers, so a vectorised parser can say where a bad record is;
-* ``BadRecordPolicy`` / ``BadRecordCounter`` / ``apply_bad_record_policy``
-  make a parser either raise at the first bad line (file and line number in
-  the message) or skip bad lines and count them by kind;
 * ``batch``, ``prefetch`` and ``with_options`` (autotune, determinism);
-* ``per_replica_batch_size`` and ``distribute_fn`` for
-  ``strategy.distribute_datasets_from_function``, and ``input_options`` for
-  ``strategy.experimental_distribute_dataset``-style calls, which keeps the
-  (sparse) ids on the host as TPU users do;
+  ``batch`` drops a short last batch, for fixed per-replica shapes;
+* ``per_replica_batch_size``, ``shard_for_input_pipeline`` and
+  ``distribute_fn`` for ``strategy.distribute_datasets_from_function``,
+  and ``input_options`` for it and ``experimental_distribute_dataset``,
+  which keeps the (sparse) ids on the host as TPU users do;
 * ``multi_hot_to_sparse``: dense ``(batch, k)`` ids as a ``SparseTensor``
   that keeps id 0 (``tf.sparse.from_dense`` drops it).
+
+Reading files and validating records is the application's business (the
+Criteo readers of ``model_garden.ranking.data`` have theirs).
 
 Example:
   >>> import tensorflow as tf
@@ -28,10 +26,7 @@ Example:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
@@ -39,36 +34,6 @@ import tensorflow as tf
 DatasetFn = Callable[
   [int, "tf.distribute.InputContext | None"], tf.data.Dataset
 ]
-
-
-def list_files(file_pattern: str | Sequence[str]) -> list[str]:
-  """Expands glob patterns into a sorted, de-duplicated list of files.
-
-  Args:
-    file_pattern: a glob pattern, a file name, or a list of either.
-
-  Returns:
-    The matching file names, sorted (so every host sees the same order).
-
-  Raises:
-    FileNotFoundError: when nothing matches.
-
-  Example:
-    >>> import os, tempfile
-    >>> from tpu_embedding import data
-    >>> d = tempfile.mkdtemp()
-    >>> for name in ("b.tsv", "a.tsv"):
-    ...   _ = open(os.path.join(d, name), "w").write("x\\n")
-    >>> [os.path.basename(f) for f in data.list_files(d + "/*.tsv")]
-    ['a.tsv', 'b.tsv']
-  """
-  patterns = [file_pattern] if isinstance(file_pattern, str) else file_pattern
-  files = set()
-  for pattern in patterns:
-    files.update(tf.io.gfile.glob(pattern))
-  if not files:
-    raise FileNotFoundError(f"No file matches {list(patterns)!r}.")
-  return sorted(files)
 
 
 def shard_for_input_pipeline(
@@ -102,241 +67,6 @@ def shard_for_input_pipeline(
   return dataset.shard(
     input_context.num_input_pipelines, input_context.input_pipeline_id
   )
-
-
-def numbered_lines(
-  files: Sequence[str],
-  chunk_size: int,
-  *,
-  cycle_length: int | None = None,
-  deterministic: bool = True,
-  input_context: tf.distribute.InputContext | None = None,
-  repeat: bool = False,
-  compression_type: str | None = None,
-) -> tf.data.Dataset:
-  """Reads text files in parallel, in chunks of numbered lines.
-
-  Each file is read as chunks of up to ``chunk_size`` consecutive lines
-  (a parser then works on a whole chunk at once, with no per-line tf.data
-  overhead), and ``cycle_length`` files at a time are interleaved chunk by
-  chunk (``num_parallel_calls=tf.data.AUTOTUNE``). Under
-  ``distribute_datasets_from_function`` each input pipeline reads its own
-  files, or its own lines when there are fewer files than pipelines.
-
-  Args:
-    files: the files to read, in order.
-    chunk_size: lines per chunk (a file's last chunk may be shorter).
-    cycle_length: files read concurrently (default: all of this pipeline's
-      files, at most 16).
-    deterministic: whether the interleaved order is reproducible. False
-      lets a slow file not hold back the others.
-    input_context: from ``distribute_datasets_from_function``, or None.
-    repeat: read the files again and again (training).
-    compression_type: ``None``, ``"GZIP"`` or ``"ZLIB"``.
-
-  Returns:
-    A dataset of chunks ``{"file": string [n], "line_number": int64 [n]
-    (from 1), "line": string [n]}`` (lines without their ``\\n``).
-
-  Example:
-    >>> import os, tempfile
-    >>> from tpu_embedding import data
-    >>> path = os.path.join(tempfile.mkdtemp(), "f.txt")
-    >>> _ = open(path, "w").write("a\\nb\\nc\\n")
-    >>> [(c["line_number"].tolist(), c["line"].tolist()) for c in
-    ...  data.numbered_lines([path], 2).as_numpy_iterator()]
-    [([1, 2], [b'a', b'b']), ([3], [b'c'])]
-  """
-  files = list(files)
-  if not files:
-    raise ValueError("numbered_lines needs at least one file.")
-  if chunk_size <= 0:
-    raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
-  pipelines = input_context.num_input_pipelines if input_context else 1
-  shard_files = len(files) >= pipelines
-  if shard_files and input_context is not None:
-    files = files[input_context.input_pipeline_id :: pipelines]
-  file_ds = tf.data.Dataset.from_tensor_slices(files)
-  if repeat:
-    file_ds = file_ds.repeat()
-
-  def read(file: tf.Tensor) -> tf.data.Dataset:
-    lines = tf.data.TextLineDataset(file, compression_type=compression_type)
-    if not shard_files:  # Every pipeline reads the file, keeps its lines.
-      lines = shard_for_input_pipeline(lines.enumerate(start=1), input_context)
-      return lines.batch(chunk_size).map(
-        tf.autograph.experimental.do_not_convert(
-          lambda n, chunk: {
-            "file": tf.fill(tf.shape(chunk), file),
-            "line_number": n,
-            "line": chunk,
-          }
-        )
-      )
-
-    def number(index: tf.Tensor, chunk: tf.Tensor) -> dict[str, tf.Tensor]:
-      first = index * chunk_size + 1
-      size = tf.size(chunk, out_type=tf.int64)
-      return {
-        "file": tf.fill(tf.shape(chunk), file),
-        "line_number": tf.range(first, first + size),
-        "line": chunk,
-      }
-
-    return (
-      lines.batch(chunk_size)
-      .enumerate()
-      .map(tf.autograph.experimental.do_not_convert(number))
-    )
-
-  return file_ds.interleave(
-    read,
-    cycle_length=cycle_length or min(len(files), 16),
-    block_length=1,
-    num_parallel_calls=tf.data.AUTOTUNE,
-    deterministic=deterministic,
-  )
-
-
-class BadRecordPolicy(str, enum.Enum):
-  """What a parser does with a record that fails validation.
-
-  ``RAISE``: stop with ``tf.errors.InvalidArgumentError`` naming the file,
-  the line number, what is wrong and the start of the line. ``SKIP``: drop
-  the record and count it in a ``BadRecordCounter``. A bad record never
-  becomes a made-up example.
-
-  Example:
-    >>> from tpu_embedding import data
-    >>> data.BadRecordPolicy("skip") is data.BadRecordPolicy.SKIP
-    True
-  """
-
-  RAISE = "raise"
-  SKIP = "skip"
-
-
-class BadRecordCounter:
-  """Counts skipped records by kind of problem, from inside tf.data.
-
-  The counts live in a ``tf.Variable`` that the parsing function updates,
-  so they are current for everything parsed so far (prefetching may have
-  parsed ahead of what the training loop consumed; a repeated dataset
-  counts each pass). Create it outside ``strategy.scope()``, as input
-  pipelines are, so that it stays a plain host variable.
-
-  Args:
-    kinds: the names of the problems a parser checks, in its order.
-
-  Example:
-    >>> from tpu_embedding import data
-    >>> counter = data.BadRecordCounter(["columns", "label"])
-    >>> counter.counts(), counter.total
-    ({'columns': 0, 'label': 0}, 0)
-  """
-
-  def __init__(self, kinds: Sequence[str]):
-    self.kinds = tuple(kinds)
-    with tf.init_scope():
-      self.variable = tf.Variable(
-        tf.zeros([len(self.kinds)], tf.int64),
-        trainable=False,
-        name="bad_record_counts",
-      )
-
-  def counts(self) -> dict[str, int]:
-    """Skipped records so far, by kind."""
-    values = self.variable.numpy().tolist()
-    return dict(zip(self.kinds, values, strict=True))
-
-  @property
-  def total(self) -> int:
-    """Skipped records so far."""
-    return int(self.variable.numpy().sum())
-
-  def reset(self) -> None:
-    """Sets every count back to zero."""
-    self.variable.assign(tf.zeros_like(self.variable))
-
-
-def apply_bad_record_policy(
-  values: Any,
-  problems: tf.Tensor,
-  records: dict[str, tf.Tensor],
-  policy: BadRecordPolicy | str,
-  counter: BadRecordCounter,
-) -> Any:
-  """Raises on, or drops and counts, the records that have a problem.
-
-  Meant for a parsing function that works on a batch of lines at once.
-
-  Args:
-    values: a nest of tensors whose first dimension is the record.
-    problems: ``[n, len(counter.kinds)]`` bool, True where record ``i``
-      fails check ``k``. A record is counted once, under its first problem.
-    records: a ``numbered_lines`` chunk: ``file``, ``line_number`` and
-      ``line``, each ``[n]``.
-    policy: ``BadRecordPolicy.RAISE`` or ``SKIP``.
-    counter: where ``SKIP`` counts.
-
-  Returns:
-    ``values`` (RAISE, after the check), or ``values`` without the bad
-    records (SKIP).
-
-  Raises:
-    tf.errors.InvalidArgumentError: when the dataset is iterated, for the
-      first bad record of a batch under RAISE.
-
-  Example:
-    >>> import tensorflow as tf
-    >>> from tpu_embedding import data
-    >>> counter = data.BadRecordCounter(["number"])
-    >>> records = {"file": tf.constant(["f", "f"]),
-    ...            "line_number": tf.constant([1, 2], tf.int64),
-    ...            "line": tf.constant(["1", "x"])}
-    >>> kept = data.apply_bad_record_policy(
-    ...   tf.constant([1, 0]), tf.constant([[False], [True]]), records,
-    ...   "skip", counter)
-    >>> kept.numpy().tolist(), counter.counts()
-    ([1], {'number': 1})
-  """
-  policy = BadRecordPolicy(policy)
-  bad = tf.reduce_any(problems, axis=1)
-  if policy is BadRecordPolicy.SKIP:
-    first_kind = tf.argmax(tf.cast(problems, tf.int32), axis=1)
-    first_kind = tf.boolean_mask(first_kind, bad)
-    counts = tf.math.bincount(
-      tf.cast(first_kind, tf.int32),
-      minlength=len(counter.kinds),
-      maxlength=len(counter.kinds),
-      dtype=tf.int64,
-    )
-    update = counter.variable.assign_add(counts)
-    with tf.control_dependencies([update]):
-      keep = tf.logical_not(bad)
-      return tf.nest.map_structure(lambda v: tf.boolean_mask(v, keep), values)
-
-  row = tf.argmax(tf.cast(bad, tf.int32))
-  kind = tf.gather(
-    tf.constant(counter.kinds), tf.argmax(tf.cast(problems[row], tf.int32))
-  )
-  message = tf.strings.join(
-    [
-      "Bad record at ",
-      records["file"][row],
-      ":",
-      tf.strings.as_string(records["line_number"][row]),
-      ": invalid ",
-      kind,
-      ". The line starts with: ",
-      tf.strings.substr(records["line"][row], 0, 120, unit="UTF8_CHAR"),
-    ]
-  )
-  check = tf.debugging.Assert(
-    tf.logical_not(tf.reduce_any(bad)), [message], summarize=1
-  )
-  with tf.control_dependencies([check]):
-    return tf.nest.map_structure(tf.identity, values)
 
 
 def batch(
@@ -459,8 +189,8 @@ def distribute_fn(
   Args:
     make_dataset: ``make_dataset(per_replica_batch_size, input_context)``
       returns one pipeline's dataset, batched per replica; it should shard
-      its input with ``input_context`` (``numbered_lines`` and
-      ``shard_for_input_pipeline`` do).
+      its input with ``input_context`` (e.g. with
+      ``shard_for_input_pipeline``).
     global_batch_size: examples per step over all replicas.
 
   Returns:

@@ -52,10 +52,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from model_garden.ranking.data import bad_records
 from model_garden.ranking.data import criteo_schema
 from model_garden.ranking.data import criteo_tsv
 from model_garden.ranking.data import multi_hot
 from model_garden.ranking.data import paddlerec
+from model_garden.ranking.data import text_files
 from tpu_embedding import data
 
 CRITEO_1TB_VOCAB_SIZES = criteo_schema.CRITEO_1TB_VOCAB_SIZES
@@ -221,10 +223,10 @@ class CriteoReader:
   Args:
     config: the files' format and the feature transforms.
     on_bad_record: ``"raise"`` (default) or ``"skip"``
-      (``tpu_embedding.data.BadRecordPolicy``).
+      (``bad_records.BadRecordPolicy``).
 
   Attributes:
-    bad_records: a ``BadRecordCounter`` of skipped lines by kind
+    bad_records: a ``bad_records.BadRecordCounter`` of skipped lines by kind
       (``columns``, ``label``, ``dense``, ``categorical``).
 
   Example:
@@ -240,14 +242,18 @@ class CriteoReader:
   def __init__(
     self,
     config: CriteoConfig,
-    on_bad_record: data.BadRecordPolicy | str = data.BadRecordPolicy.RAISE,
+    on_bad_record: bad_records.BadRecordPolicy | str = (
+      bad_records.BadRecordPolicy.RAISE
+    ),
   ):
     self.config = config
-    self.policy = data.BadRecordPolicy(on_bad_record)
-    self.bad_records = data.BadRecordCounter(criteo_schema.BAD_RECORD_KINDS)
+    self.policy = bad_records.BadRecordPolicy(on_bad_record)
+    self.bad_records = bad_records.BadRecordCounter(
+      criteo_schema.BAD_RECORD_KINDS
+    )
 
   def parse(self, records: dict[str, tf.Tensor]) -> Batch:
-    """Parses a chunk of ``tpu_embedding.data.numbered_lines`` records.
+    """Parses a chunk of ``text_files.numbered_lines`` records.
 
     Args:
       records: ``{"file", "line_number", "line"}``, each ``[n]``.
@@ -262,7 +268,7 @@ class CriteoReader:
       file_key = tf.bitcast(tf.fingerprint(records["file"]), tf.int64)
       row_keys = tf.stack([file_key, records["line_number"]], axis=1)
     batch = to_features(parsed, self.config, row_keys)
-    return data.apply_bad_record_policy(
+    return bad_records.apply_bad_record_policy(
       batch, parsed.problems, records, self.policy, self.bad_records
     )
 
@@ -299,9 +305,8 @@ class CriteoReader:
     Returns:
       ``tf.data.Dataset`` of ``(features, labels)``.
     """
-    files = data.list_files(file_pattern)
-    chunks = data.numbered_lines(
-      files,
+    chunks = text_files.numbered_lines(
+      text_files.list_files(file_pattern),
       chunk_size or min(batch_size, 4096),
       cycle_length=cycle_length,
       deterministic=deterministic,

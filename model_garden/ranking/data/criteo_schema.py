@@ -30,7 +30,8 @@ CRITEO_1TB_VOCAB_SIZES = (
   39664984, 585935, 12972, 108, 36,
 )  # fmt: skip
 
-#: The problems a Criteo parser checks, in order (``BadRecordCounter``).
+#: The problems a Criteo parser checks, in order
+#: (``bad_records.BadRecordCounter``).
 BAD_RECORD_KINDS = ("columns", "label", "dense", "categorical")
 
 #: Largest vocabulary the parsers accept (ids are int32).

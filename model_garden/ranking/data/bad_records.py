@@ -1,0 +1,171 @@
+"""Bad-record bookkeeping for vectorised line parsers.
+
+A parser checks a whole chunk of lines at once (``text_files``) and marks
+each line's problems; ``apply_bad_record_policy`` then either raises at
+the first bad line, naming its file and line number
+(``BadRecordPolicy.RAISE``), or drops the bad lines and counts them by
+kind in a ``BadRecordCounter`` (``BadRecordPolicy.SKIP``). A bad record
+never becomes a made-up example.
+
+Example:
+  >>> import tensorflow as tf
+  >>> from model_garden.ranking.data import bad_records
+  >>> counter = bad_records.BadRecordCounter(["number"])
+  >>> chunk = {"file": tf.constant(["f"]),
+  ...          "line_number": tf.constant([7], tf.int64),
+  ...          "line": tf.constant(["x"])}
+  >>> _ = bad_records.apply_bad_record_policy(
+  ...   tf.constant([0]), tf.constant([[True]]), chunk, "skip", counter)
+  >>> counter.total
+  1
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+
+class BadRecordPolicy(str, enum.Enum):
+  """What a parser does with a record that fails validation.
+
+  ``RAISE``: stop with ``tf.errors.InvalidArgumentError`` naming the file,
+  the line number, what is wrong and the start of the line. ``SKIP``: drop
+  the record and count it in a ``BadRecordCounter``. A bad record never
+  becomes a made-up example.
+
+  Example:
+    >>> from model_garden.ranking.data import bad_records
+    >>> policy = bad_records.BadRecordPolicy
+    >>> policy("skip") is policy.SKIP
+    True
+  """
+
+  RAISE = "raise"
+  SKIP = "skip"
+
+
+class BadRecordCounter:
+  """Counts skipped records by kind of problem, from inside tf.data.
+
+  The counts live in a ``tf.Variable`` that the parsing function updates,
+  so they are current for everything parsed so far (prefetching may have
+  parsed ahead of what the training loop consumed; a repeated dataset
+  counts each pass). Create it outside ``strategy.scope()``, as input
+  pipelines are, so that it stays a plain host variable.
+
+  Args:
+    kinds: the names of the problems a parser checks, in its order.
+
+  Example:
+    >>> from model_garden.ranking.data import bad_records
+    >>> counter = bad_records.BadRecordCounter(["columns", "label"])
+    >>> counter.counts(), counter.total
+    ({'columns': 0, 'label': 0}, 0)
+  """
+
+  def __init__(self, kinds: Sequence[str]):
+    self.kinds = tuple(kinds)
+    with tf.init_scope():
+      self.variable = tf.Variable(
+        tf.zeros([len(self.kinds)], tf.int64),
+        trainable=False,
+        name="bad_record_counts",
+      )
+
+  def counts(self) -> dict[str, int]:
+    """Skipped records so far, by kind."""
+    values = self.variable.numpy().tolist()
+    return dict(zip(self.kinds, values, strict=True))
+
+  @property
+  def total(self) -> int:
+    """Skipped records so far."""
+    return int(self.variable.numpy().sum())
+
+  def reset(self) -> None:
+    """Sets every count back to zero."""
+    self.variable.assign(tf.zeros_like(self.variable))
+
+
+def apply_bad_record_policy(
+  values: Any,
+  problems: tf.Tensor,
+  records: dict[str, tf.Tensor],
+  policy: BadRecordPolicy | str,
+  counter: BadRecordCounter,
+) -> Any:
+  """Raises on, or drops and counts, the records that have a problem.
+
+  Meant for a parsing function that works on a batch of lines at once.
+
+  Args:
+    values: a nest of tensors whose first dimension is the record.
+    problems: ``[n, len(counter.kinds)]`` bool, True where record ``i``
+      fails check ``k``. A record is counted once, under its first problem.
+    records: a ``text_files.numbered_lines`` chunk: ``file``,
+      ``line_number`` and ``line``, each ``[n]``.
+    policy: ``BadRecordPolicy.RAISE`` or ``SKIP``.
+    counter: where ``SKIP`` counts.
+
+  Returns:
+    ``values`` (RAISE, after the check), or ``values`` without the bad
+    records (SKIP).
+
+  Raises:
+    tf.errors.InvalidArgumentError: when the dataset is iterated, for the
+      first bad record of a batch under RAISE.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from model_garden.ranking.data import bad_records
+    >>> counter = bad_records.BadRecordCounter(["number"])
+    >>> records = {"file": tf.constant(["f", "f"]),
+    ...            "line_number": tf.constant([1, 2], tf.int64),
+    ...            "line": tf.constant(["1", "x"])}
+    >>> kept = bad_records.apply_bad_record_policy(
+    ...   tf.constant([1, 0]), tf.constant([[False], [True]]), records,
+    ...   "skip", counter)
+    >>> kept.numpy().tolist(), counter.counts()
+    ([1], {'number': 1})
+  """
+  policy = BadRecordPolicy(policy)
+  bad = tf.reduce_any(problems, axis=1)
+  if policy is BadRecordPolicy.SKIP:
+    first_kind = tf.argmax(tf.cast(problems, tf.int32), axis=1)
+    first_kind = tf.boolean_mask(first_kind, bad)
+    counts = tf.math.bincount(
+      tf.cast(first_kind, tf.int32),
+      minlength=len(counter.kinds),
+      maxlength=len(counter.kinds),
+      dtype=tf.int64,
+    )
+    update = counter.variable.assign_add(counts)
+    with tf.control_dependencies([update]):
+      keep = tf.logical_not(bad)
+      return tf.nest.map_structure(lambda v: tf.boolean_mask(v, keep), values)
+
+  row = tf.argmax(tf.cast(bad, tf.int32))
+  kind = tf.gather(
+    tf.constant(counter.kinds), tf.argmax(tf.cast(problems[row], tf.int32))
+  )
+  message = tf.strings.join(
+    [
+      "Bad record at ",
+      records["file"][row],
+      ":",
+      tf.strings.as_string(records["line_number"][row]),
+      ": invalid ",
+      kind,
+      ". The line starts with: ",
+      tf.strings.substr(records["line"][row], 0, 120, unit="UTF8_CHAR"),
+    ]
+  )
+  check = tf.debugging.Assert(
+    tf.logical_not(tf.reduce_any(bad)), [message], summarize=1
+  )
+  with tf.control_dependencies([check]):
+    return tf.nest.map_structure(tf.identity, values)
