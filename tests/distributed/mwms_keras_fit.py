@@ -12,13 +12,18 @@ Run by tests/layers/test_multi_worker_fit.py, under Keras 3 or tf-keras:
   reference), then the chief's checkpoints restored into fresh one-device
   models.
 
+Before any of our layers exists, a plain Keras model (no tpu_embedding
+layer) is fitted too, fixed with ``fix_distributed_fit(model)`` alone: the
+per-model fix, with Keras' trainer untouched.
+
 Writes ``OUT/<run>.npz`` (``<run>``: ``worker0``, ``worker1`` or
 ``one_device``) with, per model kind, every table and slot, the dense kernel,
 ``evaluate``'s loss, ``predict``'s outputs, the rows of the big table this
 process holds
-(and, for the reference, the restored tables), plus whether the Keras 3
-``fit`` fix (``distributed_fit``) is installed.
-Prints "OK" last.
+(and, for the reference, the restored tables); for the plain model its
+weights, ``fit``'s history and ``evaluate``'s logs; and whether the Keras 3
+``fit`` fix (``distributed_fit``) was applied to the models and its hook
+installed. Prints "OK" last.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import tensorflow as tf  # noqa: E402
 
 from tests.layers import test_mirrored  # noqa: E402
 from tpu_embedding.layers import distributed_fit  # noqa: E402
+from tpu_embedding.layers.keras_compat import keras  # noqa: E402
 
 BATCH = 8
 
@@ -70,6 +76,38 @@ def restored(kind, checkpoint, x):
   }
 
 
+def plain_model(strategy):
+  """A Keras model without our layers, fixed per model; its results."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(test_mirrored.SAMPLES, 3)).astype(np.float32)
+  y = rng.normal(size=(test_mirrored.SAMPLES, 1)).astype(np.float32)
+  with strategy.scope():
+    model = keras.Sequential(
+      [
+        keras.layers.Dense(4, "relu", kernel_initializer=constant(3, 4)),
+        keras.layers.Dense(1, kernel_initializer=constant(4, 1)),
+      ]
+    )
+    model.compile(keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+  fixed = distributed_fit.fix_distributed_fit(model)
+  history = model.fit(
+    x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0
+  )
+  logs = model.evaluate(x, y, batch_size=BATCH, verbose=0)
+  out = {f"plain/weight{i}": w for i, w in enumerate(model.get_weights())}
+  out["plain/loss"] = np.asarray(history.history["loss"])
+  out["plain/mae"] = np.asarray(history.history["mae"])
+  out["plain/evaluate"] = np.asarray(logs)
+  out["plain_fixed"] = np.asarray(fixed)
+  out["plain_hook_installed"] = np.asarray(distributed_fit.installed())
+  return out
+
+
+def constant(rows, cols):
+  values = np.linspace(-1.0, 1.0, rows * cols).reshape(rows, cols)
+  return keras.initializers.Constant(values.astype(np.float32))
+
+
 def main(out_dir: pathlib.Path) -> None:
   tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
   if tf_config:
@@ -78,9 +116,11 @@ def main(out_dir: pathlib.Path) -> None:
   else:
     strategy = tf.distribute.get_strategy()
     run = "one_device"
-  saved = {}
+  saved = plain_model(strategy)
+  fixed = []
   for kind in sorted(test_mirrored.LAYERS):
     model, layer, x, y = test_mirrored.train(strategy, kind)
+    fixed.append(distributed_fit.is_fixed(model))
     for key, value in results(model, layer, x, y).items():
       saved[f"{kind}/{key}"] = value
     checkpoint = out_dir / "worker0" / kind / "ckpt"
@@ -90,7 +130,8 @@ def main(out_dir: pathlib.Path) -> None:
     else:
       for key, value in restored(kind, str(checkpoint), x).items():
         saved[f"{kind}/{key}"] = value
-  saved["fix_installed"] = np.asarray(distributed_fit._installed)
+  saved["fix_installed"] = np.asarray(distributed_fit.installed())
+  saved["layer_models_fixed"] = np.asarray(fixed)
   np.savez(out_dir / f"{run}.npz", **saved)
   print("OK")
 

@@ -2,9 +2,11 @@
 
 Two real worker processes on 127.0.0.1 (``TF_CONFIG``), one replica each:
 the big table is row-sharded across the workers. Both Keras versions:
-Keras 3 (whose own ``fit`` fails there for every model; the layers install
-``tpu_embedding.layers.enable_distributed_fit``) and tf-keras. Each worker
-fits, evaluates and predicts the ``test_mirrored`` models, then checkpoints
+Keras 3 (whose own ``fit`` fails there for every model; the layers'
+hook fixes their models, see ``tpu_embedding.layers.distributed_fit``) and
+tf-keras. Each worker
+fits, evaluates and predicts the ``test_mirrored`` models (and a plain
+Keras model fixed with ``fix_distributed_fit`` alone), then checkpoints
 them; a third process runs the same on one device and restores the chief's
 checkpoints (see tests/distributed/mwms_keras_fit.py). Both workers must
 end with the one-device tables, slots, dense weights, loss and predictions.
@@ -96,13 +98,29 @@ def test_chief_checkpoint_restores_on_one_device(runs, kind):
 
 def test_fix_installed_only_for_keras_3_workers(runs):
   keras_version, values = runs
-  assert bool(values["worker0"]["fix_installed"]) == (
-    keras_version == "keras_3"
-  )
-  assert bool(values["worker1"]["fix_installed"]) == (
-    keras_version == "keras_3"
-  )
+  keras_3 = keras_version == "keras_3"
+  for worker in ("worker0", "worker1"):
+    assert bool(values[worker]["fix_installed"]) == keras_3
+    assert list(values[worker]["layer_models_fixed"]) == [keras_3] * 2
+    # The plain model was fixed per model, before any hook existed.
+    assert bool(values[worker]["plain_fixed"]) == keras_3
+    assert not values[worker]["plain_hook_installed"]
   assert not values["one_device"]["fix_installed"]
+  assert not any(values["one_device"]["layer_models_fixed"])
+
+
+@pytest.mark.parametrize("worker", ["worker0", "worker1"])
+def test_plain_model_fixed_per_model_fits_like_one_device(runs, worker):
+  # A model without our layers, with only fix_distributed_fit(model): both
+  # Keras failures (build, scalar logs) are fixed without touching Keras.
+  _, values = runs
+  want, got = values["one_device"], values[worker]
+  keys = sorted(key for key in want if key.startswith("plain/"))
+  assert "plain/loss" in keys and "plain/weight0" in keys
+  for key in keys:  # weights, fit's loss and mae per epoch, evaluate
+    np.testing.assert_allclose(
+      got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key
+    )
 
 
 def test_fix_does_what_keras_does_where_keras_works():
@@ -110,8 +128,6 @@ def test_fix_does_what_keras_does_where_keras_works():
   assert keras_compat.IS_KERAS_3
   from keras.src.backend.tensorflow import trainer
 
-  assert distributed_fit.enable_distributed_fit()
-  assert distributed_fit.enable_distributed_fit()  # idempotent
   strategy = mirrored_strategy(2)
   assert distributed_fit.needs_fix(strategy)
   assert not distributed_fit.needs_fix(tf.distribute.get_strategy())
@@ -121,11 +137,21 @@ def test_fix_does_what_keras_does_where_keras_works():
     return tf.fill([2], tf.cast(replica, tf.float32))
 
   values = strategy.run(replica_id)
-  # Logged values on one worker: Keras' own mean (and concat for predict).
+  # Logged values on one worker: Keras' own mean (and concat for predict);
+  # the fix leaves them alone there.
   mean = trainer.reduce_per_replica({"loss": values}, strategy, "auto")
   np.testing.assert_array_equal(mean["loss"], [0.5, 0.5])
   concat = trainer.reduce_per_replica(values, strategy, "concat")
   np.testing.assert_array_equal(concat, [0.0, 0.0, 1.0, 1.0])
+  # Across workers the fix hands Keras' axis-0 mean scalars as [1] vectors:
+  # that is the mean over the replicas, a scalar again.
+  scalars = strategy.run(lambda: tf.reduce_mean(replica_id()))
+  vectors = strategy.run(distributed_fit._scalar_as_vector, (scalars,))
+  reduced = strategy.reduce("MEAN", vectors, axis=0)
+  assert reduced.shape.rank == 0
+  np.testing.assert_array_equal(
+    reduced, strategy.reduce("MEAN", scalars, axis=None)
+  )
   # Dense batches on one worker: built from Keras' mean over the replicas.
   batch = ({"x": values}, values)
   assert not distributed_fit.has_composite_values(strategy, batch)

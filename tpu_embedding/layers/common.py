@@ -115,13 +115,14 @@ def check_structure(expected: Any, given: Any, layer: str, what: str) -> None:
 def creation_strategy() -> tf.distribute.Strategy:
   """The strategy a layer is being created under; readies Keras for it.
 
-  Under MirroredStrategy and MultiWorkerMirroredStrategy this installs the
-  Keras 3 fix that lets ``model.fit`` run across workers and on ragged or
-  sparse ids (see ``distributed_fit``).
+  Under MirroredStrategy and MultiWorkerMirroredStrategy (Keras 3) this
+  installs the hook that fixes ``model.fit`` across workers and on ragged or
+  sparse ids for the models holding our layers, other models keeping Keras'
+  own (see ``distributed_fit``; logged once, undone by
+  ``disable_distributed_fit``).
   """
   strategy = tf.distribute.get_strategy()
-  if distributed_fit.needs_fix(strategy):
-    distributed_fit.enable_distributed_fit()
+  distributed_fit.install_for_layers(strategy)
   return strategy
 
 

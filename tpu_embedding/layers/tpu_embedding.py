@@ -84,7 +84,8 @@ class TPUEmbedding(Layer):
   inference. Keras 3's own ``fit`` fails for every model on a
   multi-worker ``MultiWorkerMirroredStrategy``, and on ragged or sparse
   inputs under any mirrored strategy; creating this layer under one
-  installs the fix (``tpu_embedding.layers.enable_distributed_fit``).
+  installs a hook that fixes the models holding it
+  (``tpu_embedding.layers.distributed_fit``).
 
   Saving: ``tf.train.Checkpoint(model=model)`` saves the tables under
   TensorFlow's keys (``.../_tpu_embedding/<table>``, as the
