@@ -43,6 +43,7 @@ setup(
     "test": [
       "pytest>=8",
       "ruff",
+      "mypy==2.4.1",
       "tensorflow-datasets==4.9.10",
       "importlib_resources",
       "tf-keras==2.21.*",

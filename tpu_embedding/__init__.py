@@ -14,6 +14,10 @@ Example:
   TensorShape([1000, 16])
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
@@ -27,6 +31,9 @@ from tpu_embedding.optimizers import AdagradMomentum
 from tpu_embedding.optimizers import Adam
 from tpu_embedding.serving import TPUEmbeddingForServing
 from tpu_embedding.serving import serving_embedding_lookup
+
+if TYPE_CHECKING:
+  from types import ModuleType
 
 #: TensorFlow's SparseCore class name; the same object here.
 TPUEmbeddingV2 = TPUEmbeddingV3
@@ -51,7 +58,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> ModuleType:
   """``tpe.layers`` on first use, so importing the package loads no Keras.
 
   (The layers subclass whichever Keras ``tf.keras`` resolves to; see

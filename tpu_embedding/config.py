@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ import tensorflow as tf
 
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.types import Initializer
 
 COMBINERS = ("mean", "sum", "sqrtn")
 
@@ -124,7 +124,7 @@ class TableConfig:
     self,
     vocabulary_size: int,
     dim: int,
-    initializer: Callable[..., Any] | None = None,
+    initializer: Initializer | None = None,
     optimizer: Optimizer | None = None,
     combiner: str = "mean",
     name: str | None = None,
@@ -203,7 +203,7 @@ class TableConfig:
       )
     self.vocabulary_size = vocabulary_size
     self.dim = dim
-    self.initializer = (
+    self.initializer: Initializer = (
       TruncatedNormal.default_for(dim) if initializer is None else initializer
     )
     self.optimizer = optimizer
@@ -223,7 +223,7 @@ class TableConfig:
     return clone
 
   def __repr__(self) -> str:
-    initializer = self.initializer
+    initializer: Initializer | None = self.initializer
     if isinstance(initializer, TruncatedNormal) and initializer.is_default_for(
       self.dim
     ):

@@ -10,9 +10,15 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+from typing import TypeAlias
+from typing import Union
 
 import tensorflow as tf
+
+#: A table shape: ``(rows, dim)`` as a sequence or a ``TensorShape``.
+Shape: TypeAlias = Union[Sequence[int], tf.TensorShape]
 
 
 class TruncatedNormal:
@@ -35,7 +41,7 @@ class TruncatedNormal:
     self.seed = seed
 
   def __call__(
-    self, shape: Any, dtype: Any = tf.float32, **kwargs: Any
+    self, shape: Shape, dtype: tf.DType = tf.float32, **kwargs: Any
   ) -> tf.Tensor:
     del kwargs  # partition info is irrelevant for i.i.d. values.
     return tf.random.truncated_normal(
@@ -72,7 +78,7 @@ class RowIdInitializer:
     self.offset = offset
 
   def __call__(
-    self, shape: Any, dtype: Any = tf.float32, **kwargs: Any
+    self, shape: Shape, dtype: tf.DType = tf.float32, **kwargs: Any
   ) -> tf.Tensor:
     del kwargs
     rows = tf.range(self.offset, self.offset + shape[0], dtype=dtype)

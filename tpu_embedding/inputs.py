@@ -39,12 +39,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
+from tpu_embedding.resolved import table_name
+from tpu_embedding.types import FeatureInput
+
+#: ``(ids, segments, weights, output_shape)`` of a flattened input.
+_Flattened = tuple[tf.Tensor, tf.Tensor, tf.Tensor | None, tf.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +78,9 @@ class PreparedFeature:
   checks: tuple[Check, ...] = ()
 
 
-def check_input_type(inp: Any, weight: Any, path: str) -> None:
+def check_input_type(
+  inp: FeatureInput, weight: FeatureInput | None, path: str
+) -> None:
   """Checks the kind and dtype of one feature's ids and weights.
 
   Raises:
@@ -105,7 +111,7 @@ def check_input_type(inp: Any, weight: Any, path: str) -> None:
     )
 
 
-def is_sequence(feature: FeatureConfig, inp: Any) -> bool:
+def is_sequence(feature: FeatureConfig, inp: FeatureInput) -> bool:
   """Whether ``max_sequence_length`` applies to this input (TPU rule)."""
   if feature.max_sequence_length <= 0 or feature.output_shape.rank:
     return False
@@ -115,7 +121,7 @@ def is_sequence(feature: FeatureConfig, inp: Any) -> bool:
 
 
 def static_output_shape(
-  inp: Any, feature: FeatureConfig, path: str
+  inp: FeatureInput, feature: FeatureConfig, path: str
 ) -> tf.TensorShape:
   """The activation shape (without ``dim``) implied by the input's shape.
 
@@ -167,7 +173,7 @@ def ids_in_range_check(
     path=path, vocabulary_size=vocabulary_size, table=table_name
   )
 
-  def offending():
+  def offending() -> list[tf.Tensor]:
     bad = tf.logical_or(ids < 0, ids >= vocabulary_size)
     return [tf.boolean_mask(ids, bad)[:10]]
 
@@ -199,8 +205,8 @@ def run_checks(checks: list[Check]) -> tf.Tensor | None:
         )
     return None
 
-  def fail():
-    asserts: list = []
+  def fail() -> tf.Tensor:
+    asserts: list[tf.Operation] = []
     for check in checks:
       with tf.control_dependencies(asserts):
         asserts = [
@@ -246,7 +252,9 @@ def _equal_check(a: tf.Tensor, b: tf.Tensor, path: str, what: str) -> Check:
   return Check(same_values, message)
 
 
-def _weight_checks(inp: Any, weight: Any, path: str) -> list[Check]:
+def _weight_checks(
+  inp: FeatureInput, weight: FeatureInput | None, path: str
+) -> list[Check]:
   if weight is None:
     return []
   if isinstance(inp, tf.SparseTensor):
@@ -271,8 +279,8 @@ def _sequence_segments(
 
 
 def prepare_feature(
-  inp: Any,
-  weight: Any,
+  inp: FeatureInput,
+  weight: FeatureInput | None,
   feature: FeatureConfig,
   path: str,
   check_ids: bool = True,
@@ -290,7 +298,8 @@ def prepare_feature(
     The ``PreparedFeature``.
 
   Raises:
-    ValueError: for wrong kinds, dtypes, ranks or weights (see module doc).
+    ValueError: for wrong kinds, dtypes, ranks or weights (see module doc),
+      or an unnamed table.
   """
   check_input_type(inp, weight, path)
   if weight is not None and is_sequence(feature, inp):
@@ -323,7 +332,7 @@ def prepare_feature(
   if check_ids:
     checks.append(
       ids_in_range_check(
-        ids, feature.table.vocabulary_size, path, feature.table.name
+        ids, feature.table.vocabulary_size, path, table_name(feature.table)
       )
     )
   return PreparedFeature(
@@ -338,14 +347,18 @@ def prepare_feature(
   )
 
 
-def _shape_tensor(static: tf.TensorShape, dynamic) -> tf.Tensor:
+def _shape_tensor(
+  static: tf.TensorShape, dynamic: Callable[[], tf.Tensor]
+) -> tf.Tensor:
   """``static`` as an int64 constant when fully known, else ``dynamic()``."""
   if static.is_fully_defined():
     return tf.constant(static.as_list(), tf.int64)
   return dynamic()
 
 
-def _flatten_sparse(inp: tf.SparseTensor, weight: Any, feature: FeatureConfig):
+def _flatten_sparse(
+  inp: tf.SparseTensor, weight: tf.SparseTensor | None, feature: FeatureConfig
+) -> _Flattened:
   """ids, segments, weights and output shape of a sparse input."""
   ids = tf.cast(inp.values, tf.int64)
   weights = None if weight is None else tf.cast(weight.values, tf.float32)
@@ -367,8 +380,11 @@ def _flatten_sparse(inp: tf.SparseTensor, weight: Any, feature: FeatureConfig):
 
 
 def _flatten_ragged(
-  inp: tf.RaggedTensor, weight: Any, feature: FeatureConfig, path: str
-):
+  inp: tf.RaggedTensor,
+  weight: tf.RaggedTensor | None,
+  feature: FeatureConfig,
+  path: str,
+) -> _Flattened:
   """ids, segments, weights and output shape of a rank-2 ragged input."""
   if inp.ragged_rank != 1:
     raise ValueError(errors.RAGGED_RANK.format(path=path, rank=inp.shape.rank))
@@ -420,7 +436,7 @@ def _ragged_sequence_length(
 
 def _apply_configured_shape(
   feature: FeatureConfig, path: str, num_segments: tf.Tensor
-):
+) -> tuple[tf.Tensor, tf.Tensor]:
   """Output shape and row count from ``FeatureConfig.output_shape``."""
   configured = feature.output_shape
   if not configured.is_fully_defined():

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -93,12 +94,12 @@ def combiner_scales(
   return tf.math.divide_no_nan(weights, tf.gather(denominators, segments))
 
 
-def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
+def _concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
   return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
 
 
 def group_table(
-  table: TableConfig, features: list[PreparedFeature]
+  table: TableConfig, features: Sequence[PreparedFeature]
 ) -> TableBatch:
   """Concatenates and deduplicates all ids one table serves in a step."""
   ids = _concat([f.ids for f in features])
@@ -112,23 +113,21 @@ def group_table(
     return TableBatch(
       table, tuple(features), unique_ids, unique_index, None, None, num_segments
     )
-  segments, weights = [], []
+  feature_segments = []
   offset = tf.constant(0, tf.int64)
   for f in features:
     rows = f.segments
     if rows is None:
       rows = tf.range(f.num_segments, dtype=tf.int64)
-    segments.append(rows + offset if len(features) > 1 else rows)
-    weights.append(f.weights)
+    feature_segments.append(rows + offset if len(features) > 1 else rows)
     offset = offset + f.num_segments
-  segments = _concat(segments)
-  if all(w is None for w in weights):
-    weights = None
-  else:
+  segments = _concat(feature_segments)
+  weights: tf.Tensor | None = None
+  if any(f.weights is not None for f in features):
     weights = _concat(
       [
-        tf.ones_like(f.ids, tf.float32) if w is None else w
-        for f, w in zip(features, weights, strict=True)
+        tf.ones_like(f.ids, tf.float32) if f.weights is None else f.weights
+        for f in features
       ]
     )
   scales = combiner_scales(segments, weights, num_segments, table.combiner)
@@ -178,7 +177,7 @@ def split_activations(
 
 
 def row_gradients(
-  activation_grads: list[tf.Tensor], batch: TableBatch
+  activation_grads: Sequence[tf.Tensor], batch: TableBatch
 ) -> tf.Tensor:
   """``[u, dim]`` gradients of ``unique_ids`` rows, duplicates summed.
 

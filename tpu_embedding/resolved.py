@@ -17,13 +17,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.types import FeatureConfigNest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class ResolvedConfig:
       ``tables``.
   """
 
-  structure: Any
+  structure: FeatureConfigNest
   paths: tuple[str, ...]
   features: tuple[FeatureConfig, ...]
   tables: tuple[TableConfig, ...]
@@ -50,7 +50,28 @@ class ResolvedConfig:
     return [i for i, f in enumerate(self.features) if f.table is table]
 
 
-def resolve(feature_config: Any, optimizer: Optimizer | None) -> ResolvedConfig:
+def table_name(table: TableConfig) -> str:
+  """The name of a resolved table, typed ``str`` (``resolve`` names all).
+
+  Raises:
+    ValueError: for an unnamed table (one not from a ``ResolvedConfig``).
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> table_name(tpe.TableConfig(10, 2, name="users"))
+    'users'
+  """
+  if table.name is None:
+    raise ValueError(
+      f"{table!r} has no name; use the named tables of the embedding's "
+      "resolved config (tpu_embedding.resolved.resolve)."
+    )
+  return table.name
+
+
+def resolve(
+  feature_config: FeatureConfigNest, optimizer: Optimizer | None
+) -> ResolvedConfig:
   """Validates and clones ``feature_config``.
 
   Args:

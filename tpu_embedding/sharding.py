@@ -24,8 +24,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 
 #: Tables with more rows than this are row-sharded by default.
 DEFAULT_ROW_THRESHOLD = 10_000
@@ -106,7 +108,7 @@ def shard_sizes(rows: int, num_shards: int) -> tuple[int, ...]:
 
 
 def make_plan(
-  tables: list[TableConfig] | tuple[TableConfig, ...],
+  tables: Sequence[TableConfig],
   num_replicas: int,
   row_threshold: int = DEFAULT_ROW_THRESHOLD,
 ) -> ShardingPlan:
@@ -121,14 +123,16 @@ def make_plan(
     The ``ShardingPlan``.
 
   Raises:
-    ValueError: for a non-positive replica count or negative threshold.
+    ValueError: for a non-positive replica count or negative threshold, or
+      an unnamed table.
   """
   if num_replicas < 1:
     raise ValueError(f"num_replicas must be >= 1. Received: {num_replicas}")
   if row_threshold < 0:
     raise ValueError(f"row_threshold must be >= 0. Received: {row_threshold}")
-  placements = {}
+  placements: dict[str, TablePlacement] = {}
   for table in tables:
+    name = table_name(table)
     num_slots = len(table.optimizer.SLOT_NAMES) if table.optimizer else 0
     if num_replicas > 1 and table.vocabulary_size > row_threshold:
       sizes = shard_sizes(table.vocabulary_size, num_replicas)
@@ -138,7 +142,7 @@ def make_plan(
       sizes = (table.vocabulary_size,) * num_replicas
       offsets = (0,) * num_replicas
       kind = "replicated"
-    placements[table.name] = TablePlacement(
-      table.name, kind, sizes, offsets, table.dim, num_slots
+    placements[name] = TablePlacement(
+      name, kind, sizes, offsets, table.dim, num_slots
     )
   return ShardingPlan(num_replicas, row_threshold, placements)

@@ -11,18 +11,23 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 import tensorflow as tf
 from tensorflow.python.util import nest as _tf_nest
 
+from tpu_embedding.types import Nest
+from tpu_embedding.types import Nested
 
-def flatten_with_paths(structure: Any) -> list[tuple[str, Any]]:
+T = TypeVar("T")
+
+
+def flatten_with_paths(structure: Nest[T]) -> list[tuple[str, T]]:
   """``[(path, leaf)]`` in ``tf.nest.flatten`` order."""
   return list(_tf_nest.flatten_with_joined_string_paths(structure))
 
 
-def check_same_structure(expected: Any, given: Any, what: str) -> None:
+def check_same_structure(expected: Nested, given: Nested, what: str) -> None:
   """Raises a ValueError naming ``what`` when the nests differ.
 
   Args:

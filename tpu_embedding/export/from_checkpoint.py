@@ -23,16 +23,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from collections.abc import Mapping
-from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding.export.saved_model import ServedModel
 from tpu_embedding.export.signature import FeatureSpec
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import TableSubset
 from tpu_embedding.serving import TPUEmbeddingForServing
+from tpu_embedding.types import FeatureConfigNest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +66,17 @@ class ExportSpec:
     ('embedding', 'model')
   """
 
-  feature_config: Any
+  feature_config: FeatureConfigNest
   input_signature: Mapping[str, FeatureSpec | tf.TensorSpec]
-  model: Callable[[dict[str, tf.Tensor]], Any] | None = None
+  model: ServedModel | None = None
   tables: TableSelection = None
   embedding_key: str = "embedding"
   model_key: str | None = "model"
 
 
 def serving_embedding_for(
-  feature_config: Any, tables: TableSelection = None
-) -> tuple[Any, tuple[str, ...]]:
+  feature_config: FeatureConfigNest, tables: TableSelection = None
+) -> tuple[TPUEmbeddingForServing, tuple[str, ...]]:
   """A ``TPUEmbeddingForServing`` holding only the selected tables.
 
   Its tables keep the names (and checkpoint keys) they have in the full

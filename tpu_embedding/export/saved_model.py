@@ -64,6 +64,7 @@ import re
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from typing import Any
 
 import tensorflow as tf
@@ -80,6 +81,16 @@ from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import table_stores_of
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import Nested
+
+if TYPE_CHECKING:
+  from tpu_embedding.embedding import TPUEmbedding
+  from tpu_embedding.serving import TPUEmbeddingForServing
+
+#: The model served: a Keras model (called with ``training=False``),
+#: ``tf.Module`` or callable taking ``{signature input name: tensor}``.
+ServedModel = Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,21 +117,21 @@ class ExportResult:
   tables: tuple[str, ...]
 
 
-def _is_keras(model: Any) -> bool:
+def _is_keras(model: object) -> bool:
   return any(
     c.__module__.split(".")[0] in ("keras", "tf_keras")
     for c in type(model).__mro__
   )
 
 
-class _ModelInputs(dict):
+class _ModelInputs(dict[str, tf.Tensor]):
   """The model's input dict; a missing key names the signature's inputs."""
 
-  def __missing__(self, key):
+  def __missing__(self, key: str) -> tf.Tensor:
     raise KeyError(_missing_input_message(key, sorted(self)))
 
 
-def _missing_input_message(key: Any, available: list[str]) -> str:
+def _missing_input_message(key: object, available: list[str]) -> str:
   return (
     f"The model reads input {key!r}, which is missing from "
     f"input_signature (its inputs: {available}). Add it as a FeatureSpec "
@@ -140,7 +151,7 @@ def _check_keras_inputs(model: Any, names: list[str]) -> None:
       raise ValueError(_missing_input_message(missing[0], sorted(names)))
 
 
-def _named_outputs(outputs: Any) -> dict[str, tf.Tensor]:
+def _named_outputs(outputs: Nested) -> dict[str, tf.Tensor]:
   """The signature's outputs: a dict of tensors with valid names."""
   if isinstance(outputs, Mapping):
     flat = flatten_with_paths(dict(outputs))
@@ -151,7 +162,7 @@ def _named_outputs(outputs: Any) -> dict[str, tf.Tensor]:
 
 
 def _make_serve(
-  lookup: ServingLookup, signature: _Signature, model: Callable | None
+  lookup: ServingLookup, signature: _Signature, model: ServedModel | None
 ) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
   """The signature's body: padded ids → activations → model."""
 
@@ -192,12 +203,12 @@ def _embedding_variable_ids(stores: Mapping[str, TableStore]) -> dict[int, str]:
 
 def export_for_serving(
   export_dir: str,
-  embedding: Any,
-  model: Callable[[dict[str, tf.Tensor]], Any] | None,
+  embedding: TPUEmbedding | TPUEmbeddingForServing,
+  model: ServedModel | None,
   input_signature: Mapping[str, FeatureSpec | tf.TensorSpec],
   tables: TableSelection = None,
   *,
-  feature_config: Any = None,
+  feature_config: FeatureConfigNest | None = None,
   signature_name: str = "serving_default",
 ) -> ExportResult:
   """Writes a SavedModel serving ``model`` on the embedding's tables.

@@ -19,7 +19,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
@@ -27,6 +26,7 @@ from tpu_embedding.config import FeatureConfig
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import TableSubset
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.types import FeatureConfigNest
 
 #: The id that pads a ``[B, L]`` id tensor; such entries are no ids.
 PADDING_ID = -1
@@ -63,7 +63,7 @@ name='genres_weights')}
   weights: bool = False
   feature: str | None = None
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     shape = tf.TensorShape(self.shape)
     if shape.rank is not None:  # hashable and printable like TensorSpec's
       object.__setattr__(self, "shape", tuple(shape.as_list()))
@@ -143,7 +143,7 @@ class _Signature:
 
 
 def validate_signature(
-  feature_config: Any,
+  feature_config: FeatureConfigNest,
   input_signature: Mapping[str, FeatureSpec | tf.TensorSpec],
   tables: TableSelection = None,
 ) -> None:
@@ -171,7 +171,8 @@ among the selected tables ['u']: add it to `tables` or drop the feature.
 
 
 def _parse_signature(
-  input_signature: Mapping[str, Any], subset: TableSubset
+  input_signature: Mapping[str, FeatureSpec | tf.TensorSpec],
+  subset: TableSubset,
 ) -> _Signature:
   if not isinstance(input_signature, Mapping) or not input_signature:
     raise ValueError(
@@ -179,7 +180,9 @@ def _parse_signature(
       "or tf.TensorSpec}."
     )
   known = {path for path, _ in flatten_with_paths(subset.feature_config)}
-  features, dense, specs = {}, {}, {}
+  features: dict[str, tuple[FeatureSpec, str, FeatureConfig]] = {}
+  dense: dict[str, tf.TensorSpec] = {}
+  specs: dict[str, tf.TensorSpec] = {}
   for name, spec in input_signature.items():
     if not isinstance(name, str) or not _NAME.match(name):
       raise ValueError(
@@ -223,7 +226,9 @@ def _parse_signature(
   return _Signature(features, dense, specs)
 
 
-def _activation_shape(spec: FeatureSpec, feature: FeatureConfig) -> list:
+def _activation_shape(
+  spec: FeatureSpec, feature: FeatureConfig
+) -> list[int | None]:
   shape = tf.TensorShape(spec.shape).as_list()
   dim = feature.table.dim
   if len(shape) == 1:

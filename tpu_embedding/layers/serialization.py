@@ -47,9 +47,11 @@ from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.layers.keras_compat import keras
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import Initializer
 
 #: TensorFlow's v2 initializer classes that round-trip through get_config.
-_TF_INITIALIZERS = {
+_TF_INITIALIZERS: dict[str, Any] = {
   type(make()).__name__: type(make())
   for make in (
     tf.zeros_initializer,
@@ -78,7 +80,9 @@ _OPTIMIZERS = {
 # --- optimizers -------------------------------------------------------------
 
 
-def serialize_optimizer(optimizer: Optimizer | None, where: str) -> Any:
+def serialize_optimizer(
+  optimizer: Optimizer | None, where: str
+) -> dict[str, Any] | None:
   """``{"class_name", "config"}`` of an optimizer (None stays None).
 
   Args:
@@ -105,7 +109,7 @@ def serialize_optimizer(optimizer: Optimizer | None, where: str) -> Any:
   return {"class_name": type(optimizer).__name__, "config": config}
 
 
-def deserialize_optimizer(data: Any) -> Optimizer | None:
+def deserialize_optimizer(data: dict[str, Any] | None) -> Optimizer | None:
   """The optimizer ``serialize_optimizer`` described."""
   if data is None:
     return None
@@ -126,7 +130,7 @@ def _json_value(value: Any) -> Any:
   return value
 
 
-def serialize_initializer(initializer: Any) -> dict[str, Any]:
+def serialize_initializer(initializer: Initializer) -> dict[str, Any]:
   """A dict describing ``initializer`` (see the module docstring)."""
   name = type(initializer).__name__
   if isinstance(initializer, TruncatedNormal):
@@ -145,12 +149,13 @@ def serialize_initializer(initializer: Any) -> dict[str, Any]:
       "config": keras.initializers.serialize(initializer),
     }
   if _TF_INITIALIZERS.get(name) is type(initializer):
-    config = {k: _json_value(v) for k, v in initializer.get_config().items()}
+    tf_config = _TF_INITIALIZERS[name].get_config(initializer)
+    config = {k: _json_value(v) for k, v in tf_config.items()}
     return {"kind": "tensorflow", "class_name": name, "config": config}
   return {"kind": "unserializable", "repr": repr(initializer)}
 
 
-def deserialize_initializer(data: dict[str, Any], table: str) -> Any:
+def deserialize_initializer(data: dict[str, Any], table: str) -> Initializer:
   """The initializer ``serialize_initializer`` described (or zeros)."""
   kind = data["kind"]
   if kind == "tpu_embedding":
@@ -231,7 +236,9 @@ def _serialize_feature(
   }
 
 
-def _encode(nest: Any, tables: list[TableConfig]) -> dict[str, Any]:
+def _encode(
+  nest: FeatureConfigNest, tables: list[TableConfig]
+) -> dict[str, Any]:
   if isinstance(nest, FeatureConfig):
     return {"feature": _serialize_feature(nest, tables)}
   if isinstance(nest, dict):
@@ -250,7 +257,9 @@ def _encode(nest: Any, tables: list[TableConfig]) -> dict[str, Any]:
   )
 
 
-def _decode(data: dict[str, Any], tables: list[TableConfig]) -> Any:
+def _decode(
+  data: dict[str, Any], tables: list[TableConfig]
+) -> FeatureConfigNest:
   ((kind, value),) = data.items()
   if kind == "feature":
     return FeatureConfig(
@@ -266,7 +275,9 @@ def _decode(data: dict[str, Any], tables: list[TableConfig]) -> Any:
   return items if kind == "list" else tuple(items)
 
 
-def serialize_feature_config(feature_config: Any) -> dict[str, Any]:
+def serialize_feature_config(
+  feature_config: FeatureConfigNest,
+) -> dict[str, Any]:
   """A JSON-able dict describing a nest of ``FeatureConfig``.
 
   Raises:
@@ -280,14 +291,16 @@ def serialize_feature_config(feature_config: Any) -> dict[str, Any]:
   }
 
 
-def deserialize_feature_config(data: dict[str, Any]) -> Any:
+def deserialize_feature_config(data: dict[str, Any]) -> FeatureConfigNest:
   """The nest of ``FeatureConfig`` that ``serialize_feature_config`` saw."""
   tables = [_deserialize_table(t) for t in data["tables"]]
   return _decode(data["features"], tables)
 
 
 def encode_layer_arguments(
-  feature_config: Any, optimizer: Any, layer_name: str
+  feature_config: FeatureConfigNest,
+  optimizer: Optimizer | None,
+  layer_name: str,
 ) -> dict[str, Any]:
   """The feature config and optimizer arguments of a layer, as plain data."""
   return {

@@ -17,6 +17,7 @@ from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_initial_accumulator
 from tpu_embedding.optimizers.base import constant_initializer
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 
@@ -92,10 +93,16 @@ class Adagrad(Optimizer):
     check_initial_accumulator(initial_accumulator_value)
     self.initial_accumulator_value = initial_accumulator_value
 
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     return [constant_initializer(self.initial_accumulator_value)]
 
-  def _rule(self, params, slots, grads, lr):
+  def _rule(
+    self,
+    params: tf.Tensor,
+    slots: AdagradSlots,
+    grads: tf.Tensor,
+    lr: tf.Tensor,
+  ) -> tuple[tf.Tensor, AdagradSlots]:
     accumulators = slots.accumulators + tf.square(grads)
     params = params - lr * grads / tf.sqrt(accumulators)
     return params, AdagradSlots(accumulators)

@@ -17,6 +17,7 @@ from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 
@@ -117,10 +118,16 @@ class AdagradMomentum(Optimizer):
     self.beta2 = beta2
     self.epsilon = epsilon
 
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     return [constant_initializer(), constant_initializer()]
 
-  def _rule(self, params, slots, grads, lr):
+  def _rule(
+    self,
+    params: tf.Tensor,
+    slots: AdagradMomentumSlots,
+    grads: tf.Tensor,
+    lr: tf.Tensor,
+  ) -> tuple[tf.Tensor, AdagradMomentumSlots]:
     if self.beta2 == 1.0:
       accumulators = slots.accumulators + tf.square(grads)
     else:

@@ -17,6 +17,7 @@ from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 
@@ -132,14 +133,16 @@ class Adam(Optimizer):
     self.lazy_adam = lazy_adam
     self.sum_inside_sqrt = sum_inside_sqrt
 
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     return [constant_initializer(), constant_initializer()]
 
   @property
   def updates_all_rows(self) -> bool:
     return not self.lazy_adam
 
-  def _rule(self, params, slots, grads, lr):
+  def _rule(
+    self, params: tf.Tensor, slots: AdamSlots, grads: tf.Tensor, lr: tf.Tensor
+  ) -> tuple[tf.Tensor, AdamSlots]:
     momenta = self.beta_1 * slots.momenta + (1.0 - self.beta_1) * grads
     velocities = self.beta_2 * slots.velocities + (
       1.0 - self.beta_2

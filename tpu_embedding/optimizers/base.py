@@ -39,11 +39,17 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 #: ``slot_variable_creation_fn(table_variable, slot_names, initializers)``
 #: returns ``{slot_name: variable}``.
-SlotVariableCreationFn = Callable[[tf.Variable, list, list], dict]
+SlotVariableCreationFn = Callable[
+  [tf.Variable, list[str], list[Initializer]], dict[str, tf.Variable]
+]
+
+#: An optimizer's slot rows: its ``Slots`` NamedTuple of tensors.
+SlotRows = tuple[tf.Tensor, ...]
 
 
 class _NoSlots(NamedTuple):
@@ -107,7 +113,7 @@ class Optimizer(metaclass=abc.ABCMeta):
   """
 
   SLOT_NAMES: tuple[str, ...] = ()
-  Slots: type = _NoSlots
+  Slots: type[SlotRows] = _NoSlots
 
   def __init__(
     self,
@@ -168,13 +174,13 @@ class Optimizer(metaclass=abc.ABCMeta):
   # --- slots ---------------------------------------------------------------
 
   @abc.abstractmethod
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     """Returns one initializer per name in ``SLOT_NAMES``."""
 
   def create_slots(
     self,
     table: tf.Variable,
-    variable_creator: Callable[[str, Any], tf.Variable],
+    variable_creator: Callable[[str, Initializer], tf.Variable],
   ) -> dict[str, tf.Variable]:
     """Creates this optimizer's slot variables for one table.
 
@@ -217,8 +223,8 @@ class Optimizer(metaclass=abc.ABCMeta):
     return tf.cast(lr, tf.float32)
 
   def apply(
-    self, params: tf.Tensor, slots: tuple, grads: tf.Tensor, lr: tf.Tensor
-  ) -> tuple[tf.Tensor, tuple]:
+    self, params: tf.Tensor, slots: SlotRows, grads: tf.Tensor, lr: tf.Tensor
+  ) -> tuple[tf.Tensor, SlotRows]:
     """Updates gathered rows; a pure function of its inputs.
 
     Args:
@@ -244,15 +250,19 @@ class Optimizer(metaclass=abc.ABCMeta):
 
   @abc.abstractmethod
   def _rule(
-    self, params: tf.Tensor, slots: tuple, grads: tf.Tensor, lr: tf.Tensor
-  ) -> tuple[tf.Tensor, tuple]:
-    """The optimizer's own row rule (no clipping, no decay)."""
+    self, params: tf.Tensor, slots: Any, grads: tf.Tensor, lr: tf.Tensor
+  ) -> tuple[tf.Tensor, SlotRows]:
+    """The optimizer's own row rule (no clipping, no decay).
+
+    ``slots`` is a ``self.Slots`` (typed ``Any`` so that each subclass
+    declares its own ``Slots`` NamedTuple).
+    """
 
   # --- value semantics -----------------------------------------------------
 
   def get_config(self) -> dict[str, Any]:
     """The constructor arguments that rebuild an equal optimizer."""
-    config = {}
+    config: dict[str, Any] = {}
     for name in inspect.signature(type(self).__init__).parameters:
       if name == "self":
         continue
@@ -318,6 +328,6 @@ def _clip(x: tf.Tensor, low: float | None, high: float | None) -> tf.Tensor:
   return x
 
 
-def constant_initializer(value: float = 0.0) -> Any:
+def constant_initializer(value: float = 0.0) -> Initializer:
   """A constant initializer for slots that also initializes shards."""
   return tf.constant_initializer(value, support_partition=True)

@@ -18,6 +18,7 @@ from tpu_embedding.optimizers.base import check_initial_accumulator
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 
@@ -137,13 +138,15 @@ class FTRL(Optimizer):
     self.multiply_linear_by_learning_rate = multiply_linear_by_learning_rate
     self.allow_zero_accumulator = allow_zero_accumulator
 
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     return [
       constant_initializer(self.initial_accumulator_value),
       constant_initializer(),
     ]
 
-  def _rule(self, params, slots, grads, lr):
+  def _rule(
+    self, params: tf.Tensor, slots: FtrlSlots, grads: tf.Tensor, lr: tf.Tensor
+  ) -> tuple[tf.Tensor, FtrlSlots]:
     power = -self.learning_rate_power
     l1 = self.l1_regularization_strength
     l2 = self.l2_regularization_strength

@@ -8,8 +8,12 @@ Example:
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.optimizers.base import SlotRows
 from tpu_embedding.types import ClipValue
+from tpu_embedding.types import Initializer
 from tpu_embedding.types import LearningRate
 
 
@@ -69,8 +73,10 @@ class SGD(Optimizer):
       low_dimensional_packing_status,
     )
 
-  def slot_initializers(self) -> list:
+  def slot_initializers(self) -> list[Initializer]:
     return []
 
-  def _rule(self, params, slots, grads, lr):
+  def _rule(
+    self, params: tf.Tensor, slots: SlotRows, grads: tf.Tensor, lr: tf.Tensor
+  ) -> tuple[tf.Tensor, SlotRows]:
     return params - lr * grads, slots
