@@ -43,6 +43,7 @@ from tpu_embedding.lookup import combine
 from tpu_embedding.lookup import group_table
 from tpu_embedding.lookup import split_activations
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.structure import check_same_structure
 
 #: Reads the rows of several tables at once: ``[(table, unique ids)]`` →
@@ -122,14 +123,14 @@ def look_up_groups(
   """
   flat: list[Any] = [None] * len(prepared)
   batches = {
-    table.name: group_table(table, [prepared[i] for i in indices])
+    table_name(table): group_table(table, [prepared[i] for i in indices])
     for table, indices in groups
   }
   all_rows = row_source(
-    [(table, batches[table.name].unique_ids) for table, _ in groups]
+    [(table, batches[table_name(table)].unique_ids) for table, _ in groups]
   )
   for (table, indices), rows in zip(groups, all_rows, strict=True):
-    batch = batches[table.name]
+    batch = batches[table_name(table)]
     for i, output in zip(
       indices, split_activations(combine(rows, batch), batch), strict=True
     ):

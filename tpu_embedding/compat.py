@@ -4,10 +4,9 @@ TensorFlow's public API lacks a few things an embedding library needs
 (row-sharded variables, per-device variables inside a strategy scope,
 checkpoint-saver registration, nest paths). They are imported here, and
 only here, each with the reason, so that a TensorFlow upgrade that moves
-one breaks one module and the fix is in one place. (The Keras private
-names are in ``tpu_embedding/layers/keras_compat.py`` and
-``layers/distributed_fit.py``, imported lazily because Keras is optional
-for the mid-level API.)
+one breaks one module and the fix is in one place. Keras' private modules
+are imported lazily (by functions below), because the mid-level API does
+not need Keras.
 
 Example:
   >>> from tpu_embedding import compat
@@ -52,6 +51,8 @@ __all__ = [
   "Trackable",
   "flatten_with_joined_string_paths",
   "id_in_cluster",
+  "keras_in_symbolic_scope",
+  "keras_tensorflow_trainer",
   "parameter_server_resolver",
   "register_checkpoint_saver",
   "tf_tpu_variables",
@@ -78,6 +79,30 @@ def tf_tpu_variables(tf_embedding: Any) -> dict[str, dict[str, Any]]:
   without the slots).
   """
   return dict(getattr(tf_embedding, "_variables", None) or {})
+
+
+def keras_tensorflow_trainer() -> Any:
+  """Keras 3's ``keras.src.backend.tensorflow.trainer`` module, or None.
+
+  ``layers/distributed_fit.py`` wraps its ``TensorFlowTrainer`` build step
+  (keras-team/keras#20585); Keras exports neither.
+  """
+  try:
+    from keras.src.backend.tensorflow import trainer
+  except ImportError:
+    return None
+  return trainer
+
+
+def keras_in_symbolic_scope() -> bool:
+  """Whether Keras 3 is tracing a layer only for its output shapes.
+
+  Keras exports the scope class (``keras.SymbolicScope``) but not the
+  query, ``keras.src.backend.common.symbolic_scope.in_symbolic_scope``.
+  """
+  from keras.src.backend.common import symbolic_scope
+
+  return symbolic_scope.in_symbolic_scope()
 
 
 def retrieve_tpu_tables(tf_embedding: Any) -> None:

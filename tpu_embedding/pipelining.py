@@ -47,6 +47,7 @@ from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
 from tpu_embedding.replicas import local_replica
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 
 
@@ -66,7 +67,7 @@ class HeldUpdates:
       with tf.init_scope(), tf.device(device):
         self._held.append(
           {
-            table.name: (
+            table_name(table): (
               _unshaped_variable(tf.zeros([0], tf.int64)),
               _unshaped_variable(tf.zeros([0, table.dim], tf.float32)),
             )
@@ -77,7 +78,7 @@ class HeldUpdates:
   def hold(self, replica: int, updates: Updates) -> None:
     """Keeps ``[(table, ids, grads)]`` for the next ``take``."""
     for table, ids, grads in updates:
-      held_ids, held_grads = self._held[replica][table.name]
+      held_ids, held_grads = self._held[replica][table_name(table)]
       held_ids.assign(ids)
       held_grads.assign(grads)
 
@@ -85,7 +86,7 @@ class HeldUpdates:
     """The held ``[(table, ids, grads)]``; the holding becomes empty."""
     updates = []
     for table in self._tables:
-      held_ids, held_grads = self._held[replica][table.name]
+      held_ids, held_grads = self._held[replica][table_name(table)]
       ids, grads = held_ids.read_value(), held_grads.read_value()
       held_ids.assign(ids[:0])
       held_grads.assign(grads[:0])

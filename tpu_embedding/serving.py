@@ -48,6 +48,7 @@ from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
+from tpu_embedding.resolved import table_name
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import row_reader
@@ -251,7 +252,8 @@ class TPUEmbeddingForServing(Trackable):
     with tf.init_scope():
       tracker = VariableTracker(self)
       self._stores = {
-        t.name: WholeTable.create(t, tracker) for t in self._config.tables
+        table_name(t): WholeTable.create(t, tracker)
+        for t in self._config.tables
       }
     self._built = True
 
@@ -271,7 +273,7 @@ class TPUEmbeddingForServing(Trackable):
     """``{TableConfig: table variable}``, keyed by the user's configs."""
     stores = self.table_stores
     return {
-      user: stores[table.name].variables["parameters"]
+      user: stores[table_name(table)].variables["parameters"]
       for user, table in zip(
         self._config.user_tables, self._config.tables, strict=True
       )

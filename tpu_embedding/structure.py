@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TypeVar
 
 import tensorflow as tf
-from tensorflow.python.util import nest as _tf_nest
 
+from tpu_embedding import compat
 from tpu_embedding.types import Nest
 from tpu_embedding.types import Nested
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 def flatten_with_paths(structure: Nest[T]) -> list[tuple[str, T]]:
   """``[(path, leaf)]`` in ``tf.nest.flatten`` order."""
-  return list(_tf_nest.flatten_with_joined_string_paths(structure))
+  return list(compat.flatten_with_joined_string_paths(structure))
 
 
 def check_same_structure(expected: Nested, given: Nested, what: str) -> None:

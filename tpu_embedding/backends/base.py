@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
@@ -99,8 +100,8 @@ class HostBackend(Backend):
   """Rows read and written through the stores by the calling host."""
 
   def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
-    return [self._stores[t.name].gather(ids) for t, ids in requests]
+    return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
 
   def apply_updates(self, updates: Updates) -> None:
     for table, ids, grads in updates:
-      self._stores[table.name].update(ids, grads)
+      self._stores[table_name(table)].update(ids, grads)

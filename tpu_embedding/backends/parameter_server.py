@@ -27,9 +27,11 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.backends.base import HostBackend
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import make_plan
+from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.whole import WholeTable
@@ -64,7 +66,8 @@ class ParameterServerBackend(HostBackend):
 
   def create_tables(self, tables, tracker):
     for index, table in enumerate(tables):
-      placement = self._plan.placements[table.name]
+      placement = self._plan.placements[table_name(table)]
+      store: TableStore
       if placement.sharded:
         store = RowShardedTable.create(
           table, placement, self._devices, 0, tracker

@@ -47,6 +47,7 @@ from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.config import TableConfig
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import TablePlacement
@@ -92,7 +93,7 @@ class ShardedBackend(Backend):
     return self._stores
 
   def _create_store(self, table: TableConfig, tracker) -> TableStore:
-    placement = self._plan.placements[table.name]
+    placement = self._plan.placements[table_name(table)]
     if not placement.sharded:
       return ReplicatedTable.create(table, self._devices, tracker)
     if self._multi_worker:
@@ -108,15 +109,15 @@ class ShardedBackend(Backend):
   def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
     replica = current_replica(self._strategy)
     if replica is None:  # A direct lookup outside strategy.run.
-      return [self._stores[t.name].gather(ids) for t, ids in requests]
+      return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
     local = replica - self._first
     results: list = [None] * len(requests)
     sharded = []
     for i, (table, ids) in enumerate(requests):
-      if self._plan.placements[table.name].sharded:
+      if self._plan.placements[table_name(table)].sharded:
         sharded.append(i)
       else:  # A replicated table: this replica's own copy.
-        block = self._stores[table.name].blocks[local]
+        block = self._stores[table_name(table)].blocks[local]
         results[i] = tf.gather(block["parameters"], ids)
     if not sharded:
       return results
@@ -129,9 +130,11 @@ class ShardedBackend(Backend):
     ):
       table = requests[i][0]
       in_block, mine = owned_rows(
-        tf.reshape(all_ids, [-1]), self._plan.placements[table.name], replica
+        tf.reshape(all_ids, [-1]),
+        self._plan.placements[table_name(table)],
+        replica,
       )
-      block = self._stores[table.name].blocks[local]
+      block = self._stores[table_name(table)].blocks[local]
       found = tf.gather(block["parameters"], in_block)
       rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
     # Each row is non-zero on its owner only: the sum is exact.
@@ -164,7 +167,7 @@ class ShardedBackend(Backend):
     for (table, _, _), ids, grads in zip(
       updates, all_ids, all_grads, strict=True
     ):
-      placement = self._plan.placements[table.name]
+      placement = self._plan.placements[table_name(table)]
       in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)
       rows, index = tf.unique(tf.boolean_mask(in_block, mine), out_idx=tf.int32)
       summed = tf.math.unsorted_segment_sum(
@@ -172,7 +175,9 @@ class ShardedBackend(Backend):
         index,
         tf.size(rows),
       )
-      self._stores[table.name].update_block(replica - self._first, rows, summed)
+      self._stores[table_name(table)].update_block(
+        replica - self._first, rows, summed
+      )
 
 
 def owned_rows(ids: tf.Tensor, placement: TablePlacement, replica: int):

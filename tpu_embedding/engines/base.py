@@ -31,6 +31,7 @@ from tpu_embedding.backends.base import Backend
 from tpu_embedding.compat import Trackable
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 
@@ -76,7 +77,7 @@ class Engine(metaclass=abc.ABCMeta):
   def table_names(self) -> dict[TableConfig, str]:
     """The name of each user ``TableConfig`` (given or ``table_<i>``)."""
     return {
-      user: table.name
+      user: table_name(table)
       for user, table in zip(
         self.config.user_tables, self.config.tables, strict=True
       )

@@ -42,6 +42,7 @@ from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.steps import Enqueued
 from tpu_embedding.steps import Step
@@ -110,7 +111,7 @@ class OffTPUEngine(Engine, Trackable):
   def embedding_tables(self) -> dict[Any, Any]:
     stores = self.table_stores
     return {
-      user: stores[table.name].variables["parameters"]
+      user: stores[table_name(table)].variables["parameters"]
       for user, table in zip(
         self.config.user_tables, self.config.tables, strict=True
       )
@@ -191,8 +192,12 @@ class OffTPUEngine(Engine, Trackable):
     if replica is None and self._strategy.num_replicas_in_sync > 1:
       # Per-replica values (e.g. from a distributed dataset): check replica
       # 0's now; each replica prepares its own in dequeue.
-      first = select_replica(self._strategy, (features, weights), 0)
-      prepared = self._prepare(*first, "features passed to enqueue")
+      first_features, first_weights = select_replica(
+        self._strategy, (features, weights), 0
+      )
+      prepared = self._prepare(
+        first_features, first_weights, "features passed to enqueue"
+      )
       self._maybe_build([p.static_shape for p in prepared])
       self._steps = {}
       self._enqueued = Enqueued(features, weights, training, current_graph())
@@ -270,9 +275,10 @@ class OffTPUEngine(Engine, Trackable):
     """Applies each table's optimizer to the rows ``step`` looked up."""
     check_same_structure(self.config.structure, gradients, what)
     flat = checked_gradients(gradients, step, self.config.features)
+    batches = step.batches or {}
     updates = []
     for table in self.config.tables:
-      batch = step.batches.get(table.name)
+      batch = batches.get(table_name(table))
       if batch is None:
         continue
       if table.optimizer is None:

@@ -32,6 +32,7 @@ from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
+from tpu_embedding.resolved import table_name
 from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
@@ -124,7 +125,7 @@ class TableSubset:
   @property
   def names(self) -> tuple[str, ...]:
     """The selected tables' names, in feature-config order."""
-    return tuple(self._resolved.tables[i].name for i in self._selected)
+    return tuple(table_name(self._resolved.tables[i]) for i in self._selected)
 
   @property
   def tables(self) -> tuple[TableConfig, ...]:
@@ -232,19 +233,19 @@ class ServingLookup:
     stores = table_stores_of(embedding)
     self._sources: dict[str, TableStore] = {}
     for table in self.subset.tables:
-      store = stores.get(table.name)
+      store = stores.get(table_name(table))
       expected = (table.vocabulary_size, table.dim)
       found = (
         None
         if store is None
         else (store.table.vocabulary_size, store.table.dim)
       )
-      if found != expected:
+      if store is None or found != expected:
         raise ValueError(
           f"Table {table.name!r} ({expected[0]} x {expected[1]}) not found in "
           f"{type(embedding).__name__}.table_stores (got {found})."
         )
-      self._sources[table.name] = store
+      self._sources[table_name(table)] = store
     self._copies: dict[str, tf.Variable] | None = None
     if copy:
       self._copies = {

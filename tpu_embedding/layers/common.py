@@ -19,6 +19,7 @@ from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.layers import distributed_fit
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
@@ -253,7 +254,7 @@ def serving_lookup(
   if serving_config is None:
     serving_config = config.structure
   readers = {
-    user: stores[table.name].gather
+    user: stores[table_name(table)].gather
     for user, table in zip(config.user_tables, config.tables, strict=True)
   }
   for path, feature in flatten_with_paths(serving_config):

@@ -81,6 +81,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tpu_embedding import compat
 from tpu_embedding.layers.keras_compat import IS_KERAS_3
 from tpu_embedding.layers.keras_compat import keras
 
@@ -315,10 +316,7 @@ def _checked_trainer() -> Any:
   if not IS_KERAS_3:
     return None
   version = keras.__version__
-  try:
-    from keras.src.backend.tensorflow import trainer
-  except ImportError:
-    trainer = None
+  trainer = compat.keras_tensorflow_trainer()
   changed = []
   for name, expected in EXPECTED_PARAMETERS.items():
     function = None if trainer is None else _keras_function(trainer, name)
@@ -416,8 +414,7 @@ def _install(trainer: Any, mode: str) -> None:
 def _remove() -> None:
   if _Hook.mode is None:
     return
-  from keras.src.backend.tensorflow import trainer
-
+  trainer = compat.keras_tensorflow_trainer()
   cls = trainer.TensorFlowTrainer
   if _Hook.replaced is _MISSING:
     delattr(cls, _BUILD)
@@ -434,10 +431,9 @@ def _hooked_build(self: Any, iterator: Any = None, data_batch: Any = None):
   """``TensorFlowTrainer._maybe_symbolic_build`` while the hook is in."""
   keras_build = _Hook.keras_build
   if _hook_applies(self):
-    from keras.src.backend.tensorflow import trainer
-
-    _fix(self, trainer, by_hook=True)
+    _fix(self, compat.keras_tensorflow_trainer(), by_hook=True)
     return self._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+  assert keras_build is not None  # Set whenever the hook is installed.
   return keras_build(self, iterator=iterator, data_batch=data_batch)
 
 

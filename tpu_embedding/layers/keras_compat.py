@@ -22,6 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
+
 #: Whether TensorFlow's ``tf.keras`` is Keras 3 (False: tf-keras). Asking
 #: ``tf.keras`` itself keeps TensorFlow's rule the only one.
 IS_KERAS_3 = not tf.keras.layers.Layer.__module__.startswith("tf_keras")
@@ -48,10 +50,7 @@ def in_symbolic_call() -> bool:
   """
   if not IS_KERAS_3:
     return False
-  # Keras 3 exports the scope class (keras.SymbolicScope) but not the query.
-  from keras.src.backend.common import symbolic_scope
-
-  return symbolic_scope.in_symbolic_scope()
+  return compat.keras_in_symbolic_scope()
 
 
 def register_serializable(cls: type) -> type:

@@ -37,6 +37,7 @@ from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
+from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.whole import WholeTable
 
@@ -92,7 +93,7 @@ class ReplicatedEmbedding(Layer):
       for table in self._config.tables
     )
     self._stores = {
-      table.name: WholeTable.wrap(table, {"parameters": weight})
+      table_name(table): WholeTable.wrap(table, {"parameters": weight})
       for table, weight in zip(
         self._config.tables, self._weights_by_table, strict=True
       )

@@ -49,6 +49,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.updates import apply_rows
 
 #: The variables of one row block: ``{"parameters": var, <slot>: var}``.
@@ -203,7 +204,7 @@ class TableStore(metaclass=abc.ABCMeta):
   def track(self, tracker: VariableTracker) -> None:
     """Registers ``variables`` for checkpoints under TensorFlow's keys."""
     for key, variable in self.variables.items():
-      tracker.register(checkpoint_name(self.table.name, key), variable)
+      tracker.register(checkpoint_name(table_name(self.table), key), variable)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
@@ -95,7 +96,7 @@ class ReplicatedTable(TableStore):
     for key, initializer, trainable in variable_specs(
       table, "with replicated tables"
     ):
-      name = checkpoint_name(table.name, key)
+      name = checkpoint_name(table_name(table), key)
       value = None
       for local, device in enumerate(devices):
         with tf.device(device):

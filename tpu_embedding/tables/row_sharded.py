@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -71,7 +72,7 @@ def create_blocks(
   full_shape = (table.vocabulary_size, table.dim)
   blocks: list[Block] = [{} for _ in devices]
   for key, initializer, trainable in variable_specs(table, layout):
-    name = checkpoint_name(table.name, key)
+    name = checkpoint_name(table_name(table), key)
     cache: dict = {}
     for local, device in enumerate(devices):
       replica = first + local
@@ -133,7 +134,7 @@ class RowShardedTable(TableStore):
 
   def _user_variable(self, key: str, shards: list[Any]) -> Any:
     return compat.ShardedVariable(
-      shards, name=checkpoint_name(self.table.name, key)
+      shards, name=checkpoint_name(table_name(self.table), key)
     )
 
   @property

@@ -46,6 +46,11 @@ def apply_rows(
     num_rows: rows in ``block``.
   """
   optimizer = table.optimizer
+  if optimizer is None:
+    raise ValueError(
+      f"Table '{table.name}' has no optimizer: pass one to "
+      "TPUEmbedding(optimizer=...) or to its TableConfig."
+    )
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
@@ -90,7 +91,7 @@ class WholeTable(TableStore):
         )
 
     parameters = tracker.create(
-      table.name, shape, table.initializer, getter, True
+      table_name(table), shape, table.initializer, getter, True
     )
     variables = {"parameters": parameters}
     optimizer = table.optimizer
@@ -98,14 +99,18 @@ class WholeTable(TableStore):
 
       def slot_creator(slot, initializer):
         return tracker.create(
-          checkpoint_name(table.name, slot), shape, initializer, getter, False
+          checkpoint_name(table_name(table), slot),
+          shape,
+          initializer,
+          getter,
+          False,
         )
 
       slots = optimizer.create_slots(parameters, slot_creator)
       if optimizer.slot_variable_creation_fn is not None:
         # Created by the user's function: still checkpointed under our keys.
         for slot, variable in slots.items():
-          tracker.register(checkpoint_name(table.name, slot), variable)
+          tracker.register(checkpoint_name(table_name(table), slot), variable)
       variables.update(slots)
     return cls(table, variables)
 
