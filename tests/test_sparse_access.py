@@ -108,9 +108,7 @@ def test_step_touches_only_looked_up_rows(
   emb = _embedding(strategy, OPTIMIZERS[optimizer_name](), pipelined)
   accesses = _table_accesses(_traced_step(strategy, emb), emb)
   whole = {
-    op: tables
-    for op, tables in accesses.items()
-    if not op.startswith(ROW_OPS)
+    op: tables for op, tables in accesses.items() if not op.startswith(ROW_OPS)
   }
   assert not whole, f"whole-table access in the step: {whole}"
   # Every table and slot is both gathered and written, row by row.

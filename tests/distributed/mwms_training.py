@@ -129,6 +129,16 @@ def train_and_check(
     np.testing.assert_allclose(
       gathered[key], value, atol=1e-5, err_msg=f"{name} {key}"
     )
+  # embedding_tables convert like TensorFlow's variables on every layout
+  # (sharded over workers: a collective, every worker joins).
+  for table, variable in emb.embedding_tables.items():
+    want_value = reference[table.name, "parameters"]
+    np.testing.assert_allclose(
+      tf.convert_to_tensor(variable).numpy(), want_value, atol=1e-5
+    )
+    np.testing.assert_allclose(variable.numpy(), want_value, atol=1e-5)
+    (local,) = strategy.experimental_local_results(variable)
+    assert tuple(local.shape) == want_value.shape
 
   return emb, reference
 

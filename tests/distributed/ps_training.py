@@ -179,6 +179,11 @@ def main(checkpoint_dir: str) -> None:
   assert {d.split("/")[1] for d in devices} == {"job:ps"}, devices
   assert [v.shape[0] for v in emb.backend.shards("big")] == [19, 18]
   assert_values(emb, want)
+  for variable in emb.embedding_tables.values():  # any layout converts
+    whole = tf.convert_to_tensor(variable).numpy()
+    np.testing.assert_array_equal(np.asarray(variable.numpy()), whole)
+    (local,) = strategy.experimental_local_results(variable)
+    assert tuple(local.shape) == whole.shape
   # All steps scheduled at once, running on both workers concurrently.
   concurrent = on_cluster(
     strategy,
