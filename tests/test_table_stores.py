@@ -120,3 +120,17 @@ def test_checkpoint_keys_hold_full_values(layout, tmp_path):
   ]
   saved = tf.train.load_variable(path, "embedding/t/.ATTRIBUTES/VARIABLE_VALUE")
   np.testing.assert_array_equal(saved, values)
+
+
+def test_replicated_copies_start_equal_with_a_random_initializer():
+  table = tpe.TableConfig(ROWS, DIM, name="t")  # truncated normal, no seed
+  with mirrored_strategy(2).scope():
+    emb = tpe.TPUEmbedding(
+      tpe.FeatureConfig(table), tpe.Adagrad(0.1), row_sharding_threshold=1000
+    )
+  emb.build()
+  first, second = (
+    b["parameters"].numpy() for b in emb.table_stores["t"].blocks
+  )
+  assert np.std(first) > 0
+  np.testing.assert_array_equal(first, second)

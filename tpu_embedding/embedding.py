@@ -45,6 +45,12 @@ from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.types import ActivationsNest
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import FeatureNest
+from tpu_embedding.types import GradientsNest
+from tpu_embedding.types import InputShapes
+from tpu_embedding.types import WeightsNest
 
 #: Library methods run as written inside the user's ``tf.function``:
 #: AutoGraph need not (and should not) rewrite their Python control flow.
@@ -79,7 +85,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
 
   def __init__(
     self,
-    feature_config: Any,
+    feature_config: FeatureConfigNest,
     optimizer: Optimizer | None = None,
     pipeline_execution_with_tensor_core: bool = False,
     sparse_core_embedding_config: Any = None,
@@ -122,7 +128,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
   # --- properties ----------------------------------------------------------
 
   @property
-  def feature_config(self) -> Any:
+  def feature_config(self) -> FeatureConfigNest:
     """The feature config nest this object was created with (unmodified)."""
     return self._config.structure
 
@@ -177,7 +183,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
   @_library_code
   def build(
     self,
-    per_replica_input_shapes: Any = None,
+    per_replica_input_shapes: InputShapes | int | None = None,
     per_replica_batch_size: int | None = None,
   ) -> None:
     """Creates the tables and slots; optionally fixes the output shapes.
@@ -197,8 +203,8 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
   @_library_code
   def enqueue(
     self,
-    features: Any,
-    weights: Any = None,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
     training: bool = True,
     name: str | None = None,
     device: str | None = None,
@@ -223,7 +229,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     self._engine.enqueue(features, weights, training, name, device)
 
   @_library_code
-  def dequeue(self, name: str | None = None) -> Any:
+  def dequeue(self, name: str | None = None) -> ActivationsNest:
     """The activations of the last enqueued batch.
 
     Returns:
@@ -235,7 +241,9 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     return self._engine.dequeue(name)
 
   @_library_code
-  def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
+  def apply_gradients(
+    self, gradients: GradientsNest, name: str | None = None
+  ) -> None:
     """Updates the tables with the gradients of the last activations.
 
     A None gradient is a zero gradient for that feature (for lazy Adam or
@@ -267,12 +275,16 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
   # --- direct lookups ------------------------------------------------------
 
   @_library_code
-  def __call__(self, features: Any, weights: Any = None) -> Any:
+  def __call__(
+    self, features: FeatureNest, weights: WeightsNest | None = None
+  ) -> ActivationsNest:
     """Looks up ``features`` directly; see ``embedding_lookup``."""
     return self.embedding_lookup(features, weights)
 
   @_library_code
-  def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
+  def embedding_lookup(
+    self, features: FeatureNest, weights: WeightsNest | None = None
+  ) -> ActivationsNest:
     """Activations for ``features`` with the current tables.
 
     Same semantics as ``enqueue`` + ``dequeue`` but without fixing output
@@ -293,8 +305,8 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
 
   @_library_code
   def lookup_for_training(
-    self, features: Any, weights: Any = None
-  ) -> tuple[Any, Callable[[Any], None]]:
+    self, features: FeatureNest, weights: WeightsNest | None = None
+  ) -> tuple[ActivationsNest, Callable[[GradientsNest], None]]:
     """Activations for ``features``, and a function applying their gradients.
 
     ``enqueue`` + ``dequeue`` + ``apply_gradients`` for one batch, without

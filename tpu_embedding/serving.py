@@ -51,9 +51,14 @@ from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import row_reader
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.types import ActivationsNest
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import FeatureNest
+from tpu_embedding.types import WeightsNest
 
 #: Reads rows of one table by id, in id order.
 RowReader = Callable[[tf.Tensor], tf.Tensor]
@@ -61,8 +66,11 @@ RowReader = Callable[[tf.Tensor], tf.Tensor]
 
 @tf.autograph.experimental.do_not_convert
 def serving_embedding_lookup(
-  inputs: Any, weights: Any, tables: dict[TableConfig, Any], feature_config: Any
-) -> Any:
+  inputs: FeatureNest,
+  weights: WeightsNest | None,
+  tables: Mapping[TableConfig, Any],
+  feature_config: FeatureConfigNest,
+) -> ActivationsNest:
   """Looks up ``inputs`` in ``tables`` with the feature configs' rules.
 
   Args:
@@ -217,7 +225,7 @@ class TPUEmbeddingForServing(Trackable):
 
   def __init__(
     self,
-    feature_config: Any,
+    feature_config: FeatureConfigNest,
     optimizer: Optimizer | None,
     experimental_sparsecore_restore_info: Any = None,
   ):
@@ -264,20 +272,16 @@ class TPUEmbeddingForServing(Trackable):
     return self._stores
 
   @property
-  def feature_config(self) -> Any:
+  def feature_config(self) -> FeatureConfigNest:
     """The feature config nest this object was created with."""
     return self._feature_config
 
   @property
   def embedding_tables(self) -> dict[TableConfig, tf.Variable]:
     """``{TableConfig: table variable}``, keyed by the user's configs."""
-    stores = self.table_stores
-    return {
-      user: stores[table_name(table)].variables["parameters"]
-      for user, table in zip(
-        self._config.user_tables, self._config.tables, strict=True
-      )
-    }
+    return parameters_by_user_table(
+      self._config.user_tables, self._config.tables, self.table_stores
+    )
 
   @property
   def variables(self) -> dict[str, dict[str, tf.Variable]]:
@@ -286,11 +290,15 @@ class TPUEmbeddingForServing(Trackable):
       name: dict(store.variables) for name, store in self.table_stores.items()
     }
 
-  def __call__(self, features: Any, weights: Any = None) -> Any:
+  def __call__(
+    self, features: FeatureNest, weights: WeightsNest | None = None
+  ) -> ActivationsNest:
     """Looks up ``features``; see ``embedding_lookup``."""
     return self.embedding_lookup(features, weights)
 
-  def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
+  def embedding_lookup(
+    self, features: FeatureNest, weights: WeightsNest | None = None
+  ) -> ActivationsNest:
     """Serving lookups of ``features`` (a subset of the feature config)."""
     return serving_embedding_lookup(
       features, weights, self.embedding_tables, self._feature_config

@@ -97,8 +97,13 @@ class ShardedBackend(Backend):
     if not placement.sharded:
       return ReplicatedTable.create(table, self._devices, tracker)
     if self._multi_worker:
-      return MultiWorkerShardedTable.create_on_workers(
-        table, placement, self._devices, self._first, tracker, self._strategy
+      return MultiWorkerShardedTable.create(
+        table,
+        placement,
+        self._devices,
+        self._first,
+        tracker,
+        strategy=self._strategy,
       )
     return RowShardedTable.create(
       table, placement, self._devices, self._first, tracker

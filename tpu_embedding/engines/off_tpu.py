@@ -51,6 +51,7 @@ from tpu_embedding.steps import current_graph
 from tpu_embedding.steps import select_replica
 from tpu_embedding.structure import check_same_structure
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -109,13 +110,9 @@ class OffTPUEngine(Engine, Trackable):
 
   @property
   def embedding_tables(self) -> dict[Any, Any]:
-    stores = self.table_stores
-    return {
-      user: stores[table_name(table)].variables["parameters"]
-      for user, table in zip(
-        self.config.user_tables, self.config.tables, strict=True
-      )
-    }
+    return parameters_by_user_table(
+      self.config.user_tables, self.config.tables, self.table_stores
+    )
 
   @property
   def variables(self) -> dict[str, dict[str, Any]]:

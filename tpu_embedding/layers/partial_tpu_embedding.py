@@ -37,6 +37,9 @@ from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import FeatureNest
+from tpu_embedding.types import WeightsNest
 
 #: ``placements`` values.
 TPU_EMBEDDING = "tpu_embedding"
@@ -81,7 +84,7 @@ class PartialTPUEmbedding(Layer):
 
   def __init__(
     self,
-    feature_config: Any,
+    feature_config: FeatureConfigNest,
     optimizer: Any,
     pipeline_execution_with_tensor_core: bool = False,
     batch_size: int | None = None,
@@ -200,8 +203,8 @@ class PartialTPUEmbedding(Layer):
   @tf.autograph.experimental.do_not_convert
   def call(
     self,
-    features: Any,
-    weights: Any = None,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
     serving_config: Any = None,
     training: Any = None,
   ) -> Any:
@@ -264,7 +267,10 @@ class PartialTPUEmbedding(Layer):
     )
 
   def serving_lookup(
-    self, features: Any, weights: Any = None, serving_config: Any = None
+    self,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
+    serving_config: Any = None,
   ) -> Any:
     """Serving lookups of any subset of the features, both halves.
 

@@ -40,6 +40,8 @@ from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.whole import WholeTable
+from tpu_embedding.types import FeatureNest
+from tpu_embedding.types import WeightsNest
 
 
 @tf.custom_gradient
@@ -114,7 +116,10 @@ class ReplicatedEmbedding(Layer):
 
   @tf.autograph.experimental.do_not_convert
   def call(
-    self, features: Any, weights: Any = None, training: Any = None
+    self,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
+    training: Any = None,
   ) -> Any:
     """Looks up ``features`` (a nest like the feature config).
 
@@ -169,7 +174,10 @@ class ReplicatedEmbedding(Layer):
     return variable
 
   def serving_lookup(
-    self, features: Any, weights: Any = None, serving_config: Any = None
+    self,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
+    serving_config: Any = None,
   ) -> Any:
     """Serving lookups of a subset of the features (see ``TPUEmbedding``)."""
     return common.serving_lookup(

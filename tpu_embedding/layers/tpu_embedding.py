@@ -51,6 +51,9 @@ from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.types import FeatureNest
+from tpu_embedding.types import WeightsNest
 
 #: The dummy weight's name (tensorflow-recommenders' name for it).
 DUMMY_NAME = "tpu_embedding_helper_dummy"
@@ -113,7 +116,7 @@ class TPUEmbedding(Layer):
 
   def __init__(
     self,
-    feature_config: Any,
+    feature_config: FeatureConfigNest,
     optimizer: Any,
     pipeline_execution_with_tensor_core: bool = False,
     batch_size: int | None = None,
@@ -199,8 +202,8 @@ class TPUEmbedding(Layer):
   @tf.autograph.experimental.do_not_convert
   def call(
     self,
-    features: Any,
-    weights: Any = None,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
     serving_config: Any = None,
     training: Any = None,
   ) -> Any:
@@ -235,7 +238,10 @@ class TPUEmbedding(Layer):
     return self._lookup_with_gradient_hook(features, weights)
 
   def serving_lookup(
-    self, features: Any, weights: Any = None, serving_config: Any = None
+    self,
+    features: FeatureNest,
+    weights: WeightsNest | None = None,
+    serving_config: Any = None,
   ) -> Any:
     """Serving lookups of any subset of the features, current tables.
 

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
-from typing import Protocol
 
 import tensorflow as tf
 
@@ -51,30 +52,10 @@ from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.updates import apply_rows
+from tpu_embedding.tracking import VariableTracker
 
 #: The variables of one row block: ``{"parameters": var, <slot>: var}``.
 Block = dict[str, Any]
-
-
-class VariableTracker(Protocol):
-  """Creates variables that checkpoints save under a given name."""
-
-  def create(
-    self,
-    name: str,
-    shape: tuple[int, int],
-    initializer: Any,
-    getter: Callable[..., Any],
-    trainable: bool,
-  ) -> Any:
-    """Creates a variable with ``getter`` and tracks it as ``name``.
-
-    A value pending from an earlier ``checkpoint.restore`` is used instead
-    of ``initializer`` (restore-before-build).
-    """
-
-  def register(self, name: str, variable: Any) -> None:
-    """Tracks an already created variable as ``name``."""
 
 
 def checkpoint_name(table: str, key: str) -> str:
@@ -103,7 +84,8 @@ def variable_specs(table: TableConfig, layout: str) -> list[tuple]:
   if optimizer.slot_variable_creation_fn is not None:
     raise ValueError(
       f"Table '{table.name}': slot_variable_creation_fn is not supported "
-      f"{layout}; leave it None to let tpu_embedding create the slots."
+      f"{layout} (only for whole tables on one device); leave it None to "
+      "let tpu_embedding create the slots."
     )
   return specs + [
     (slot, initializer, False)
@@ -123,8 +105,19 @@ class TableStore(metaclass=abc.ABCMeta):
   #: Short name of the layout, for reports ("whole", "row_sharded", ...).
   layout = ""
 
-  def __init__(self, table: TableConfig):
+  def __init__(self, table: TableConfig, variables: Block, blocks: list[Block]):
+    """Wraps existing variables (layouts' ``create`` methods make them).
+
+    Args:
+      table: the resolved table.
+      variables: ``{"parameters": v, <slot>: v}`` as users see them.
+      blocks: this process's row blocks.
+    """
     self.table = table
+    self._variables = dict(variables)
+    self._blocks = blocks
+    for key, variable in self._variables.items():
+      attach(variable, self, key)
 
   @property
   def keys(self) -> tuple[str, ...]:
@@ -132,18 +125,18 @@ class TableStore(metaclass=abc.ABCMeta):
     return tuple(self.variables)
 
   @property
-  @abc.abstractmethod
   def variables(self) -> dict[str, Any]:
     """``{"parameters": v, <slot>: v}`` as users and checkpoints see them.
 
     Each value converts with ``tf.convert_to_tensor`` (the whole table)
     and has ``shape`` ``[vocabulary_size, dim]``.
     """
+    return self._variables
 
   @property
-  @abc.abstractmethod
   def blocks(self) -> list[Block]:
     """This process's row blocks, one per local device (or PS task)."""
+    return self._blocks
 
   @abc.abstractmethod
   def block_rows(self, block: int) -> tuple[int, int]:
@@ -213,6 +206,18 @@ _STORE_ATTRIBUTE = "_tpu_embedding_store"
 def attach(variable: Any, store: TableStore, key: str) -> None:
   """Remembers which store (and key) a user-facing variable belongs to."""
   setattr(variable, _STORE_ATTRIBUTE, (store, key))
+
+
+def parameters_by_user_table(
+  user_tables: Sequence[TableConfig],
+  tables: Sequence[TableConfig],
+  stores: Mapping[str, TableStore],
+) -> dict[TableConfig, Any]:
+  """``{user TableConfig: parameters variable}`` (``embedding_tables``)."""
+  return {
+    user: stores[table.name or ""].variables["parameters"]
+    for user, table in zip(user_tables, tables, strict=True)
+  }
 
 
 def row_reader(table: Any) -> Callable[[tf.Tensor], tf.Tensor]:

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -24,9 +23,7 @@ from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
-from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.row_sharded import RowShardedTable
-from tpu_embedding.tables.row_sharded import create_blocks
 
 _VALUE_KEY = "VARIABLE_VALUE"
 
@@ -115,24 +112,6 @@ class MultiWorkerShardedTable(RowShardedTable):
   ):
     self._strategy = strategy
     super().__init__(table, placement, blocks, first)
-
-  @classmethod
-  def create_on_workers(
-    cls,
-    table: TableConfig,
-    placement: TablePlacement,
-    devices: Sequence[str],
-    first: int,
-    tracker: VariableTracker,
-    strategy: tf.distribute.Strategy,
-  ) -> MultiWorkerShardedTable:
-    """Creates this worker's blocks and tracks them for checkpoints."""
-    blocks = create_blocks(
-      table, placement, devices, first, "with multi-worker sharded tables"
-    )
-    store = cls(table, placement, blocks, first, strategy)
-    store.track(tracker)
-    return store
 
   def _user_variable(self, key: str, shards: list[Any]) -> Any:
     return WorkerShardedVariable(

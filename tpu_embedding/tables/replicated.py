@@ -25,7 +25,6 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
-from tpu_embedding.tables.base import attach
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 
@@ -75,13 +74,10 @@ class ReplicatedTable(TableStore):
   layout = "replicated"
 
   def __init__(self, table: TableConfig, blocks: list[Block]):
-    super().__init__(table)
-    self._blocks = blocks
-    self._variables = {
+    variables = {
       key: ReplicatedVariable([b[key] for b in blocks]) for key in blocks[0]
     }
-    for key, variable in self._variables.items():
-      attach(variable, self, key)
+    super().__init__(table, variables, blocks)
 
   @classmethod
   def create(
@@ -110,14 +106,6 @@ class ReplicatedTable(TableStore):
     store = cls(table, blocks)
     store.track(tracker)
     return store
-
-  @property
-  def variables(self) -> Block:
-    return self._variables
-
-  @property
-  def blocks(self) -> list[Block]:
-    return self._blocks
 
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self.table.vocabulary_size

@@ -44,7 +44,6 @@ from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
-from tpu_embedding.tables.base import attach
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import block_initial_value
@@ -104,16 +103,14 @@ class RowShardedTable(TableStore):
     blocks: list[Block],
     first: int,
   ):
-    super().__init__(table)
+    self.table = table  # named before the user variables are made
     self.placement = placement
-    self._blocks = blocks
     self._first = first
-    self._variables = {
+    variables = {
       key: self._user_variable(key, [b[key] for b in blocks])
       for key in blocks[0]
     }
-    for key, variable in self._variables.items():
-      attach(variable, self, key)
+    super().__init__(table, variables, blocks)
 
   @classmethod
   def create(
@@ -123,12 +120,22 @@ class RowShardedTable(TableStore):
     devices: Sequence[str],
     first: int,
     tracker: VariableTracker,
+    **layout_args: Any,
   ) -> RowShardedTable:
-    """Creates the blocks on ``devices`` and tracks them for checkpoints."""
+    """Creates the blocks on ``devices`` and tracks them for checkpoints.
+
+    Args:
+      table: the resolved table.
+      placement: where its rows live.
+      devices: one device per local block.
+      first: the global replica (or task) index of the first local block.
+      tracker: tracks the variables for checkpoints.
+      **layout_args: further constructor arguments of a subclass.
+    """
     blocks = create_blocks(
-      table, placement, devices, first, "with row-sharded tables"
+      table, placement, devices, first, f"for {cls.layout} tables"
     )
-    store = cls(table, placement, blocks, first)
+    store = cls(table, placement, blocks, first, **layout_args)
     store.track(tracker)
     return store
 
@@ -136,14 +143,6 @@ class RowShardedTable(TableStore):
     return compat.ShardedVariable(
       shards, name=checkpoint_name(table_name(self.table), key)
     )
-
-  @property
-  def variables(self) -> Block:
-    return self._variables
-
-  @property
-  def blocks(self) -> list[Block]:
-    return self._blocks
 
   def block_rows(self, block: int) -> tuple[int, int]:
     replica = self._first + block

@@ -32,7 +32,6 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
-from tpu_embedding.tables.base import attach
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.updates import apply_rows
 
@@ -54,10 +53,7 @@ class WholeTable(TableStore):
   layout = "whole"
 
   def __init__(self, table: TableConfig, variables: Block):
-    super().__init__(table)
-    self._variables = dict(variables)
-    for key, variable in self._variables.items():
-      attach(variable, self, key)
+    super().__init__(table, variables, [variables])
 
   @classmethod
   def wrap(cls, table: TableConfig, variables: Block) -> WholeTable:
@@ -113,14 +109,6 @@ class WholeTable(TableStore):
           tracker.register(checkpoint_name(table_name(table), slot), variable)
       variables.update(slots)
     return cls(table, variables)
-
-  @property
-  def variables(self) -> Block:
-    return self._variables
-
-  @property
-  def blocks(self) -> list[Block]:
-    return [self._variables]
 
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self.table.vocabulary_size
