@@ -3,7 +3,9 @@
 Each notebook runs top to bottom in a fresh IPython kernel (nbclient,
 working directory ``colabs/``, as a user would open it); its printed
 output is then checked for real results (losses that fell, AUC and RMSE
-bounds, equalities it reports), not only for running without error.
+bounds, equalities it reports), not only for running without error. The
+notebooks import the installed package, the same copy as the tests (a
+last cell, added when they run, says which).
 About 70 s for the three notebooks on two CPU cores.
 
 Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (the ``test`` extra).
@@ -19,6 +21,9 @@ import ipykernel  # noqa: F401  (the kernel the notebooks run on)
 import nbclient
 import nbformat
 
+import model_garden
+import tpu_embedding
+
 COLABS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "colabs")
 NOTEBOOKS = (
   "quickstart.ipynb",
@@ -27,6 +32,11 @@ NOTEBOOKS = (
 )
 #: Seconds any one cell may take.
 CELL_TIMEOUT = 600
+#: The cell appended to each notebook: where its packages were imported from.
+WHERE = (
+  "import model_garden, tpu_embedding\n"
+  "print('imported:', tpu_embedding.__file__, model_garden.__file__)"
+)
 
 _outputs: dict[str, str] = {}
 
@@ -34,10 +44,12 @@ _outputs: dict[str, str] = {}
 def run_notebook(name: str) -> str:
   """Executes ``colabs/<name>``; returns its cells' stdout, in order.
 
-  Cached per test session: each notebook runs once.
+  Cached per test session: each notebook runs once. Checks that it
+  imported the packages the tests import (the installed ones).
   """
   if name not in _outputs:
     nb = nbformat.read(os.path.join(COLABS, name), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(WHERE))
     client = nbclient.NotebookClient(
       nb,
       timeout=CELL_TIMEOUT,
@@ -51,6 +63,8 @@ def run_notebook(name: str) -> str:
         if output.output_type == "stream" and output.name == "stdout":
           texts.append(output.text)
     _outputs[name] = "".join(texts)
+  where = f"imported: {tpu_embedding.__file__} {model_garden.__file__}\n"
+  assert _outputs[name].endswith(where), _outputs[name][-500:]
   return _outputs[name]
 
 

@@ -3,20 +3,19 @@
 A MultiWorkerMirroredStrategy worker needs its own process with its own
 ``TF_CONFIG``; :func:`run_workers` starts one per worker, together, and
 waits for all of them. :func:`run_script` runs one process (no cluster).
+Scripts run by path, so they import the installed ``tpu_embedding`` (the
+checkout is not put on their ``sys.path``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pathlib
 import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
-
-ROOT = pathlib.Path(__file__).parents[2]
 
 
 class Finished(NamedTuple):
@@ -42,9 +41,6 @@ def free_port() -> int:
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
   return {
     **os.environ,
-    "PYTHONPATH": os.pathsep.join(
-      [str(ROOT), os.environ.get("PYTHONPATH", "")]
-    ),
     "TF_CPP_MIN_LOG_LEVEL": "3",
     **(extra or {}),
   }
@@ -57,7 +53,6 @@ def _start(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
     stderr=subprocess.PIPE,
     text=True,
     env=env,
-    cwd=str(ROOT),
   )
 
 

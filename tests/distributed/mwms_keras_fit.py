@@ -28,12 +28,20 @@ installed. Prints "OK" last.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pathlib
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# ``tests`` from this checkout, without putting the checkout on sys.path
+# (as the root conftest.py does): ``tpu_embedding`` is the installed one.
+_tests = importlib.machinery.ModuleSpec("tests", None, is_package=True)
+_tests.submodule_search_locations = [str(pathlib.Path(__file__).parents[1])]
+sys.modules["tests"] = importlib.util.module_from_spec(_tests)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

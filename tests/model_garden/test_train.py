@@ -19,7 +19,6 @@ Small runs of ``dlrm_criteo_cpu_small`` on synthetic data (batch 512,
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import signal
 import subprocess
@@ -32,8 +31,6 @@ import tensorflow as tf
 from model_garden.ranking import configs
 from model_garden.ranking import saved_model
 from model_garden.ranking.task import RankingTask
-
-ROOT = pathlib.Path(__file__).parent.parent.parent
 
 STEPS = 40
 PARAMS = (
@@ -62,15 +59,20 @@ def command(model_dir, *flags, params=NO_EXPORT):
   ]
 
 
-def start(args):
-  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+def start(args, cwd):
+  """Starts ``args`` in directory ``cwd``.
+
+  ``python -m`` puts its working directory first on ``sys.path``: not the
+  checkout's root, so that the installed ``model_garden`` is the one run.
+  """
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   return subprocess.Popen(
     args,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
     env=env,
-    cwd=str(ROOT),
+    cwd=str(cwd),
   )
 
 
@@ -88,10 +90,12 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("train")
   names = ("full", "resumed", "mirrored", "parameter_server")
   dirs = {name: root / name for name in names}
-  killed = start(command(dirs["resumed"], "--mode=train", "--kill_at_step=25"))
+  killed = start(
+    command(dirs["resumed"], "--mode=train", "--kill_at_step=25"), root
+  )
   others = {
     "full": start(
-      command(dirs["full"], "--mode=train_and_eval", params=PARAMS)
+      command(dirs["full"], "--mode=train_and_eval", params=PARAMS), root
     ),
     "mirrored": start(
       command(
@@ -99,7 +103,8 @@ def runs(tmp_path_factory):
         "--mode=train",
         "--strategy=mirrored",
         "--num_replicas=2",
-      )
+      ),
+      root,
     ),
     "parameter_server": start(
       command(
@@ -108,11 +113,12 @@ def runs(tmp_path_factory):
         "--strategy=parameter_server",
         "--ps_local_cluster=2,2",
         params=NO_EXPORT + ",trainer.validation_steps=8",
-      )
+      ),
+      root,
     ),
   }
   results = {"killed": finish(killed)}
-  resumed = start(command(dirs["resumed"], "--mode=train"))
+  resumed = start(command(dirs["resumed"], "--mode=train"), root)
   results.update({name: finish(p) for name, p in others.items()})
   results["resumed"] = finish(resumed)
   return {"dirs": dirs, "results": results}
