@@ -176,10 +176,11 @@ def distributed_fit_enabled() -> Iterator[bool]:
     What :func:`enable_distributed_fit` returns.
 
   Example:
+    >>> before = installed()
     >>> with distributed_fit_enabled() as fixed:
     ...   pass  # model.fit(...) of any model under a mirrored strategy
-    >>> installed()
-    False
+    >>> installed() == before  # the state before the block is back
+    True
   """
   mode, layers_may_install = _Hook.mode, _Hook.layers_may_install
   try:
@@ -272,8 +273,10 @@ def install_for_layers(strategy: tf.distribute.Strategy) -> bool:
     Whether the hook is installed.
 
   Example:
-    >>> install_for_layers(tf.distribute.get_strategy())
-    False
+    >>> before = installed()
+    >>> # The default strategy needs no fix: nothing changes.
+    >>> install_for_layers(tf.distribute.get_strategy()) == before
+    True
   """
   if not needs_fix(strategy) or not _Hook.layers_may_install:
     return installed()
