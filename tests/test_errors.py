@@ -89,7 +89,6 @@ def test_out_of_range_message_gives_table_vocabulary_and_ids():
   [
     (tf.constant([1.0, 2.0]), None, "clicks has ids of dtype float32"),
     (tf.constant(1), None, "clicks: only rank 1 and above dense"),
-    (tf.constant([[1, 2]]), None, "clicks: rank 2 or above dense"),
     (
       tf.SparseTensor([[0]], tf.constant([1], tf.int64), [3]),
       None,
@@ -228,3 +227,53 @@ def test_unsupported_strategy_is_explained():
   with strategy.scope():
     with pytest.raises(ValueError, match="CentralStorageStrategy"):
       make_embedding()
+
+
+# --- direct lookups raise TensorFlow's lookup errors -------------------------
+
+
+@pytest.mark.parametrize(
+  "features",
+  [
+    (tf.constant([1]), tf.constant([2])),  # a tuple for a list: TypeError
+    {"a": tf.constant([1])},  # in tf.nest; TensorFlow raises ValueError
+    [tf.constant([1])],
+  ],
+  ids=["tuple_for_list", "dict_for_list", "missing_feature"],
+)
+def test_direct_lookup_structure_errors_are_value_errors(features):
+  table = tpe.TableConfig(10, 2, name="t")
+  emb = tpe.TPUEmbedding(
+    [tpe.FeatureConfig(table), tpe.FeatureConfig(table)], tpe.SGD(0.1)
+  )
+  with pytest.raises(ValueError, match="do not match the structure"):
+    emb(features)
+  with pytest.raises(ValueError, match="do not match the structure"):
+    emb.lookup_for_training(features)
+
+
+def test_direct_lookup_refuses_dense_ids_for_a_sequence_feature():
+  table = tpe.TableConfig(10, 2, name="t")
+  emb = tpe.TPUEmbedding(
+    {"s": tpe.FeatureConfig(table, max_sequence_length=3)}, tpe.SGD(0.1)
+  )
+  message = "Feature s is a sequence feature but a dense tensor was passed"
+  with pytest.raises(ValueError, match=message):
+    emb({"s": tf.constant([1, 2])})
+  # TensorFlow's serving lookup says the same.
+  tf_table = tf.tpu.experimental.embedding.TableConfig(10, 2, name="t")
+  tf_features = {
+    "s": tf.tpu.experimental.embedding.FeatureConfig(
+      tf_table, max_sequence_length=3
+    )
+  }
+  with pytest.raises(ValueError, match=message):
+    tf.tpu.experimental.embedding.serving_embedding_lookup(
+      {"s": tf.constant([1, 2])},
+      None,
+      {tf_table: tf.zeros([10, 2])},
+      tf_features,
+    )
+  # enqueue follows the TPU's rules: one id per row, no sequence.
+  emb.enqueue({"s": tf.constant([1, 2])}, training=False)
+  assert emb.dequeue()["s"].shape == (2, 2)

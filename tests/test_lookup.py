@@ -28,6 +28,20 @@ INPUTS = {
   "dense_rank1": (tf.constant([1, 5, 1, 0]), None, {}, [4, DIM]),
   "dense_last_dim_1": (tf.constant([[1], [5], [1]]), None, {}, [3, DIM]),
   "dense_rank3": (tf.constant([[[1], [2]], [[2], [3]]]), None, {}, [2, 2, DIM]),
+  # Fixed-length multi-hot: gathered as is, one activation per id (as the
+  # serving lookup does; TensorFlow's TPU enqueue rejects it).
+  "dense_multi_id": (
+    tf.constant([[1, 5, 1], [0, 5, 7]]),
+    None,
+    {},
+    [2, 3, DIM],
+  ),
+  "dense_rank3_multi_id": (
+    tf.constant([[[1, 2], [2, 3]], [[9, 9], [0, 1]]]),
+    None,
+    {},
+    [2, 2, 2, DIM],
+  ),
   "sparse_weighted": (
     sparse([[0, 0], [0, 2], [2, 1]], [3, 3, 7], [4, 3]),
     tf.SparseTensor([[0, 0], [0, 2], [2, 1]], [0.5, 2.0, 1.5], [4, 3]),

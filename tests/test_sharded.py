@@ -48,6 +48,7 @@ def make_embedding(strategy, optimizer, big_init, small_init):
     features = {
       "ragged": tpe.FeatureConfig(big),
       "dense": tpe.FeatureConfig(big),
+      "multi_hot": tpe.FeatureConfig(big),  # dense [batch, 3]
       "sequence": tpe.FeatureConfig(big, max_sequence_length=2),
       "small": tpe.FeatureConfig(small),
     }
@@ -65,6 +66,7 @@ def make_batches(rng, steps=3):
       {
         "ragged": tf.ragged.constant(ragged, dtype=tf.int64, ragged_rank=1),
         "dense": tf.constant(rng.choice(hot, BATCH)),
+        "multi_hot": tf.constant(rng.choice(hot, (BATCH, 3))),
         "sequence": tf.ragged.constant(
           [
             list(rng.integers(0, V_BIG, rng.integers(0, 4)))
@@ -88,6 +90,7 @@ def projections(rng):
   shapes = {
     "ragged": [BATCH, DIM],
     "dense": [BATCH, DIM],
+    "multi_hot": [BATCH, 3, DIM],
     "sequence": [BATCH, 2, DIM],
     "small": [BATCH, DIM],
   }
@@ -165,8 +168,6 @@ def full_values(emb):
   """{(table, slot): full numpy value} whatever the layout."""
   return {
     (table, slot): np.asarray(tf.convert_to_tensor(variable))
-    if not hasattr(variable, "copies")
-    else variable.numpy()
     for table, slots in emb.variables.items()
     for slot, variable in slots.items()
   }

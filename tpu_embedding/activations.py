@@ -34,6 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import errors
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.inputs import gate_on_all_checks
@@ -54,7 +55,11 @@ RowSource = Callable[
 
 
 def prepare_features(
-  config: ResolvedConfig, features: Any, weights: Any, what: str
+  config: ResolvedConfig,
+  features: Any,
+  weights: Any,
+  what: str,
+  direct: bool = False,
 ) -> list[PreparedFeature]:
   """Checks and flattens a nest of features (and weights) for lookup.
 
@@ -64,6 +69,10 @@ def prepare_features(
     weights: None, or a nest like it (entries may be None).
     what: what the features are, for errors (e.g. "features passed to
       enqueue").
+    direct: a direct lookup (``TPUEmbedding.__call__``, the Keras layers),
+      with the errors of TensorFlow's lookups there: a ValueError for any
+      structure mismatch, and a dense tensor refused for a sequence feature
+      (``enqueue`` follows the TPU's rules and accepts it).
 
   Returns:
     One ``PreparedFeature`` per feature, gated on all input checks (a bad
@@ -73,14 +82,21 @@ def prepare_features(
     ValueError: for a wrong structure, kind, dtype, rank or shape; the
       message names the feature.
   """
-  check_same_structure(config.structure, features, what)
+  error = ValueError if direct else None
+  check_same_structure(config.structure, features, what, error)
   flat_inputs = tf.nest.flatten(features, expand_composites=False)
   flat_weights = [None] * len(flat_inputs)
   if weights is not None:
     check_same_structure(
-      config.structure, weights, what.replace("features", "weights")
+      config.structure, weights, what.replace("features", "weights"), error
     )
     flat_weights = tf.nest.flatten(weights, expand_composites=False)
+  if direct:
+    for inp, feature, path in zip(
+      flat_inputs, config.features, config.paths, strict=True
+    ):
+      if feature.max_sequence_length > 0 and isinstance(inp, tf.Tensor):
+        raise ValueError(errors.SEQUENCE_DENSE.format(path=path))
   prepared = [
     prepare_feature(inp, weight, feature, path)
     for inp, weight, feature, path in zip(

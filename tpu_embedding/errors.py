@@ -30,6 +30,9 @@ WEIGHT_TYPE = (
   "Weight for {path} is type {weight_type} which does not match type input "
   "which is {input_type}."
 )
+SEQUENCE_DENSE = (
+  "Feature {path} is a sequence feature but a dense tensor was passed."
+)
 SEQUENCE_WEIGHTS = (
   "Weight specified for {path}, but this is a sequence feature "
   "(max_sequence_length={length}); sequence features take no weights."
@@ -49,12 +52,6 @@ NON_FLOAT_WEIGHTS = (
 DENSE_RANK = (
   "Input {path}: only rank 1 and above dense tensors are supported, got a "
   "dense tensor of rank {rank}."
-)
-DENSE_LAST_DIM = (
-  "Input {path}: rank 2 or above dense tensor should have last dimension as "
-  "1 as the last dimension will always be reduced. Instead got dense tensor "
-  "as shape {shape}. Pass a SparseTensor or RaggedTensor to combine several "
-  "ids per example."
 )
 SPARSE_RANK = (
   "Input {path}: only rank 2 and above sparse tensors are supported, got a "

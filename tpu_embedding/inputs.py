@@ -10,10 +10,16 @@ input (ids)            max_sequence_length = 0      max_sequence_length = L
 =====================  ===========================  =========================
 dense ``(B,)``         ``(B, dim)``                 ``(B, dim)``
 dense ``(B, ..., 1)``  ``(B, ..., dim)``            ``(B, ..., dim)``
+dense ``(B, ..., n)``  ``(B, ..., n, dim)``         ``(B, ..., n, dim)``
 sparse ``(B, N)``      ``(B, dim)`` combined        ``(B, L, dim)``
 sparse ``(B, S, N)``   ``(B, S, dim)`` combined     ``(B, S, dim)`` (L ignored)
 ragged ``(B, None)``   ``(B, dim)`` combined        ``(B, L, dim)``
 =====================  ===========================  =========================
+
+A dense tensor whose last dimension is not 1 (e.g. fixed-length multi-hot
+ids ``(B, n)``) is gathered as is, one activation per id and no combiner,
+exactly as the serving lookup does; TensorFlow's TPU enqueue rejects it
+(under TPUStrategy, pass a ``SparseTensor`` or ``RaggedTensor``).
 
 ``FeatureConfig.output_shape`` overrides the shape; for ragged input it may
 differ from the batch size (see ``prepare_feature``).
@@ -132,9 +138,11 @@ def static_output_shape(
   if isinstance(inp, tf.Tensor):
     if shape.rank is None or shape.rank < 1:
       raise ValueError(errors.DENSE_RANK.format(path=path, rank=shape.rank))
-    if shape.rank > 1 and shape[-1] != 1:
-      raise ValueError(errors.DENSE_LAST_DIM.format(path=path, shape=shape))
-    return shape if shape.rank == 1 else shape[:-1]
+    if shape.rank > 1 and shape[-1] == 1:
+      return shape[:-1]  # TPU's rule: a trailing 1 is the one id per row.
+    # One id per output row, any shape (e.g. fixed-length multi-hot
+    # ``[batch, n]`` gives ``[batch, n, dim]``), as the serving lookup does.
+    return shape
   if isinstance(inp, tf.SparseTensor):
     if shape.rank is None or shape.rank < 2:
       raise ValueError(errors.SPARSE_RANK.format(path=path, rank=shape.rank))

@@ -148,9 +148,7 @@ def _lookup_one(
   name = table_config.name or "<unnamed>"
   if isinstance(inp, tf.Tensor):
     if feature.max_sequence_length > 0:
-      raise ValueError(
-        f"Feature {path} is a sequence feature but a dense tensor was passed."
-      )
+      raise ValueError(errors.SEQUENCE_DENSE.format(path=path))
     ids = check_ids_in_range(
       tf.cast(inp, tf.int64), table_config.vocabulary_size, path, name
     )

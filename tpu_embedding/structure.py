@@ -27,23 +27,32 @@ def flatten_with_paths(structure: Nest[T]) -> list[tuple[str, T]]:
   return list(compat.flatten_with_joined_string_paths(structure))
 
 
-def check_same_structure(expected: Nested, given: Nested, what: str) -> None:
-  """Raises a ValueError naming ``what`` when the nests differ.
+def check_same_structure(
+  expected: Nested,
+  given: Nested,
+  what: str,
+  error: type[Exception] | None = None,
+) -> None:
+  """Raises an error naming ``what`` when the nests differ.
 
   Args:
     expected: the reference nest (the feature config).
     given: the nest passed by the user.
     what: a description, e.g. ``"features passed to enqueue"``.
+    error: the error type to raise; by default ``tf.nest``'s (a
+      TypeError when a sequence's type differs, as TensorFlow's enqueue
+      raises; ValueError otherwise). TensorFlow's lookups raise ValueError.
 
   Raises:
     ValueError: if the structures differ.
-    TypeError: if a sequence's type differs (e.g. a tuple for a list).
+    TypeError: if a sequence's type differs (e.g. a tuple for a list) and
+      ``error`` is None.
   """
   try:
     tf.nest.assert_same_structure(expected, given)
   except (ValueError, TypeError) as e:
     expected_paths = [p for p, _ in flatten_with_paths(expected)]
-    raise type(e)(
+    raise (error or type(e))(
       f"The {what} do not match the structure of the feature config. "
       f"Expected the feature paths {expected_paths}. Details: {e}"
     ) from e

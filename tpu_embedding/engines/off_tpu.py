@@ -231,7 +231,9 @@ class OffTPUEngine(Engine, Trackable):
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
     self._check_strategy()
     self._maybe_build()
-    prepared = self._prepare(features, weights, "features passed to lookup")
+    prepared = self._prepare(
+      features, weights, "features passed to lookup", direct=True
+    )
     activations, _ = self._lookup(prepared, training=False)
     return activations
 
@@ -240,7 +242,9 @@ class OffTPUEngine(Engine, Trackable):
   ) -> tuple[Any, Callable[[Any], None]]:
     self._check_strategy()
     self._maybe_build()
-    prepared = self._prepare(features, weights, "features passed to lookup")
+    prepared = self._prepare(
+      features, weights, "features passed to lookup", direct=True
+    )
     activations, batches = self._lookup(prepared, training=True)
     step = Step(prepared, True, current_graph(), batches)
 
@@ -255,8 +259,10 @@ class OffTPUEngine(Engine, Trackable):
 
   # --- internals -----------------------------------------------------------
 
-  def _prepare(self, features: Any, weights: Any, what: str) -> list:
-    return prepare_features(self.config, features, weights, what)
+  def _prepare(
+    self, features: Any, weights: Any, what: str, direct: bool = False
+  ) -> list:
+    return prepare_features(self.config, features, weights, what, direct)
 
   def _lookup(
     self, prepared: list, training: bool

@@ -147,9 +147,10 @@ def _symbolic_ids(inp: Any) -> Any:
   if not inp.dtype.is_integer:  # The mean of a batch over the replicas.
     inp = tf.cast(inp, tf.int64)
   shape = inp.shape
-  if isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] != 1:
-    # Keras 3 traces ragged inputs as dense placeholders: several ids per
-    # example are sparse or ragged ids (same shape rules).
+  if isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] is None:
+    # Keras 3 traces ragged inputs as dense placeholders whose last
+    # dimension is unknown: ids per example combined (sparse shape rules).
+    # A known last dimension n != 1 is dense multi-hot ``[batch, n]``.
     inp = tf.sparse.from_dense(inp)
   return inp
 

@@ -143,7 +143,7 @@ class ReplicatedEmbedding(Layer):
       return common.symbolic_activations(features, self._config)
     common.check_strategy(self._strategy, self.name)
     prepared = prepare_features(
-      self._config, features, weights, "features passed to the layer"
+      self._config, features, weights, "features passed to the layer", True
     )
     readable = {
       table.name: self._readable(variable)
