@@ -142,25 +142,80 @@ def check_strategy(created: tf.distribute.Strategy, layer: str) -> None:
 # --- activations for Keras' shape inference -----------------------------------
 
 
-def _symbolic_ids(inp: Any) -> Any:
-  """What Keras' shape tracing passes, as ids of the kind it stands for."""
-  if not inp.dtype.is_integer:  # The mean of a batch over the replicas.
-    inp = tf.cast(inp, tf.int64)
+class InputKinds:
+  """What kind of ids a layer has been given, per feature.
+
+  Keras 3 traces layers with stand-ins: dense placeholders for sparse and
+  ragged inputs too (building a model from a batch of data), or the mean
+  of the first batch over the replicas (float ids). A dense ``[batch, n]``
+  stand-in (``n != 1``) is then ambiguous: ids combined per example
+  (``[batch, dim]``) or dense multi-hot ids (``[batch, n, dim]``). The
+  layer records what it is really given and resolves the ambiguity so:
+
+  * a feature seen sparse or ragged: combined;
+  * a feature seen as real dense multi-hot ids: multi-hot;
+  * a mean (floats) or an unknown ``n``: combined;
+  * a placeholder without a batch size
+    (``keras.Input(shape=(n,), dtype="int64")``): multi-hot;
+  * otherwise (Keras building a model from a batch before any call):
+    combined, the TPU rule. A model whose first call would be such a build
+    with dense multi-hot ids must be built by calling it on a batch first.
+  """
+
+  def __init__(self) -> None:
+    self.combined: set[str] = set()
+    self.multi_hot: set[str] = set()
+
+  def record(
+    self, features: Any, config: ResolvedConfig, symbolic: bool
+  ) -> None:
+    """Remembers the kinds of ids given (dense only from real calls)."""
+    for inp, path in zip(
+      tf.nest.flatten(features, expand_composites=False),
+      config.paths,
+      strict=True,
+    ):
+      if isinstance(inp, (tf.SparseTensor, tf.RaggedTensor)):
+        self.combined.add(path)
+      elif not symbolic and _several_ids(inp):
+        self.multi_hot.add(path)
+
+  def stands_for_combined(self, inp: Any, path: str) -> bool:
+    """Whether a dense stand-in with several ids per row is combined."""
+    if path in self.combined:
+      return True
+    if path in self.multi_hot:
+      return False
+    if not inp.dtype.is_integer or inp.shape[-1] is None:
+      return True
+    return inp.shape[0] is not None
+
+
+def _several_ids(inp: Any) -> bool:
+  """A dense tensor with a last dimension other than 1 (rank 2 or more)."""
   shape = inp.shape
-  if isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] is None:
-    # Keras 3 traces ragged inputs as dense placeholders whose last
-    # dimension is unknown: ids per example combined (sparse shape rules).
-    # A known last dimension n != 1 is dense multi-hot ``[batch, n]``.
-    inp = tf.sparse.from_dense(inp)
-  return inp
+  return (
+    isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] != 1
+  )
 
 
-def symbolic_activations(features: Any, config: ResolvedConfig) -> Any:
+def _symbolic_ids(inp: Any, path: str, kinds: InputKinds) -> Any:
+  """What Keras' shape tracing passes, as ids of the kind it stands for."""
+  combined = _several_ids(inp) and kinds.stands_for_combined(inp, path)
+  if not inp.dtype.is_integer:
+    inp = tf.cast(inp, tf.int64)
+  return tf.sparse.from_dense(inp) if combined else inp
+
+
+def symbolic_activations(
+  features: Any, config: ResolvedConfig, kinds: InputKinds
+) -> Any:
   """Zero activations of the right shapes, without looking anything up.
 
-  Used while Keras traces a layer only for its output shapes (where ragged
-  inputs arrive as dense placeholders and ids may be floats).
+  Used while Keras traces a layer only for its output shapes (see
+  ``InputKinds``).
   """
+  kinds.record(features, config, symbolic=True)
   outputs = []
   for inp, feature, path in zip(
     tf.nest.flatten(features, expand_composites=False),
@@ -169,7 +224,11 @@ def symbolic_activations(features: Any, config: ResolvedConfig) -> Any:
     strict=True,
   ):
     prepared = prepare_feature(
-      _symbolic_ids(inp), None, feature, path, check_ids=False
+      _symbolic_ids(inp, path, kinds),
+      None,
+      feature,
+      path,
+      check_ids=False,
     )
     zeros = tf.zeros(
       tf.concat([prepared.output_shape, [feature.table.dim]], axis=0)

@@ -84,6 +84,7 @@ class ReplicatedEmbedding(Layer):
     self.supports_jit = False
     self._config = resolve(feature_config, None)
     self._strategy = common.creation_strategy()
+    self._input_kinds = common.InputKinds()
     self._weights_by_table = tuple(
       self.add_weight(
         name=table.name,
@@ -140,7 +141,10 @@ class ReplicatedEmbedding(Layer):
     structure = self._config.structure
     common.check_inputs(structure, features, weights, self.name)
     if in_symbolic_call():
-      return common.symbolic_activations(features, self._config)
+      return common.symbolic_activations(
+        features, self._config, self._input_kinds
+      )
+    self._input_kinds.record(features, self._config, symbolic=False)
     common.check_strategy(self._strategy, self.name)
     prepared = prepare_features(
       self._config, features, weights, "features passed to the layer", True

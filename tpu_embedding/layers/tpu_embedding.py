@@ -159,6 +159,7 @@ class TPUEmbedding(Layer):
     self._batch_size = batch_size
     self._row_sharding_threshold = row_sharding_threshold
     self._strategy = common.creation_strategy()
+    self._input_kinds = common.InputKinds()
     self._single_device = not tf.distribute.has_strategy() or isinstance(
       self._strategy, tf.distribute.OneDeviceStrategy
     )
@@ -231,7 +232,10 @@ class TPUEmbedding(Layer):
     structure = self._config.structure
     common.check_inputs(structure, features, weights, self.name)
     if in_symbolic_call():
-      return common.symbolic_activations(features, self._config)
+      return common.symbolic_activations(
+        features, self._config, self._input_kinds
+      )
+    self._input_kinds.record(features, self._config, symbolic=False)
     common.check_strategy(self._strategy, self.name)
     if not self._updates_tables(training):
       return self._tpu_embedding(features, weights)
