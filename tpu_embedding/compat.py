@@ -52,6 +52,7 @@ __all__ = [
   "flatten_with_joined_string_paths",
   "id_in_cluster",
   "keras_in_symbolic_scope",
+  "keras_learning_rate",
   "keras_tensorflow_trainer",
   "parameter_server_resolver",
   "register_checkpoint_saver",
@@ -103,6 +104,22 @@ def keras_in_symbolic_scope() -> bool:
   from keras.src.backend.common import symbolic_scope
 
   return symbolic_scope.in_symbolic_scope()
+
+
+def keras_learning_rate(optimizer: Any) -> Any:
+  """The learning rate a Keras optimizer was given, as an object.
+
+  A float (or its variable), a ``LearningRateSchedule`` or a zero-argument
+  callable. ``layers/keras_optimizers.py`` evaluates a schedule at each
+  step, as Keras does; Keras exposes only the current value
+  (``learning_rate``) and a serialized copy (``get_config``). Keras 3 and
+  tf-keras keep it in ``_learning_rate``, tf-keras' legacy optimizers in
+  ``_hyper["learning_rate"]``.
+  """
+  hyper = getattr(optimizer, "_hyper", None)
+  if isinstance(hyper, dict):
+    return hyper.get("learning_rate")
+  return optimizer._learning_rate  # noqa: SLF001
 
 
 def retrieve_tpu_tables(tf_embedding: Any) -> None:

@@ -1,9 +1,12 @@
-"""What the Keras layers share: optimizer names, checks, tables, saving.
+"""What the Keras layers share: optimizers, checks, tables, saving.
 
 Example:
+  >>> import tensorflow as tf
   >>> from tpu_embedding.layers.common import embedding_optimizer
   >>> embedding_optimizer("adagrad")
   Adagrad(learning_rate=0.001)
+  >>> embedding_optimizer(tf.keras.optimizers.Adam(0.01, beta_1=0.8))
+  Adam(learning_rate=0.01, beta_1=0.8)
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import tensorflow as tf
 from tpu_embedding import optimizers
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.layers import distributed_fit
+from tpu_embedding.layers import keras_optimizers
+from tpu_embedding.layers import tf_configs
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
@@ -35,19 +40,22 @@ OPTIMIZER_NAMES = {
 
 
 def embedding_optimizer(optimizer: Any) -> Optimizer | None:
-  """The embedding optimizer for a name, an optimizer object or None.
+  """The embedding optimizer for whatever a layer's ``optimizer`` may be.
 
   Args:
     optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"ftrl"`` (default
-      hyper-parameters), an instance of this package's optimizers, or None
-      (lookups only).
+      hyper-parameters); a Keras ``SGD``, ``Adagrad``, ``Adam`` or ``Ftrl``
+      (Keras 3, tf-keras or tf-keras legacy; translated by
+      ``keras_optimizers``); one of TensorFlow's TPU embedding optimizers
+      (rebuilt by ``tf_configs``); an instance of this package's
+      optimizers; or None (lookups only).
 
   Returns:
     The optimizer object (None for None).
 
   Raises:
-    ValueError: for an unknown name or another type (e.g. a Keras
-      optimizer: Keras optimizers train the dense layers, not the tables).
+    ValueError: for an unknown name, a Keras optimizer or argument with no
+      embedding equivalent, or another type.
   """
   if optimizer is None or isinstance(optimizer, Optimizer):
     return optimizer
@@ -55,15 +63,17 @@ def embedding_optimizer(optimizer: Any) -> Optimizer | None:
     if optimizer.lower() not in OPTIMIZER_NAMES:
       raise ValueError(
         f"Unknown optimizer name '{optimizer}'. Please use one of "
-        f"{sorted(OPTIMIZER_NAMES)}, or an optimizer object such as "
-        "tpu_embedding.Adagrad(learning_rate=0.1)."
+        f"{sorted(OPTIMIZER_NAMES)}, a Keras SGD, Adagrad, Adam or Ftrl, or "
+        "an optimizer object such as tpu_embedding.Adagrad(0.1)."
       )
     return OPTIMIZER_NAMES[optimizer.lower()]()
+  if keras_optimizers.is_keras_optimizer(optimizer):
+    return keras_optimizers.to_embedding_optimizer(optimizer)
+  if tf_configs.is_tf_optimizer(optimizer):
+    return tf_configs.from_tf_optimizer(optimizer)
   raise ValueError(
-    f"{type(optimizer)} is not an embedding optimizer. Pass a name "
-    f"({sorted(OPTIMIZER_NAMES)}) or an instance of tpu_embedding.SGD, "
-    "Adagrad, AdagradMomentum, Adam or FTRL. (The Keras optimizer given "
-    "to model.compile trains the other layers; the tables have their own.)"
+    f"{type(optimizer)} is not an embedding optimizer. Pass "
+    f"{keras_optimizers.ACCEPTED}."
   )
 
 
@@ -137,6 +147,79 @@ def check_strategy(created: tf.distribute.Strategy, layer: str) -> None:
       "this layer) inside the `strategy.scope()` it is trained and run "
       "with."
     )
+
+
+# --- ids the mid-level API does not take -----------------------------------
+
+
+def _is_scalar_id(inp: Any) -> bool:
+  if isinstance(inp, (int, np.integer)) and not isinstance(inp, bool):
+    return True
+  return isinstance(inp, tf.Tensor) and inp.shape.rank == 0
+
+
+def batch_lone_ids(features: Any, weights: Any) -> tuple[Any, Any, list[bool]]:
+  """Scalar ids as a batch of one; rank-1 sparse ids as one id per example.
+
+  tensorflow-recommenders' layers (off TPU) and ``keras.layers.Embedding``
+  take both; the mid-level API needs a batch dimension, and for sparse ids
+  an id dimension:
+
+  - a scalar id ``i`` (a Python int or a rank-0 tensor) becomes ``[i]``;
+    ``unbatch_scalars`` turns its ``[1, dim]`` activation back into
+    ``[dim]``: row ``i`` of the table, as TensorFlow's serving lookup;
+  - a rank-1 ``SparseTensor`` of dense shape ``[n]`` (tf-keras' placeholder
+    for ``Input(shape=(), sparse=True)``) becomes ``[n, 1]``: example
+    ``b`` has the id at position ``b``, or none (zeros).
+
+  Args:
+    features: a nest of ids (already checked against the feature config).
+    weights: None or a nest like ``features``.
+
+  Returns:
+    ``(features, weights, scalar)``; ``scalar`` flags, in
+    ``tf.nest.flatten`` order, the features that were scalars.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> ids, _, scalar = batch_lone_ids({"a": 3, "b": tf.constant([1, 2])},
+    ...                                 None)
+    >>> ids["a"].numpy().tolist(), scalar
+    ([3], [True, False])
+  """
+  flat = tf.nest.flatten(features, expand_composites=False)
+  flat_weights = (
+    [None] * len(flat)
+    if weights is None
+    else tf.nest.flatten(weights, expand_composites=False)
+  )
+  scalar = [_is_scalar_id(inp) for inp in flat]
+  new_ids, new_weights = [], []
+  for inp, weight, is_scalar in zip(flat, flat_weights, scalar, strict=True):
+    if is_scalar:
+      inp = tf.reshape(inp, [1])
+    elif isinstance(inp, tf.SparseTensor) and inp.shape.rank == 1:
+      inp = tf.sparse.expand_dims(inp, -1)
+      if isinstance(weight, tf.SparseTensor) and weight.shape.rank == 1:
+        weight = tf.sparse.expand_dims(weight, -1)
+    new_ids.append(inp)
+    new_weights.append(weight)
+  features = tf.nest.pack_sequence_as(features, new_ids)
+  if weights is not None:
+    weights = tf.nest.pack_sequence_as(weights, new_weights)
+  return features, weights, scalar
+
+
+def unbatch_scalars(activations: Any, scalar: list[bool]) -> Any:
+  """``[1, ...]`` activations of scalar ids as ``[...]`` (see above)."""
+  if not any(scalar):
+    return activations
+  flat = tf.nest.flatten(activations)
+  flat = [
+    tf.squeeze(out, 0) if is_scalar else out
+    for out, is_scalar in zip(flat, scalar, strict=True)
+  ]
+  return tf.nest.pack_sequence_as(activations, flat)
 
 
 # --- activations for Keras' shape inference -----------------------------------

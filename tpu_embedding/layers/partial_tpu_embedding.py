@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
@@ -30,6 +31,7 @@ import tensorflow as tf
 from tpu_embedding.config import TableConfig
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
+from tpu_embedding.layers import tf_configs
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
@@ -44,6 +46,25 @@ from tpu_embedding.types import WeightsNest
 #: ``placements`` values.
 TPU_EMBEDDING = "tpu_embedding"
 REPLICATED = "replicated"
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasEmbeddingTable:
+  """A small table, with ``keras.layers.Embedding``'s attribute names.
+
+  What tensorflow-recommenders' ``keras_embedding_layers`` gives for each
+  feature, where every small table is its own ``keras.layers.Embedding``;
+  here they all live in one ``ReplicatedEmbedding`` layer.
+
+  Attributes:
+    input_dim: the vocabulary size.
+    output_dim: the embedding width.
+    embeddings: the table's Keras weight.
+  """
+
+  input_dim: int
+  output_dim: int
+  embeddings: Any
 
 
 def _uses_mid_level_api(table: TableConfig, size_threshold: int | None) -> bool:
@@ -96,9 +117,12 @@ class PartialTPUEmbedding(Layer):
     """Creates the layer, splitting the tables by size.
 
     Args:
-      feature_config: a nest of ``tpu_embedding.FeatureConfig``.
-      optimizer: the optimizer of large tables without their own (see
-        ``TPUEmbedding``).
+      feature_config: a nest of ``tpu_embedding.FeatureConfig`` (or
+        TensorFlow's).
+      optimizer: the optimizer of large tables without their own: a name,
+        a Keras optimizer, or an embedding optimizer (see
+        ``TPUEmbedding``). The small tables are trained by the optimizer of
+        ``model.compile``, as in tensorflow-recommenders.
       pipeline_execution_with_tensor_core: passed to ``TPUEmbedding``.
       batch_size: accepted for compatibility; not needed.
       size_threshold: tables with more rows use the mid-level API; 0 for
@@ -119,7 +143,10 @@ class PartialTPUEmbedding(Layer):
       )
     self.supports_jit = False
     self._optimizer = common.embedding_optimizer(optimizer)
-    self._config = resolve(feature_config, None)
+    self._tf_configs = tf_configs.TFConfigs()
+    self._config = resolve(
+      self._tf_configs.feature_config(feature_config), None
+    )
     self._strategy = common.creation_strategy()
     self._size_threshold = size_threshold
     self._pipeline_execution_with_tensor_core = (
@@ -171,6 +198,29 @@ class PartialTPUEmbedding(Layer):
     return self._replicated_layer
 
   @property
+  def keras_embedding_layers(self) -> dict[str, KerasEmbeddingTable]:
+    """``{feature path: KerasEmbeddingTable}`` of the small tables.
+
+    tensorflow-recommenders' property, where each value is a
+    ``keras.layers.Embedding``; features sharing a table share the value.
+    """
+    if self._replicated_layer is None:
+      return {}
+    weights = self._replicated_layer.embedding_tables
+    tables: dict[int, KerasEmbeddingTable] = {}
+    for table in weights:
+      tables[id(table)] = KerasEmbeddingTable(
+        table.vocabulary_size, table.dim, weights[table]
+      )
+    return {
+      path: tables[id(feature.table)]
+      for path, feature in zip(
+        self._config.paths, self._config.features, strict=True
+      )
+      if self._placements[path] == REPLICATED
+    }
+
+  @property
   def placements(self) -> dict[str, str]:
     """``{feature path: "tpu_embedding" or "replicated"}``."""
     return dict(sorted(self._placements.items()))
@@ -183,7 +233,7 @@ class PartialTPUEmbedding(Layer):
       if layer is not None:
         inner.update(layer.embedding_tables)
     return {
-      user: inner[clone]
+      self._tf_configs.user_table(user): inner[clone]
       for user, clone in zip(
         self._config.user_tables, self._config.tables, strict=True
       )
@@ -282,7 +332,7 @@ class PartialTPUEmbedding(Layer):
       self.name,
       features,
       weights,
-      serving_config,
+      self._tf_configs.feature_config(serving_config),
     )
 
   # --- saving --------------------------------------------------------------

@@ -125,7 +125,8 @@ class ReplicatedEmbedding(Layer):
     """Looks up ``features`` (a nest like the feature config).
 
     Args:
-      features: a nest of id tensors (dense, sparse or ragged).
+      features: a nest of id tensors (dense, sparse or ragged; scalars and
+        rank-1 sparse ids as ``TPUEmbedding`` takes them).
       weights: None, or a nest like ``features`` of per-id weights.
       training: unused (the weights train through Keras' optimizer).
 
@@ -140,9 +141,11 @@ class ReplicatedEmbedding(Layer):
     del training
     structure = self._config.structure
     common.check_inputs(structure, features, weights, self.name)
+    features, weights, scalar = common.batch_lone_ids(features, weights)
     if in_symbolic_call():
-      return common.symbolic_activations(
-        features, self._config, self._input_kinds
+      return common.unbatch_scalars(
+        common.symbolic_activations(features, self._config, self._input_kinds),
+        scalar,
       )
     self._input_kinds.record(features, self._config, symbolic=False)
     common.check_strategy(self._strategy, self.name)
@@ -160,7 +163,7 @@ class ReplicatedEmbedding(Layer):
       return [tf.gather(readable[table.name], ids) for table, ids in requests]
 
     activations, _ = look_up(self._config, prepared, rows)
-    return activations
+    return common.unbatch_scalars(activations, scalar)
 
   def _readable(self, variable: Any) -> Any:
     """What to gather rows from: the weight, or its value (dense gradient).

@@ -97,9 +97,10 @@ def serialize_optimizer(
   config = optimizer.get_config()
   if callable(config["learning_rate"]):
     raise ValueError(
-      f"The optimizer of {where} has a callable learning_rate, which "
-      "get_config cannot save. Use a float learning rate, or save the "
-      "weights only (model.save_weights or tf.train.Checkpoint)."
+      f"The optimizer of {where} has a callable learning_rate (a Keras "
+      "optimizer's learning rate schedule becomes one), which get_config "
+      "cannot save. Use a float learning rate, or save the weights only "
+      "(model.save_weights or tf.train.Checkpoint)."
     )
   if config.get("slot_variable_creation_fn") is not None:
     raise ValueError(

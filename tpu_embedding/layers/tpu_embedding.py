@@ -45,6 +45,7 @@ import tensorflow as tf
 from tpu_embedding.embedding import TPUEmbeddingV3
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
+from tpu_embedding.layers import tf_configs
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
@@ -128,12 +129,18 @@ class TPUEmbedding(Layer):
     """Creates the layer and its tables (under the current strategy).
 
     Args:
-      feature_config: a nest of ``tpu_embedding.FeatureConfig``.
+      feature_config: a nest of ``tpu_embedding.FeatureConfig`` (or of
+        TensorFlow's ``tf.tpu.experimental.embedding.FeatureConfig``, see
+        ``tf_configs``).
       optimizer: the optimizer of tables without one of their own:
         ``"sgd"``, ``"adagrad"``, ``"adam"`` or ``"ftrl"`` (default
-        hyper-parameters, Keras' learning rates), an instance of
-        ``tpu_embedding.SGD``, ``Adagrad``, ``AdagradMomentum``, ``Adam``
-        or ``FTRL``, or None (lookups only).
+        hyper-parameters, Keras' learning rates); a Keras ``SGD``,
+        ``Adagrad``, ``Adam`` or ``Ftrl`` (Keras 3, tf-keras or tf-keras
+        legacy), translated with its hyper-parameters (see
+        ``keras_optimizers``; a learning rate schedule follows the Keras
+        optimizer's ``iterations``); an instance of ``tpu_embedding.SGD``,
+        ``Adagrad``, ``AdagradMomentum``, ``Adam`` or ``FTRL`` (or
+        TensorFlow's); or None (lookups only).
       pipeline_execution_with_tensor_core: passed to the mid-level object
         (see ``TPUEmbeddingV3``).
       batch_size: accepted for compatibility; output shapes follow each
@@ -151,6 +158,8 @@ class TPUEmbedding(Layer):
     super().__init__(**kwargs)
     self.supports_jit = False  # Dynamic shapes, collectives: never XLA.
     self._optimizer = common.embedding_optimizer(optimizer)
+    self._tf_configs = tf_configs.TFConfigs()
+    feature_config = self._tf_configs.feature_config(feature_config)
     # A frozen dataclass: Keras does not wrap (and track) the user's nest.
     self._config = resolve(feature_config, self._optimizer)
     self._pipeline_execution_with_tensor_core = (
@@ -191,7 +200,10 @@ class TPUEmbedding(Layer):
   @property
   def embedding_tables(self) -> dict[Any, Any]:
     """``{TableConfig: table variable}``, keyed by the user's configs."""
-    return self._tpu_embedding.embedding_tables
+    return {
+      self._tf_configs.user_table(table): variable
+      for table, variable in self._tpu_embedding.embedding_tables.items()
+    }
 
   @property
   def table_stores(self) -> dict[str, TableStore]:
@@ -212,7 +224,9 @@ class TPUEmbedding(Layer):
 
     Args:
       features: a nest of id tensors (``tf.Tensor``, ``tf.SparseTensor``,
-        ``tf.RaggedTensor``) with the structure of ``feature_config``.
+        ``tf.RaggedTensor``) with the structure of ``feature_config``. A
+        scalar id gives its row (``[dim]``); a rank-1 ``SparseTensor`` is
+        one id (or none) per example (see ``common.batch_lone_ids``).
       weights: None, or a nest like ``features`` of per-id weights.
       serving_config: if given, a serving lookup instead (see
         ``serving_lookup``).
@@ -231,15 +245,19 @@ class TPUEmbedding(Layer):
       return self.serving_lookup(features, weights, serving_config)
     structure = self._config.structure
     common.check_inputs(structure, features, weights, self.name)
+    features, weights, scalar = common.batch_lone_ids(features, weights)
     if in_symbolic_call():
-      return common.symbolic_activations(
+      activations = common.symbolic_activations(
         features, self._config, self._input_kinds
       )
-    self._input_kinds.record(features, self._config, symbolic=False)
-    common.check_strategy(self._strategy, self.name)
-    if not self._updates_tables(training):
-      return self._tpu_embedding(features, weights)
-    return self._lookup_with_gradient_hook(features, weights)
+    else:
+      self._input_kinds.record(features, self._config, symbolic=False)
+      common.check_strategy(self._strategy, self.name)
+      if self._updates_tables(training):
+        activations = self._lookup_with_gradient_hook(features, weights)
+      else:
+        activations = self._tpu_embedding(features, weights)
+    return common.unbatch_scalars(activations, scalar)
 
   def serving_lookup(
     self,
@@ -271,7 +289,7 @@ class TPUEmbedding(Layer):
       self.name,
       features,
       weights,
-      serving_config,
+      self._tf_configs.feature_config(serving_config),
     )
 
   def _updates_tables(self, training: Any) -> bool:
