@@ -51,6 +51,8 @@ setup(
       "nbclient==0.11.0",
       "nbformat==5.11.1",
       "ipykernel==7.4.0",
+      'keras-rs==0.4.0; python_version >= "3.11"',
+      "ml-dtypes",
     ],
     "data": [
       "tensorflow-datasets==4.9.10",

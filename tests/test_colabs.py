@@ -6,20 +6,24 @@ output is then checked for real results (losses that fell, AUC and RMSE
 bounds, equalities it reports), not only for running without error. The
 notebooks import the installed package, the same copy as the tests (a
 last cell, added when they run, says which).
-About 70 s for the three notebooks on two CPU cores.
+About 100 s for the four notebooks on two CPU cores.
 
-Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (the ``test`` extra).
+Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (the ``test`` extra);
+``keras_rs_movielens.ipynb`` needs keras-rs (Python 3.11 or later) and is
+skipped without it.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 
 import ipykernel  # noqa: F401  (the kernel the notebooks run on)
 import nbclient
 import nbformat
+import pytest
 
 import model_garden
 import tpu_embedding
@@ -28,6 +32,7 @@ COLABS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "colabs")
 NOTEBOOKS = (
   "quickstart.ipynb",
   "movielens_ranking.ipynb",
+  "keras_rs_movielens.ipynb",
   "dlrm_synthetic_criteo.ipynb",
 )
 #: Seconds any one cell may take.
@@ -140,6 +145,28 @@ def test_movielens_ranking():
       out, rf"recall@{k}: two-tower [\d.]+, popularity ([\d.]+)"
     )
     assert model > 1.2 * popularity, k
+
+
+@pytest.mark.skipif(
+  importlib.util.find_spec("keras_rs") is None,
+  reason="keras-rs is not installed (it needs Python 3.11 or later)",
+)
+def test_keras_rs_movielens():
+  out = run_notebook("keras_rs_movielens.ipynb")
+  assert "2 replicas, global batch 512" in out
+  assert "80,000 training and 20,000 test ratings" in out
+  # "sparsecore" tables row-sharded over the two replicas, trained by Adam.
+  assert "movie_table: row_sharded, blocks of [841, 841] rows" in out
+  assert "user_table: row_sharded, blocks of [472, 471] rows" in out
+  assert "slots ['momenta', 'velocities']" in out
+  assert "['tpu_embedding_helper_dummy']" in out  # tables aren't Keras weights
+  # The tutorial's settings: 5 epochs of 256 ratings per replica.
+  rmse = number(out, r"Test RMSE: ([\d.]+)")
+  baseline = number(out, r"predicting the mean rating: ([\d.]+)")
+  assert rmse <= 0.24
+  assert rmse < baseline - 0.035
+  assert re.search(r"training batches: True; for the \d+ others: False", out)
+  assert "model optimizer variables shaped like a table: []" in out
 
 
 def test_dlrm_synthetic_criteo():

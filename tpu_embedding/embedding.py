@@ -108,7 +108,9 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
         TensorFlow under ``TPUStrategy``.
       row_sharding_threshold: off TPU with several replicas, tables with
         more rows than this are row-sharded across the replicas; smaller
-        ones are replicated (0 shards every table). See ``sharding.py``.
+        ones are replicated (0 shards every table). A
+        ``sharding.RowThreshold`` also fixes the placement of the tables it
+        names, whatever their size. See ``sharding.py``.
 
     Raises:
       ValueError: for an invalid feature config (a leaf that is not a

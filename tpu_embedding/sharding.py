@@ -5,7 +5,8 @@ blocks, one per replica ("div" sharding, the layout of
 ``tf.distribute`` sharded variables): replica ``r`` holds rows
 ``[offsets[r], offsets[r] + sizes[r])``, the first ``vocabulary_size % N``
 replicas one row more. Smaller tables are replicated: every replica holds a
-full copy and applies the same (globally summed) update to it.
+full copy and applies the same (globally summed) update to it. A
+``RowThreshold`` fixes the placement of chosen tables whatever their size.
 
 The plan holds no variables; it is inspectable (``report()``) before any
 memory is spent.
@@ -19,11 +20,16 @@ Example:
   (250000, 250000, 250000, 250000)
   >>> plan.placements["countries"].kind
   'replicated'
+  >>> forced = RowThreshold(10_000, {"countries": ROW_SHARDED})
+  >>> make_plan([big, small], 4, forced).placements["countries"].shard_sizes
+  (25, 25, 25, 25)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 from tpu_embedding.config import TableConfig
@@ -32,7 +38,75 @@ from tpu_embedding.resolved import table_name
 #: Tables with more rows than this are row-sharded by default.
 DEFAULT_ROW_THRESHOLD = 10_000
 
+#: ``TablePlacement.kind`` values.
+ROW_SHARDED = "row_sharded"
+REPLICATED = "replicated"
+
 _FLOAT_BYTES = 4
+
+
+class RowThreshold(int):
+  """A row-sharding threshold that fixes the placement of some tables.
+
+  An ``int``: the threshold of the tables it does not name, accepted
+  wherever ``row_sharding_threshold`` is (``TPUEmbedding``, the Keras
+  layers, the backends). The tables it names are placed as it says
+  (``ROW_SHARDED`` or ``REPLICATED``) whatever their size; with a single
+  replica every table is whole anyway. ``DistributedEmbedding`` builds
+  one from keras-rs placements.
+
+  Attributes:
+    forced: ``{table name: ROW_SHARDED or REPLICATED}`` (read-only).
+
+  Example:
+    >>> threshold = RowThreshold(10_000, {"users": ROW_SHARDED})
+    >>> int(threshold), dict(threshold.forced)
+    (10000, {'users': 'row_sharded'})
+  """
+
+  forced: Mapping[str, str]
+
+  def __new__(cls, threshold: int, forced: Mapping[str, str]) -> RowThreshold:
+    """Creates the threshold.
+
+    Args:
+      threshold: rows above which the other tables are row-sharded.
+      forced: ``{table name: ROW_SHARDED or REPLICATED}``.
+
+    Raises:
+      ValueError: for another placement than those two.
+    """
+    for name, kind in forced.items():
+      if kind not in (ROW_SHARDED, REPLICATED):
+        raise ValueError(
+          f"Table {name!r}: placement {kind!r} is neither {ROW_SHARDED!r} "
+          f"nor {REPLICATED!r}."
+        )
+    self = super().__new__(cls, threshold)
+    self.forced = types.MappingProxyType(dict(forced))
+    return self
+
+  def __reduce__(self) -> tuple[type, tuple[int, dict[str, str]]]:
+    return (RowThreshold, (int(self), dict(self.forced)))
+
+  def __repr__(self) -> str:
+    return f"RowThreshold({int(self)}, {dict(self.forced)!r})"
+
+
+def placement_kind(
+  name: str, vocabulary_size: int, num_replicas: int, row_threshold: int
+) -> str:
+  """``ROW_SHARDED`` or ``REPLICATED`` for one table (the plan's rule).
+
+  Example:
+    >>> placement_kind("t", 50, 2, 10), placement_kind("t", 50, 1, 10)
+    ('row_sharded', 'replicated')
+  """
+  if num_replicas == 1:
+    return REPLICATED
+  if isinstance(row_threshold, RowThreshold) and name in row_threshold.forced:
+    return row_threshold.forced[name]
+  return ROW_SHARDED if vocabulary_size > row_threshold else REPLICATED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +133,7 @@ class TablePlacement:
 
   @property
   def sharded(self) -> bool:
-    return self.kind == "row_sharded"
+    return self.kind == ROW_SHARDED
 
   def bytes_per_replica(self) -> list[int]:
     """Parameter plus slot bytes held by each replica."""
@@ -85,9 +159,13 @@ class ShardingPlan:
 
   def report(self) -> str:
     """A human-readable table of placements and bytes per replica."""
+    forced = ""
+    if isinstance(self.row_threshold, RowThreshold):
+      fixed = [f"{n} {k}" for n, k in self.row_threshold.forced.items()]
+      forced = f" (placement fixed: {', '.join(fixed)})" if fixed else ""
     lines = [
       f"{self.num_replicas} replica(s), tables with more than "
-      f"{self.row_threshold:,} rows are row-sharded",
+      f"{int(self.row_threshold):,} rows are row-sharded{forced}",
       f"{'table':<24} {'placement':<12} {'rows/replica':>14} "
       f"{'MiB/replica':>12}",
     ]
@@ -118,30 +196,41 @@ def make_plan(
     tables: named table configs (with their resolved optimizers).
     num_replicas: replicas in sync (1 gives every table whole).
     row_threshold: tables with more rows are row-sharded; 0 shards all.
+      A ``RowThreshold`` also fixes the placement of the tables it names.
 
   Returns:
     The ``ShardingPlan``.
 
   Raises:
-    ValueError: for a non-positive replica count or negative threshold, or
-      an unnamed table.
+    ValueError: for a non-positive replica count or negative threshold, an
+      unnamed table, or a ``RowThreshold`` naming a table not in
+      ``tables``.
   """
   if num_replicas < 1:
     raise ValueError(f"num_replicas must be >= 1. Received: {num_replicas}")
   if row_threshold < 0:
     raise ValueError(f"row_threshold must be >= 0. Received: {row_threshold}")
+  if isinstance(row_threshold, RowThreshold):
+    names = {table_name(t) for t in tables}
+    unknown = sorted(set(row_threshold.forced) - names)
+    if unknown:
+      raise ValueError(
+        f"The row-sharding threshold fixes the placement of tables {unknown}"
+        f", which are not among the tables {sorted(names)}."
+      )
   placements: dict[str, TablePlacement] = {}
   for table in tables:
     name = table_name(table)
     num_slots = len(table.optimizer.SLOT_NAMES) if table.optimizer else 0
-    if num_replicas > 1 and table.vocabulary_size > row_threshold:
+    kind = placement_kind(
+      name, table.vocabulary_size, num_replicas, row_threshold
+    )
+    if kind == ROW_SHARDED:
       sizes = shard_sizes(table.vocabulary_size, num_replicas)
       offsets = tuple(sum(sizes[:r]) for r in range(num_replicas))
-      kind = "row_sharded"
     else:
       sizes = (table.vocabulary_size,) * num_replicas
       offsets = (0,) * num_replicas
-      kind = "replicated"
     placements[name] = TablePlacement(
       name, kind, sizes, offsets, table.dim, num_slots
     )

@@ -1,6 +1,7 @@
-"""Keras layers: ``TPUEmbedding`` and ``PartialTPUEmbedding``.
+"""Keras layers: the tensorflow-recommenders and keras-rs embedding layers.
 
-The tensorflow-recommenders layers, training inside ``model.fit`` on the
+``TPUEmbedding`` and ``PartialTPUEmbedding`` (tensorflow-recommenders') and
+``DistributedEmbedding`` (keras-rs'), training inside ``model.fit`` on the
 default strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
 ``MultiWorkerMirroredStrategy`` (see ``distributed_fit`` for the Keras 3
 fix the layers apply there to their models, and ``fix_distributed_fit`` /
@@ -17,6 +18,7 @@ Example:
   TensorShape([1000, 8])
 """
 
+from tpu_embedding.layers.distributed_embedding import DistributedEmbedding
 from tpu_embedding.layers.distributed_fit import disable_distributed_fit
 from tpu_embedding.layers.distributed_fit import distributed_fit_enabled
 from tpu_embedding.layers.distributed_fit import enable_distributed_fit
@@ -26,6 +28,7 @@ from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 
 __all__ = [
+  "DistributedEmbedding",
   "PartialTPUEmbedding",
   "ReplicatedEmbedding",
   "TPUEmbedding",

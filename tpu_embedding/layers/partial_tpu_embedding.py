@@ -349,7 +349,9 @@ class PartialTPUEmbedding(Layer):
       ),
       batch_size=self._batch_size,
       size_threshold=self._size_threshold,
-      row_sharding_threshold=self._row_sharding_threshold,
+      row_sharding_threshold=serialization.serialize_row_threshold(
+        self._row_sharding_threshold
+      ),
     )
     return config
 

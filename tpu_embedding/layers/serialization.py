@@ -14,7 +14,8 @@ objects; this module turns them into plain data and back:
 * initializers: this package's (``TruncatedNormal``, ``RowIdInitializer``),
   Keras initializers, and ``tf.zeros_initializer``, ``tf.ones_initializer``,
   ``tf.constant_initializer``, ``tf.random_normal_initializer``,
-  ``tf.random_uniform_initializer``.
+  ``tf.random_uniform_initializer``;
+* row-sharding thresholds, ``sharding.RowThreshold`` included.
 
 A callable learning rate, a slot creation function or a TPU layout cannot be
 saved: ``serialize_feature_config`` raises a ValueError naming the table.
@@ -47,6 +48,7 @@ from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.layers.keras_compat import keras
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.sharding import RowThreshold
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import Initializer
 
@@ -311,10 +313,36 @@ def encode_layer_arguments(
 
 
 def decode_layer_arguments(config: dict[str, Any]) -> dict[str, Any]:
-  """``config`` with its feature config and optimizer rebuilt."""
+  """``config`` with its feature config, optimizer and threshold rebuilt."""
   config = dict(config)
   config["feature_config"] = deserialize_feature_config(
     config["feature_config"]
   )
   config["optimizer"] = deserialize_optimizer(config["optimizer"])
+  if "row_sharding_threshold" in config:
+    config["row_sharding_threshold"] = deserialize_row_threshold(
+      config["row_sharding_threshold"]
+    )
   return config
+
+
+def serialize_row_threshold(threshold: int) -> int | dict[str, Any]:
+  """A row-sharding threshold as plain data (see ``RowThreshold``).
+
+  Example:
+    >>> from tpu_embedding.sharding import RowThreshold
+    >>> serialize_row_threshold(RowThreshold(10, {"t": "replicated"}))
+    {'threshold': 10, 'forced': {'t': 'replicated'}}
+    >>> deserialize_row_threshold(_)
+    RowThreshold(10, {'t': 'replicated'})
+  """
+  if isinstance(threshold, RowThreshold):
+    return {"threshold": int(threshold), "forced": dict(threshold.forced)}
+  return int(threshold)
+
+
+def deserialize_row_threshold(data: int | dict[str, Any]) -> int:
+  """The threshold ``serialize_row_threshold`` described."""
+  if isinstance(data, dict):
+    return RowThreshold(data["threshold"], data["forced"])
+  return data

@@ -148,7 +148,9 @@ class TPUEmbedding(Layer):
       embedding_feature: TPU hardware selection of the tensorflow-
         recommenders layer; accepted and ignored.
       row_sharding_threshold: under ``MirroredStrategy``, tables with more
-        rows are row-sharded over the replicas, smaller ones replicated.
+        rows are row-sharded over the replicas, smaller ones replicated (a
+        ``tpu_embedding.sharding.RowThreshold`` also fixes the placement of
+        the tables it names).
       **kwargs: Keras layer arguments (``name``, ...).
 
     Raises:
@@ -349,7 +351,9 @@ class TPUEmbedding(Layer):
         self._pipeline_execution_with_tensor_core
       ),
       batch_size=self._batch_size,
-      row_sharding_threshold=self._row_sharding_threshold,
+      row_sharding_threshold=serialization.serialize_row_threshold(
+        self._row_sharding_threshold
+      ),
     )
     return config
 
