@@ -53,6 +53,7 @@ from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import row_reader
+from tpu_embedding.tables.base import variables_by_name
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
 from tpu_embedding.types import ActivationsNest
@@ -284,9 +285,7 @@ class TPUEmbeddingForServing(Trackable):
   @property
   def variables(self) -> dict[str, dict[str, tf.Variable]]:
     """``{table_name: {"parameters": var, <slot name>: var, ...}}``."""
-    return {
-      name: dict(store.variables) for name, store in self.table_stores.items()
-    }
+    return variables_by_name(self.table_stores)
 
   def __call__(
     self, features: FeatureNest, weights: WeightsNest | None = None

@@ -13,12 +13,8 @@ no equivalent is refused by name.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from typing import Any
 from typing import NamedTuple
 
@@ -28,6 +24,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests import oracle
+from tests.layers.tf_keras_pytest import run_pytest_under_tf_keras
 from tpu_embedding.layers import PartialTPUEmbedding
 from tpu_embedding.layers import TPUEmbedding
 from tpu_embedding.layers import common
@@ -344,35 +341,9 @@ def test_a_subclass_is_refused(family):
 @pytest.mark.skipif(not IS_KERAS_3, reason="already the tf-keras run")
 def test_tf_keras_in_a_subprocess(tmp_path):
   """This module under tf-keras: its v2 and legacy optimizers."""
-  report = tmp_path / "report.xml"
-  env = {
-    **os.environ,
-    "TF_USE_LEGACY_KERAS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-  }
-  result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "pytest",
-      "-q",
-      "-p",
-      "no:cacheprovider",
-      f"--junitxml={report}",
-      str(pathlib.Path(__file__).relative_to(ROOT)),
-    ],
-    env=env,
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
+  suite, _ = run_pytest_under_tf_keras(
+    [str(pathlib.Path(__file__).relative_to(ROOT))], ROOT, tmp_path
   )
-  assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
-  suite = ET.parse(report).getroot().find("testsuite")
-  assert suite is not None
-  counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors")}
-  assert counts["failures"] == counts["errors"] == 0, result.stdout[-8000:]
   ran = [
     case.get("name", "")
     for case in suite.iter("testcase")

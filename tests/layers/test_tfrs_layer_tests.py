@@ -13,14 +13,12 @@ default strategy, scalar ids. No test is excluded: none needs a TPU.
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 import re
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 
 import pytest
+
+from tests.layers.tf_keras_pytest import run_pytest_under_tf_keras
 
 #: tfrs test file (relative to the package) -> {its line: our line}.
 REWRITES: dict[str, dict[str, str]] = {
@@ -75,30 +73,9 @@ def test_tfrs_layer_tests_pass_with_our_layers(tmp_path):
     copy.write_text(rewrite(source, lines, relative))
     copies.append(copy)
 
-  report = tmp_path / "report.xml"
-  result = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "pytest",
-      "-q",
-      "-p",
-      "no:cacheprovider",
-      f"--junitxml={report}",
-      *(c.name for c in copies),
-    ],
-    env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
-    cwd=tmp_path,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
+  suite, output = run_pytest_under_tf_keras(
+    [c.name for c in copies], tmp_path, tmp_path
   )
-  output = result.stdout[-8000:] + result.stderr[-3000:]
-  assert result.returncode == 0, output
-  suite = ET.parse(report).getroot().find("testsuite")
-  assert suite is not None, output
-  assert suite.get("failures") == suite.get("errors") == "0", output
   ran: dict[str, int] = {c.stem: 0 for c in copies}
   for case in suite.iter("testcase"):
     skipped = case.find("skipped")

@@ -83,6 +83,10 @@ class Backend(metaclass=abc.ABCMeta):
         and ``grads`` ``[n, dim]`` summed over duplicates.
     """
 
+  def gather_from_stores(self, requests: GatherRequests) -> list[tf.Tensor]:
+    """Rows read by the calling host from each table's store."""
+    return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
+
   def gather_for_training(self, requests: GatherRequests) -> list[tf.Tensor]:
     """``gather_tables`` for a lookup that will be followed by an update.
 
@@ -100,7 +104,7 @@ class HostBackend(Backend):
   """Rows read and written through the stores by the calling host."""
 
   def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
-    return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
+    return self.gather_from_stores(requests)
 
   def apply_updates(self, updates: Updates) -> None:
     for table, ids, grads in updates:

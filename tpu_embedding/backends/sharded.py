@@ -114,7 +114,7 @@ class ShardedBackend(Backend):
   def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
     replica = current_replica(self._strategy)
     if replica is None:  # A direct lookup outside strategy.run.
-      return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
+      return self.gather_from_stores(requests)
     local = replica - self._first
     results: list = [None] * len(requests)
     sharded = []

@@ -52,6 +52,7 @@ from tpu_embedding.steps import select_replica
 from tpu_embedding.structure import check_same_structure
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
+from tpu_embedding.tables.base import variables_by_name
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -116,9 +117,7 @@ class OffTPUEngine(Engine, Trackable):
 
   @property
   def variables(self) -> dict[str, dict[str, Any]]:
-    return {
-      name: dict(store.variables) for name, store in self.table_stores.items()
-    }
+    return variables_by_name(self.table_stores)
 
   # --- build ---------------------------------------------------------------
 

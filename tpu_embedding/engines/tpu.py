@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,7 @@ from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.tpu_conversion import translate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.steps import current_graph
 from tpu_embedding.tables.base import TableStore
 
 TFE = tf.tpu.experimental.embedding
@@ -105,10 +107,6 @@ class _SparseCoreStep:
   graph: Any
   partitioned: Any
   preserved: Any = None
-
-
-def _current_graph() -> Any:
-  return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
 class _TensorFlowEngine(Engine):
@@ -164,10 +162,11 @@ class _TensorFlowEngine(Engine):
       sparse_core_embedding_config,
     )
 
+  @abc.abstractmethod
   def _create(
     self, tf_class: type, pipelining: bool, sparse_core_config: Any
   ) -> Any:
-    raise NotImplementedError
+    """TensorFlow's object, built from ``self._tf_configs``."""
 
   # --- checkpoints and tables ----------------------------------------------
 
@@ -330,7 +329,7 @@ class SparseCoreEngine(_TensorFlowEngine):
         "(per-replica) values."
       )
     partitioned = self.tf_embedding.enqueue(features, weights, device=device)
-    self._step = _SparseCoreStep(_current_graph(), partitioned)
+    self._step = _SparseCoreStep(current_graph(), partitioned)
 
   def dequeue(self, name=None):
     """Forwards to TensorFlow's ``dequeue``; returns the activations.
@@ -339,7 +338,7 @@ class SparseCoreEngine(_TensorFlowEngine):
       RuntimeError: without an ``enqueue`` in this function.
     """
     step = self._step
-    if step is None or step.graph is not _current_graph():
+    if step is None or step.graph is not current_graph():
       raise RuntimeError(errors.DEQUEUE_WITHOUT_ENQUEUE)
     activations, step.preserved = self.tf_embedding.dequeue(step.partitioned)
     return activations
@@ -354,7 +353,7 @@ class SparseCoreEngine(_TensorFlowEngine):
     if (
       step is None
       or step.preserved is None
-      or step.graph is not _current_graph()
+      or step.graph is not current_graph()
     ):
       raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
     self.tf_embedding.apply_gradients(gradients, step.preserved)

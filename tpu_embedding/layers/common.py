@@ -277,9 +277,7 @@ class InputKinds:
 def _several_ids(inp: Any) -> bool:
   """A dense tensor with a last dimension other than 1 (rank 2 or more)."""
   shape = inp.shape
-  return (
-    isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] != 1
-  )
+  return isinstance(inp, tf.Tensor) and (shape.rank or 0) > 1 and shape[-1] != 1
 
 
 def _symbolic_ids(inp: Any, path: str, kinds: InputKinds) -> Any:

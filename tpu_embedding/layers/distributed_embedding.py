@@ -245,11 +245,9 @@ class DistributedEmbedding(TPUEmbedding):
   @classmethod
   def from_config(cls, config: dict[str, Any]) -> DistributedEmbedding:
     """Rebuilds the layer from ``get_config``'s output."""
-    config = dict(config)
-    config["feature_configs"] = serialization.deserialize_feature_config(
-      config["feature_configs"]
+    return cls(
+      **serialization.decode_feature_config_argument(config, "feature_configs")
     )
-    return cls(**config)
 
 
 def lookup_input(ids: Any, weight: Any, feature: FeatureConfig) -> Any:

@@ -207,8 +207,4 @@ class ReplicatedEmbedding(Layer):
   @classmethod
   def from_config(cls, config: dict[str, Any]) -> ReplicatedEmbedding:
     """Rebuilds the layer from ``get_config``'s output."""
-    config = dict(config)
-    config["feature_config"] = serialization.deserialize_feature_config(
-      config["feature_config"]
-    )
-    return cls(**config)
+    return cls(**serialization.decode_feature_config_argument(config))

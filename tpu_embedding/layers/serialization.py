@@ -312,12 +312,18 @@ def encode_layer_arguments(
   }
 
 
+def decode_feature_config_argument(
+  config: dict[str, Any], key: str = "feature_config"
+) -> dict[str, Any]:
+  """A copy of a layer ``config`` with its feature config ``key`` rebuilt."""
+  config = dict(config)
+  config[key] = deserialize_feature_config(config[key])
+  return config
+
+
 def decode_layer_arguments(config: dict[str, Any]) -> dict[str, Any]:
   """``config`` with its feature config, optimizer and threshold rebuilt."""
-  config = dict(config)
-  config["feature_config"] = deserialize_feature_config(
-    config["feature_config"]
-  )
+  config = decode_feature_config_argument(config)
   config["optimizer"] = deserialize_optimizer(config["optimizer"])
   if "row_sharding_threshold" in config:
     config["row_sharding_threshold"] = deserialize_row_threshold(

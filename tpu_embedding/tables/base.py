@@ -215,9 +215,16 @@ def parameters_by_user_table(
 ) -> dict[TableConfig, Any]:
   """``{user TableConfig: parameters variable}`` (``embedding_tables``)."""
   return {
-    user: stores[table.name or ""].variables["parameters"]
+    user: stores[table_name(table)].variables["parameters"]
     for user, table in zip(user_tables, tables, strict=True)
   }
+
+
+def variables_by_name(
+  stores: Mapping[str, TableStore],
+) -> dict[str, dict[str, Any]]:
+  """``{table: {"parameters": v, <slot>: v}}`` (``variables``)."""
+  return {name: dict(store.variables) for name, store in stores.items()}
 
 
 def row_reader(table: Any) -> Callable[[tf.Tensor], tf.Tensor]:
