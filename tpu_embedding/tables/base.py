@@ -151,13 +151,25 @@ class TableStore(metaclass=abc.ABCMeta):
         sharded over several workers: look it up inside ``strategy.run``).
     """
 
-  @abc.abstractmethod
   def read(self, key: str = "parameters") -> tf.Tensor:
-    """The whole ``[vocabulary_size, dim]`` value of ``key``."""
+    """The whole ``[vocabulary_size, dim]`` value of ``key``.
 
-  @abc.abstractmethod
+    (Under MultiWorkerMirroredStrategy a collective every worker joins.)
+    """
+    return tf.convert_to_tensor(self._variables[key])
+
   def assign(self, value: Any, key: str = "parameters") -> Any:
-    """Writes a whole ``[vocabulary_size, dim]`` value of ``key``."""
+    """Writes a whole ``[vocabulary_size, dim]`` value of ``key``.
+
+    Each local block (or copy) takes its rows of ``value``.
+    """
+    assigns = []
+    for block in range(len(self._blocks)):
+      first, rows = self.block_rows(block)
+      assigns.append(
+        self._blocks[block][key].assign(value[first : first + rows])
+      )
+    return tf.group(assigns)
 
   def update_block(self, block: int, rows: tf.Tensor, grads: tf.Tensor) -> None:
     """Applies the table's optimizer to rows of one local block.
@@ -198,6 +210,44 @@ class TableStore(metaclass=abc.ABCMeta):
     """Registers ``variables`` for checkpoints under TensorFlow's keys."""
     for key, variable in self.variables.items():
       tracker.register(checkpoint_name(table_name(self.table), key), variable)
+
+
+#: TensorFlow's checkpoint key of a variable's value.
+_VALUE_KEY = "VARIABLE_VALUE"
+
+
+class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
+  """What users see of a layout held in several variables, as one.
+
+  Subclasses give ``shape``, ``dtype``, ``read_value()`` (the whole
+  ``[vocabulary_size, dim]`` value) and ``assign(value)`` (a whole value);
+  this class makes it convert with ``tf.convert_to_tensor``, have
+  ``numpy()``, and save and restore as one variable under TensorFlow's
+  key, like a ``tf.Variable`` of the full shape.
+  """
+
+  @abc.abstractmethod
+  def read_value(self) -> tf.Tensor:
+    """The whole value."""
+
+  @abc.abstractmethod
+  def assign(self, value: Any) -> Any:
+    """Writes a whole value."""
+
+  def numpy(self) -> Any:
+    return self.read_value().numpy()
+
+  def _serialize_to_tensors(self):
+    return {_VALUE_KEY: self.read_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    return self.assign(restored_tensors[_VALUE_KEY])
+
+
+tf.register_tensor_conversion_function(
+  WholeValueVariable,
+  lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
+)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

@@ -19,16 +19,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
+from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
 
-_VALUE_KEY = "VARIABLE_VALUE"
 
-
-class WorkerShardedVariable(compat.Trackable):
+class WorkerShardedVariable(WholeValueVariable):
   """A row-sharded variable whose blocks live on several workers."""
 
   def __init__(
@@ -71,9 +69,6 @@ class WorkerShardedVariable(compat.Trackable):
     ]
     return tf.concat(blocks, axis=0)
 
-  def numpy(self) -> Any:
-    return self.read_value().numpy()
-
   def assign(self, value: Any) -> Any:
     """Writes this worker's rows of a whole ``value``."""
     assigns = []
@@ -84,17 +79,6 @@ class WorkerShardedVariable(compat.Trackable):
       assigns.append(shard.assign(value[start : start + rows]))
     return tf.group(assigns)
 
-  def _serialize_to_tensors(self):
-    return {_VALUE_KEY: self.read_value()}
-
-  def _restore_from_tensors(self, restored_tensors):
-    return self.assign(restored_tensors[_VALUE_KEY])
-
-
-tf.register_tensor_conversion_function(
-  WorkerShardedVariable,
-  lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
-)
 
 
 class MultiWorkerShardedTable(RowShardedTable):
@@ -131,9 +115,3 @@ class MultiWorkerShardedTable(RowShardedTable):
       f"Table '{self.table.name}' is sharded over several workers: update "
       "it inside strategy.run (apply_gradients), every worker together."
     )
-
-  def read(self, key: str = "parameters") -> tf.Tensor:
-    return self._variables[key].read_value()
-
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    return self._variables[key].assign(value)

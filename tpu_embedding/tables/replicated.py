@@ -25,13 +25,12 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 
-_VALUE_KEY = "VARIABLE_VALUE"
 
-
-class ReplicatedVariable(compat.Trackable):
+class ReplicatedVariable(WholeValueVariable):
   """Identical copies of one variable, one per replica, saved once."""
 
   def __init__(self, copies: list[tf.Variable]):
@@ -45,9 +44,6 @@ class ReplicatedVariable(compat.Trackable):
   def dtype(self) -> tf.DType:
     return self.copies[0].dtype
 
-  def numpy(self) -> Any:
-    return self.copies[0].numpy()
-
   def read_value(self) -> tf.Tensor:
     return self.copies[0].read_value()
 
@@ -55,17 +51,6 @@ class ReplicatedVariable(compat.Trackable):
     """Writes the whole value into every copy."""
     return tf.group([copy.assign(value) for copy in self.copies])
 
-  def _serialize_to_tensors(self):
-    return {_VALUE_KEY: self.copies[0].read_value()}
-
-  def _restore_from_tensors(self, restored_tensors):
-    return self.assign(restored_tensors[_VALUE_KEY])
-
-
-tf.register_tensor_conversion_function(
-  ReplicatedVariable,
-  lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
-)
 
 
 class ReplicatedTable(TableStore):
@@ -112,12 +97,6 @@ class ReplicatedTable(TableStore):
 
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     return tf.gather(self._blocks[0][key], ids)
-
-  def read(self, key: str = "parameters") -> tf.Tensor:
-    return self._blocks[0][key].read_value()
-
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    return self._variables[key].assign(value)
 
   def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
     """Applies the same update to every copy."""

@@ -155,14 +155,3 @@ class RowShardedTable(TableStore):
     # "div" row blocks: embedding_lookup returns the rows in id order.
     return tf.nn.embedding_lookup(self._variables[key], ids)
 
-  def read(self, key: str = "parameters") -> tf.Tensor:
-    return tf.convert_to_tensor(self._variables[key])
-
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    assigns = []
-    for block in range(len(self._blocks)):
-      first, rows = self.block_rows(block)
-      assigns.append(
-        self._blocks[block][key].assign(value[first : first + rows])
-      )
-    return tf.group(assigns)

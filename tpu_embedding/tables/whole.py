@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import tensorflow as tf
 
@@ -115,12 +114,6 @@ class WholeTable(TableStore):
 
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     return tf.gather(self._variables[key], ids)
-
-  def read(self, key: str = "parameters") -> tf.Tensor:
-    return tf.convert_to_tensor(self._variables[key])
-
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    return self._variables[key].assign(value)
 
   def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
     apply_rows(
