@@ -40,6 +40,9 @@ Updates = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]
 class Backend(metaclass=abc.ABCMeta):
   """Holds the table stores; gathers and updates rows of many tables."""
 
+  #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
+  supports_pipelining = True
+
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}
 

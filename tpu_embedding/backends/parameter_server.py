@@ -45,6 +45,9 @@ def ps_devices(num_ps: int) -> list[str]:
 class ParameterServerBackend(HostBackend):
   """Tables on the parameter servers; gathers and scatters by row."""
 
+  #: Workers update asynchronously already: nothing to pipeline.
+  supports_pipelining = False
+
   def __init__(
     self,
     strategy: tf.distribute.Strategy,

@@ -28,7 +28,6 @@ from tpu_embedding import errors
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.backends.base import Backend
-from tpu_embedding.backends.parameter_server import ParameterServerBackend
 from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
@@ -76,7 +75,7 @@ class OffTPUEngine(Engine, Trackable):
     self._strategy = strategy
     backend = select_backend(strategy, config.tables, row_sharding_threshold)
     if pipeline_execution_with_tensor_core:
-      if isinstance(backend, ParameterServerBackend):
+      if not backend.supports_pipelining:
         raise ValueError(
           "pipeline_execution_with_tensor_core=True is not available under "
           "ParameterServerStrategy (workers update asynchronously already)."
