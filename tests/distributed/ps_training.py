@@ -171,6 +171,19 @@ def main(checkpoint_dir: str) -> None:
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
     strategy
   )
+  # Pipelining is refused: workers update asynchronously already.
+  with strategy.scope():
+    table = tpe.TableConfig(V_BIG, DIM, name="big")
+    try:
+      tpe.TPUEmbedding(
+        tpe.FeatureConfig(table),
+        tpe.SGD(0.1),
+        pipeline_execution_with_tensor_core=True,
+      )
+    except ValueError as e:
+      assert "not available under ParameterServerStrategy" in str(e), e
+    else:
+      raise AssertionError("pipelining was accepted under PS")
   # One step at a time: the single-device sequence.
   emb = on_cluster(
     strategy, coordinator, big_init, small_init, projection, batches, wait=True
