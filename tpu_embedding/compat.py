@@ -38,6 +38,10 @@ from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 # around saves and restores, as TensorFlow does for its own TPUEmbedding.
 from tensorflow.python.saved_model.registration import register_checkpoint_saver
 
+# Restore-on-create of one row block: which rows of a checkpointed value
+# a new variable reads (TensorFlow's own partitioned variables use it).
+from tensorflow.python.trackable.base import ShardInfo as CheckpointShardInfo
+
 # Feature paths (``"a/0"``) in error messages, in ``tf.nest.flatten`` order.
 from tensorflow.python.util.nest import flatten_with_joined_string_paths
 
@@ -46,6 +50,7 @@ from tensorflow.python.util.nest import flatten_with_joined_string_paths
 Trackable = tf.__internal__.tracking.Trackable
 
 __all__ = [
+  "CheckpointShardInfo",
   "ResourceVariable",
   "ShardedVariable",
   "Trackable",

@@ -54,3 +54,23 @@ class VariableTracker:
   def register(self, name: str, variable: Any) -> None:
     # pylint: disable=protected-access
     self._owner._track_trackable(variable, name=name, overwrite=True)
+
+  def pending_restore(self, name: str) -> Any:
+    """A pending checkpoint value of variable ``name``, or None.
+
+    The result is TensorFlow's restore-on-create callable: called with
+    ``shape``, ``dtype`` and a ``shard_info`` it reads only those rows.
+    """
+    # pylint: disable=protected-access
+    self._owner._maybe_initialize_trackable()
+    return self._owner._preload_simple_restoration(name=name)
+
+  @staticmethod
+  def mark_restored(variable: Any, restore: Any) -> None:
+    """Records that ``variable`` took its value from ``restore`` already.
+
+    Tracking it afterwards then does not read the checkpoint again.
+    """
+    # pylint: disable=protected-access
+    variable._maybe_initialize_trackable()
+    variable._update_uid = restore.restore_uid

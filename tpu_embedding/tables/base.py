@@ -213,7 +213,7 @@ class TableStore(metaclass=abc.ABCMeta):
 
 
 #: TensorFlow's checkpoint key of a variable's value.
-_VALUE_KEY = "VARIABLE_VALUE"
+VALUE_KEY = "VARIABLE_VALUE"
 
 
 class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
@@ -238,10 +238,10 @@ class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
     return self.read_value().numpy()
 
   def _serialize_to_tensors(self):
-    return {_VALUE_KEY: self.read_value()}
+    return {VALUE_KEY: self.read_value()}
 
   def _restore_from_tensors(self, restored_tensors):
-    return self.assign(restored_tensors[_VALUE_KEY])
+    return self.assign(restored_tensors[VALUE_KEY])
 
 
 tf.register_tensor_conversion_function(

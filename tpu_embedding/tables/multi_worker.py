@@ -3,9 +3,11 @@
 Under ``MultiWorkerMirroredStrategy`` each worker holds the row blocks of
 its own replicas (``row_sharded.create_blocks``); no process can read the
 whole table alone. Users and checkpoints see a ``WorkerShardedVariable``:
-reading it (``tf.convert_to_tensor``, ``numpy()``, a checkpoint save) is
-a collective that every worker must join; a restore writes each worker's
-own rows.
+reading it (``tf.convert_to_tensor``, ``numpy()``) is a collective that
+every worker must join. Checkpoints written and read through
+``tpu_embedding.checkpoints`` hold and read each worker's own rows only
+(slices of the full ``[vocabulary_size, dim]`` tensor); a plain
+``tf.train.Checkpoint`` save gathers the whole table on every worker.
 
 Example:
   >>> from tpu_embedding.tables.multi_worker import MultiWorkerShardedTable
@@ -21,6 +23,8 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.tables import slicing
+from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
@@ -73,12 +77,46 @@ class WorkerShardedVariable(WholeValueVariable):
     """Writes this worker's rows of a whole ``value``."""
     assigns = []
     for local, shard in enumerate(self._shards):
-      replica = self._first + local
-      start = self._placement.shard_offsets[replica]
-      rows = self._placement.shard_sizes[replica]
+      start, rows = self._rows(local)
       assigns.append(shard.assign(value[start : start + rows]))
     return tf.group(assigns)
 
+  def _rows(self, local: int) -> tuple[int, int]:
+    replica = self._first + local
+    return (
+      self._placement.shard_offsets[replica],
+      self._placement.shard_sizes[replica],
+    )
+
+  def _slice_spec(self, local: int) -> str:
+    start, rows = self._rows(local)
+    return tf.Variable.SaveSliceInfo(
+      full_name="",
+      full_shape=self.shape.as_list(),
+      var_offset=[start, 0],
+      var_shape=[rows, self.shape[1]],
+    ).spec
+
+  def _serialize_to_tensors(self):
+    if not slicing.active():
+      slicing.warn_whole(self._placement.table, self.shape)
+      return super()._serialize_to_tensors()
+    # Only this worker's rows, as slices of the full logical tensor.
+    return {
+      VALUE_KEY: {
+        self._slice_spec(local): shard.read_value()
+        for local, shard in enumerate(self._shards)
+      }
+    }
+
+  def _restore_from_tensors(self, restored_tensors):
+    value = restored_tensors[VALUE_KEY]
+    if not isinstance(value, dict):  # A whole value: keep this worker's rows.
+      return self.assign(value)
+    return tf.group([
+      shard.assign(value[self._slice_spec(local)])
+      for local, shard in enumerate(self._shards)
+    ])
 
 
 class MultiWorkerShardedTable(RowShardedTable):

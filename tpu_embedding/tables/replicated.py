@@ -28,6 +28,7 @@ from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
+from tpu_embedding.tables.initial_values import row_values
 
 
 class ReplicatedVariable(WholeValueVariable):
@@ -78,11 +79,12 @@ class ReplicatedTable(TableStore):
       table, "with replicated tables"
     ):
       name = checkpoint_name(table_name(table), key)
+      values = row_values(initializer, shape, name)
       value = None
       for local, device in enumerate(devices):
         with tf.device(device):
           if value is None:  # One initial value: the copies are equal.
-            value = tf.convert_to_tensor(initializer(shape, dtype=tf.float32))
+            value = values.rows(0, table.vocabulary_size, tf.float32)
           blocks[local][key] = compat.ResourceVariable(
             tf.identity(value),
             name=f"{name}/replica_{local}",

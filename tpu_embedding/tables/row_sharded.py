@@ -46,7 +46,8 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
-from tpu_embedding.tables.initial_values import block_initial_value
+from tpu_embedding.tables.initial_values import create_variable
+from tpu_embedding.tables.initial_values import row_values
 
 
 def create_blocks(
@@ -55,8 +56,13 @@ def create_blocks(
   devices: Sequence[str],
   first: int,
   layout: str,
-) -> list[Block]:
+  tracker: VariableTracker,
+) -> tuple[list[Block], dict[str, Any]]:
   """Creates this process's row blocks of a table and its slots.
+
+  Each block holds only its own rows from the start: from a checkpoint
+  restored before the table existed (reading just those rows), or filled
+  grid block by grid block (``initial_values``), never from a whole table.
 
   Args:
     table: the resolved table.
@@ -64,31 +70,45 @@ def create_blocks(
     devices: one device per local block.
     first: the global replica (or task) index of the first local block.
     layout: the layout's description, for errors.
+    tracker: the checkpoint tracker (for a pending restore).
 
   Returns:
-    One ``{"parameters": var, <slot>: var}`` per device.
+    ``(blocks, restored)``: one ``{"parameters": var, <slot>: var}`` per
+    device, and ``{key: restore}`` for the keys read from a checkpoint.
   """
   full_shape = (table.vocabulary_size, table.dim)
   blocks: list[Block] = [{} for _ in devices]
+  restored: dict[str, Any] = {}
   for key, initializer, trainable in variable_specs(table, layout):
     name = checkpoint_name(table_name(table), key)
-    cache: dict = {}
+    restore = tracker.pending_restore(name)
+    values = row_values(initializer, full_shape, name)
     for local, device in enumerate(devices):
       replica = first + local
+      start = placement.shard_offsets[replica]
+      rows = placement.shard_sizes[replica]
+      part = f"{name}/part_{replica}"
+      # A plain per-device variable, even inside a strategy scope.
       with tf.device(device):
-        value = block_initial_value(
-          initializer,
-          placement.shard_offsets[replica],
-          placement.shard_sizes[replica],
-          full_shape,
-          tf.float32,
-          cache,
-        )
-        # A plain per-device variable, even inside a strategy scope.
+        if restore is None:
+          blocks[local][key] = create_variable(
+            values, start, rows, part, trainable
+          )
+          continue
         blocks[local][key] = compat.ResourceVariable(
-          value, name=f"{name}/part_{replica}", trainable=trainable
+          restore(
+            shape=full_shape,
+            dtype=tf.float32,
+            shard_info=compat.CheckpointShardInfo(
+              shape=(rows, table.dim), offset=(start, 0)
+            ),
+          ),
+          name=part,
+          trainable=trainable,
         )
-  return blocks
+    if restore is not None:
+      restored[key] = restore
+  return blocks, restored
 
 
 class RowShardedTable(TableStore):
@@ -132,10 +152,12 @@ class RowShardedTable(TableStore):
       tracker: tracks the variables for checkpoints.
       **layout_args: further constructor arguments of a subclass.
     """
-    blocks = create_blocks(
-      table, placement, devices, first, f"for {cls.layout} tables"
+    blocks, restored = create_blocks(
+      table, placement, devices, first, f"for {cls.layout} tables", tracker
     )
     store = cls(table, placement, blocks, first, **layout_args)
+    for key, restore in restored.items():
+      tracker.mark_restored(store.variables[key], restore)
     store.track(tracker)
     return store
 

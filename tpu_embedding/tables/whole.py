@@ -32,6 +32,7 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.initial_values import RowWiseInitializer
 from tpu_embedding.tables.updates import apply_rows
 
 
@@ -86,17 +87,22 @@ class WholeTable(TableStore):
         )
 
     parameters = tracker.create(
-      table_name(table), shape, table.initializer, getter, True
+      table_name(table),
+      shape,
+      RowWiseInitializer(table.initializer, shape, table_name(table)),
+      getter,
+      True,
     )
     variables = {"parameters": parameters}
     optimizer = table.optimizer
     if optimizer is not None:
 
       def slot_creator(slot, initializer):
+        name = checkpoint_name(table_name(table), slot)
         return tracker.create(
-          checkpoint_name(table_name(table), slot),
+          name,
           shape,
-          initializer,
+          RowWiseInitializer(initializer, shape, name),
           getter,
           False,
         )

@@ -1,0 +1,66 @@
+"""Whether checkpoints of multi-worker tables hold slices or whole values.
+
+A table sharded over several workers (``MultiWorkerShardedTable``) has no
+process that holds it whole. Inside ``sliced()`` (which
+``tpu_embedding.checkpoints`` enters for every save and restore) its
+variables save and restore only this worker's rows, as slices of the full
+``[vocabulary_size, dim]`` tensor; outside (a plain ``tf.train.Checkpoint``
+save, which each worker writes on its own) they gather the whole value on
+every worker so that the chief's file is complete, and warn once for a
+large table that this costs a whole table of memory per worker.
+
+Example:
+  >>> with sliced():
+  ...   active()
+  True
+  >>> active()
+  False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+#: Tables at least this large warn when saved whole on every worker.
+LARGE_TABLE_BYTES = 64 * 2**20
+
+_state = threading.local()
+_warned: set[str] = set()
+
+
+@contextlib.contextmanager
+def sliced() -> Iterator[None]:
+  """Multi-worker tables save and restore each worker's own rows."""
+  previous = active()
+  _state.active = True
+  try:
+    yield
+  finally:
+    _state.active = previous
+
+
+def active() -> bool:
+  """Whether ``sliced()`` is in effect on this thread."""
+  return getattr(_state, "active", False)
+
+
+def warn_whole(table: str, shape: tf.TensorShape) -> None:
+  """Warns once that a large multi-worker table is gathered whole."""
+  size = shape.num_elements() * 4
+  if size < LARGE_TABLE_BYTES or table in _warned:
+    return
+  _warned.add(table)
+  logging.getLogger("tpu_embedding").warning(
+    "Table '%s' (%.0f MiB) is sharded over several workers, but a plain "
+    "tf.train.Checkpoint save or restore gathers it whole on every worker. "
+    "Use tpu_embedding.checkpoints.save/restore (or its CheckpointManager) "
+    "on every worker with the same path: each worker then writes and reads "
+    "only its own rows.",
+    table,
+    size / 2**20,
+  )
