@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tpu_embedding import checkpoints
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
@@ -54,6 +55,7 @@ __all__ = [
   "TPUEmbeddingV2",
   "TPUEmbeddingV3",
   "TableConfig",
+  "checkpoints",
   "serving_embedding_lookup",
 ]
 

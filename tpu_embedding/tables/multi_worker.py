@@ -46,6 +46,21 @@ class WorkerShardedVariable(WholeValueVariable):
     self._first = first
 
   @property
+  def strategy(self) -> tf.distribute.Strategy:
+    """The ``MultiWorkerMirroredStrategy`` the table lives under."""
+    return self._strategy
+
+  @property
+  def worker_count(self) -> int:
+    """Workers holding rows of the table."""
+    return len(self._placement.shard_sizes) // len(self._shards)
+
+  @property
+  def worker_index(self) -> int:
+    """This worker's index (0 is the chief)."""
+    return self._first // len(self._shards)
+
+  @property
   def shape(self) -> tf.TensorShape:
     rows = sum(self._placement.shard_sizes)
     return tf.TensorShape([rows, self._shards[0].shape[1]])
@@ -111,11 +126,15 @@ class WorkerShardedVariable(WholeValueVariable):
 
   def _restore_from_tensors(self, restored_tensors):
     value = restored_tensors[VALUE_KEY]
-    if not isinstance(value, dict):  # A whole value: keep this worker's rows.
+    if isinstance(value, dict):  # This worker's slices.
+      values = [value[self._slice_spec(i)] for i in range(len(self._shards))]
+    elif value.shape[0] == self.shape[0]:  # A whole value.
       return self.assign(value)
+    else:  # TensorFlow passes a single slice as a tensor.
+      values = [value]
     return tf.group([
-      shard.assign(value[self._slice_spec(local)])
-      for local, shard in enumerate(self._shards)
+      shard.assign(part)
+      for shard, part in zip(self._shards, values, strict=True)
     ])
 
 

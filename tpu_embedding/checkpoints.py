@@ -1,0 +1,239 @@
+"""Checkpoints in which each worker writes and reads only its own rows.
+
+Under ``MultiWorkerMirroredStrategy`` a row-sharded table has no process
+that holds it whole. A plain ``tf.train.Checkpoint`` save, which every
+worker writes on its own (the chief to the real path, the others to a
+temporary one), must therefore gather every table on every worker. The
+functions here are called by **every worker with the same path** on a
+filesystem they share, and keep each worker at its own rows:
+
+1. every worker writes its rows (slices of each full ``[vocabulary_size,
+   dim]`` tensor) as one part under ``<prefix>_temp/``; the chief's part
+   also holds everything else (dense weights, small tables, the object
+   graph);
+2. the chief merges the parts into ``<prefix>`` (TensorFlow's own
+   ``MergeV2Checkpoints``, as for its partitioned variables), removing
+   ``<prefix>_temp``; a ``*_temp`` directory left by a worker killed while
+   saving is removed by the next save.
+
+The result is an ordinary TensorFlow checkpoint: each table under its usual
+key with its full value, readable by one device, any replica or worker
+count and TensorFlow's ``TPUEmbeddingForServing``. Restoring through
+``restore`` reads only this worker's rows. Elsewhere (one worker, parameter
+servers, one device) these functions are ``Checkpoint.write``/``restore``:
+TensorFlow already writes each parameter server's rows on that server.
+
+Example:
+  >>> import tempfile
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> emb = tpe.TPUEmbedding(tpe.FeatureConfig(tpe.TableConfig(8, 2)),
+  ...                        tpe.SGD(0.1))
+  >>> emb.build()
+  >>> checkpoint = tf.train.Checkpoint(embedding=emb)
+  >>> path = write(checkpoint, tempfile.mkdtemp() + "/ckpt")
+  >>> _ = restore(checkpoint, path)
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.tables import slicing
+from tpu_embedding.tables.multi_worker import WorkerShardedVariable
+
+__all__ = ["CheckpointManager", "restore", "write"]
+
+
+def _worker_sharded(checkpoint: Any) -> list[WorkerShardedVariable]:
+  return [
+    obj
+    for obj in tf.train.TrackableView(checkpoint).descendants()
+    if isinstance(obj, WorkerShardedVariable)
+  ]
+
+
+#: One compiled barrier per strategy.
+_barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Workers:
+  """This worker's place in the cluster, and a barrier over all workers."""
+
+  def __init__(self, variable: WorkerShardedVariable):
+    self.strategy = variable.strategy
+    self.index, self.count = variable.worker_index, variable.worker_count
+    self.chief = self.index == 0
+
+  def barrier(self) -> None:
+    if self.strategy not in _barriers:
+      strategy = self.strategy
+      _barriers[strategy] = tf.function(
+        lambda: strategy.reduce(
+          tf.distribute.ReduceOp.SUM,
+          strategy.run(lambda: tf.constant(1.0)),
+          axis=None,
+        )
+      )
+    _barriers[self.strategy]()
+
+
+def _part(temp: str, index: int) -> str:
+  return f"{temp}/part-{index:05d}"
+
+
+def _write_slices(
+  checkpoint: Any, variables: list[WorkerShardedVariable], prefix: str
+) -> None:
+  """Writes this worker's slices of ``variables`` (nothing else)."""
+  # The checkpoint keys of the variables in this object graph, with this
+  # worker's slices (sliced mode): TensorFlow's own serialization.
+  from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415
+  from tensorflow.python.checkpoint import save_util  # noqa: PLC0415
+
+  wanted = {id(v) for v in variables}
+  serialized = save_util.serialize_graph_view(
+    graph_view.ObjectGraphView(checkpoint)
+  )[0]
+  names, specs, tensors = [], [], []
+  for obj, by_key in serialized.items():
+    if id(obj) not in wanted:
+      continue
+    for key, slices in by_key.items():
+      for spec, tensor in slices.items():
+        names.append(key)
+        specs.append(spec)
+        tensors.append(tensor)
+  with tf.device("CPU"):
+    tf.raw_ops.SaveV2(
+      prefix=prefix, tensor_names=names, shape_and_slices=specs,
+      tensors=tensors,
+    )
+
+
+def _remove(path: str) -> None:
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.rmtree(path)
+
+
+def _remove_stale_temps(file_prefix: str) -> None:
+  """Removes ``*_temp`` directories left next to ``file_prefix`` by a kill."""
+  directory = os.path.dirname(file_prefix) or "."
+  for name in tf.io.gfile.listdir(directory):
+    name = name.rstrip("/")
+    if name.endswith("_temp"):
+      _remove(os.path.join(directory, name))
+
+
+def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
+  """Writes ``checkpoint`` to ``file_prefix``, each worker its own rows.
+
+  Call it on every worker with the same ``file_prefix`` (like
+  ``tf.train.Checkpoint.write``, without a save counter).
+
+  Args:
+    checkpoint: a ``tf.train.Checkpoint``.
+    file_prefix: the checkpoint prefix, on a filesystem all workers share.
+    options: optional ``tf.train.CheckpointOptions`` (used by the chief).
+
+  Returns:
+    ``file_prefix``.
+  """
+  variables = _worker_sharded(checkpoint)
+  if not variables:
+    return checkpoint.write(file_prefix, options=options)
+  workers = _Workers(variables[0])
+  temp = f"{file_prefix}_temp"
+  workers.barrier()  # Every worker is here: any *_temp is stale.
+  if workers.chief:
+    _remove_stale_temps(file_prefix)
+  workers.barrier()
+  with slicing.sliced():
+    if workers.chief:
+      checkpoint.write(_part(temp, 0), options=options)
+    else:
+      _write_slices(checkpoint, variables, _part(temp, workers.index))
+  workers.barrier()
+  if workers.chief:
+    parts = [_part(temp, i) for i in range(workers.count)]
+    with tf.device("CPU"):
+      tf.raw_ops.MergeV2Checkpoints(
+        checkpoint_prefixes=parts,
+        destination_prefix=file_prefix,
+        delete_old_dirs=True,
+      )
+    _remove(temp)
+  workers.barrier()  # Nobody reads the checkpoint before it is whole.
+  return file_prefix
+
+
+def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
+  """``checkpoint.restore(save_path)``, each worker reading its own rows.
+
+  Tables restored after they exist read this worker's rows; tables built
+  after the restore read them when created (restore-on-create), so a
+  fresh job holds each row once.
+  """
+  with slicing.sliced():
+    return checkpoint.restore(save_path, options=options)
+
+
+class _SlicedWriter:
+  """A checkpoint whose ``_write`` is ``write`` (for ``CheckpointManager``)."""
+
+  def __init__(self, checkpoint: Any):
+    self._checkpoint = checkpoint
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._checkpoint, name)
+
+  def _write(self, file_prefix: str, options: Any = None) -> str:
+    callbacks = list(
+      getattr(options, "experimental_write_callbacks", None) or []
+    )
+    variables = _worker_sharded(self._checkpoint)
+    self.chief = not variables or _Workers(variables[0]).chief
+    if callbacks:
+      options = tf.train.CheckpointOptions()
+    path = write(self._checkpoint, file_prefix, options)
+    if self.chief:  # Only the chief records the state file and sweeps.
+      for callback in callbacks:
+        callback(path)
+    return path
+
+
+class CheckpointManager(tf.train.CheckpointManager):
+  """``tf.train.CheckpointManager`` whose saves and restores are sliced.
+
+  Create it on every worker with the same ``directory``: every worker
+  writes its rows, the chief keeps the ``checkpoint`` state file and
+  deletes old checkpoints.
+
+  Example:
+    >>> import tempfile
+    >>> import tensorflow as tf
+    >>> manager = CheckpointManager(
+    ...     tf.train.Checkpoint(step=tf.Variable(1)), tempfile.mkdtemp(), 2)
+    >>> manager.save().endswith("ckpt-1")
+    True
+  """
+
+  def save(self, checkpoint_number=None, check_interval=True, options=None):
+    original = self._checkpoint
+    writer = _SlicedWriter(original)
+    self._checkpoint = writer
+    try:
+      path = super().save(checkpoint_number, check_interval, options)
+    finally:
+      self._checkpoint = original
+    if path is not None and not getattr(writer, "chief", True):
+      self._latest_checkpoint = path  # (the chief's state file says so too)
+    return path
+
+  def restore_or_initialize(self):
+    with slicing.sliced():
+      return super().restore_or_initialize()
