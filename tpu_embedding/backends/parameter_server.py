@@ -9,8 +9,12 @@ the looked-up rows from the PS tasks that own them and scatters only their
 new values back, so no worker ever holds a table.
 
 Workers update asynchronously, as parameter-server training does: each step
-applies its own batch's row gradients. Steps run one after another give
-exactly the single-device result.
+applies its own batch's row gradients. Each update runs on the parameter
+server holding the rows, inside that block's ``tf.CriticalSection``, so steps
+from several workers at once never interleave their read-modify-writes: no
+update is lost or doubled (an Adagrad accumulator gets every squared
+gradient). Steps run one after another give exactly the single-device
+result.
 
 Example:
   >>> from tpu_embedding.backends.parameter_server import ps_devices
@@ -31,6 +35,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import make_plan
+from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.row_sharded import RowShardedTable
@@ -61,6 +66,7 @@ class ParameterServerBackend(HostBackend):
     # The plan's "replicas" are the PS tasks; a "replicated" table is kept
     # once, on one PS task.
     self._plan = make_plan(tables, num_ps, row_threshold)
+    self._lock_chain = LockChain()
 
   @property
   def plan(self) -> ShardingPlan:
@@ -79,5 +85,6 @@ class ParameterServerBackend(HostBackend):
         variable_specs(table, "under ParameterServerStrategy")  # checks
         device = self._devices[index % len(self._devices)]
         store = WholeTable.create(table, tracker, device=device)
+      store.lock_blocks(self._lock_chain)  # Workers update concurrently.
       self._stores[table.name] = store
     return self._stores

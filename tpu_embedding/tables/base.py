@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -174,14 +175,46 @@ class TableStore(metaclass=abc.ABCMeta):
   def update_block(self, block: int, rows: tf.Tensor, grads: tf.Tensor) -> None:
     """Applies the table's optimizer to rows of one local block.
 
+    After ``lock_blocks()`` the update runs on the block's device, one at a
+    time: concurrent steps never interleave their reads and writes.
+
     Args:
       block: the local block index.
       rows: ``[n]`` distinct row indices *within the block*.
       grads: ``[n, dim]`` summed gradients of those rows.
     """
-    apply_rows(
-      self.table, self.blocks[block], rows, grads, self.block_rows(block)[1]
-    )
+    variables = self.blocks[block]
+    size = self.block_rows(block)[1]
+    locks = getattr(self, "_locks", None)
+    if locks is None:
+      apply_rows(self.table, variables, rows, grads, size)
+      return
+
+    def locked_update():
+      writes = apply_rows(self.table, variables, rows, grads, size)
+      # The lock is released once this result exists: after the writes.
+      with tf.control_dependencies([w for w in writes if w is not None]):
+        return tf.constant(True)
+
+    self._chain.run(locks[block], locked_update)
+
+  def lock_blocks(self, chain: LockChain) -> None:
+    """Makes every later block update atomic.
+
+    For asynchronous training (parameter servers), where steps from
+    several workers update the same rows at once: each block gets a
+    ``tf.CriticalSection`` (on its device), and ``update_block`` reads,
+    updates and writes its rows inside it, so no update is lost or
+    doubled. ``chain`` orders the locked updates of a step one after
+    another, so a step never holds two locks and steps cannot deadlock.
+    """
+    self._chain = chain
+    self._locks = []
+    for index, block in enumerate(self.blocks):
+      with tf.device(block["parameters"].device):
+        self._locks.append(
+          tf.CriticalSection(name=f"{self.table.name}_block_{index}_lock")
+        )
 
   def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
     """Applies the table's optimizer to rows ``ids`` (distinct, global).
@@ -210,6 +243,31 @@ class TableStore(metaclass=abc.ABCMeta):
     """Registers ``variables`` for checkpoints under TensorFlow's keys."""
     for key, variable in self.variables.items():
       tracker.register(checkpoint_name(table_name(self.table), key), variable)
+
+
+class LockChain:
+  """Runs critical sections of one traced step one after another.
+
+  Each ``run`` waits for the previous one of the same graph (a step
+  function), so a step holds at most one lock at a time.
+
+  Example:
+    >>> chain = LockChain()
+    >>> bool(chain.run(tf.CriticalSection(), lambda: tf.constant(True)))
+    True
+  """
+
+  def __init__(self) -> None:
+    self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+  def run(self, lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
+    graph = tf.compat.v1.get_default_graph()
+    previous = self._last.get(graph)
+    with tf.control_dependencies([] if previous is None else [previous]):
+      done = lock.execute(fn)
+    if not tf.executing_eagerly():
+      self._last[graph] = done
+    return done
 
 
 #: TensorFlow's checkpoint key of a variable's value.

@@ -13,7 +13,7 @@ Example:
   >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(3, 1, name="t")),
   ...                 tpe.SGD(0.5)).tables[0]
   >>> block = {"parameters": tf.Variable(tf.zeros([3, 1]))}
-  >>> apply_rows(table, block, tf.constant([2], tf.int64),
+  >>> _ = apply_rows(table, block, tf.constant([2], tf.int64),
   ...            tf.constant([[1.0]]), num_rows=3)
   >>> block["parameters"].numpy().ravel().tolist()
   [0.0, 0.0, -0.5]
@@ -34,7 +34,7 @@ def apply_rows(
   ids: tf.Tensor,
   grads: tf.Tensor,
   num_rows: int,
-) -> None:
+) -> list[Any]:
   """Applies ``table.optimizer`` to rows ``ids`` of one block of variables.
 
   Args:
@@ -44,6 +44,9 @@ def apply_rows(
     ids: ``[n]`` distinct row indices into ``block``.
     grads: ``[n, dim]`` summed gradients of those rows.
     num_rows: rows in ``block``.
+
+  Returns:
+    The write operations (in a graph; None entries when eager).
   """
   optimizer = table.optimizer
   if optimizer is None:
@@ -59,13 +62,21 @@ def apply_rows(
     params, slots = optimizer.apply(
       block["parameters"].read_value(), slots, dense_grads, lr
     )
-    block["parameters"].assign(params)
+    writes = [block["parameters"].assign(params, read_value=False)]
     for name, value in zip(names, slots, strict=True):
-      block[name].assign(value)
-    return
+      writes.append(block[name].assign(value, read_value=False))
+    return writes
   slots = optimizer.Slots(*(tf.gather(block[n], ids) for n in names))
   params = tf.gather(block["parameters"], ids)
   params, slots = optimizer.apply(params, slots, grads, lr)
-  block["parameters"].scatter_update(tf.IndexedSlices(params, ids))
+  writes = [_scatter(block["parameters"], ids, params)]
   for name, value in zip(names, slots, strict=True):
-    block[name].scatter_update(tf.IndexedSlices(value, ids))
+    writes.append(_scatter(block[name], ids, value))
+  return writes
+
+
+def _scatter(variable: Any, ids: tf.Tensor, rows: tf.Tensor) -> Any:
+  """Writes ``rows`` at ``ids``; returns the write (None when eager)."""
+  return tf.raw_ops.ResourceScatterUpdate(
+    resource=variable.handle, indices=ids, updates=rows
+  )

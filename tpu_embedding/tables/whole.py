@@ -33,7 +33,6 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.initial_values import RowWiseInitializer
-from tpu_embedding.tables.updates import apply_rows
 
 
 def plain_variable_getter(name, shape, dtype, initializer, trainable):
@@ -122,6 +121,4 @@ class WholeTable(TableStore):
     return tf.gather(self._variables[key], ids)
 
   def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
-    apply_rows(
-      self.table, self._variables, ids, grads, self.table.vocabulary_size
-    )
+    self.update_block(0, ids, grads)
