@@ -110,7 +110,9 @@ def _write_slices(
         tensors.append(tensor)
   with tf.device("CPU"):
     tf.raw_ops.SaveV2(
-      prefix=prefix, tensor_names=names, shape_and_slices=specs,
+      prefix=prefix,
+      tensor_names=names,
+      shape_and_slices=specs,
       tensors=tensors,
     )
 

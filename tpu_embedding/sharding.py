@@ -98,11 +98,17 @@ def placement_kind(
 ) -> str:
   """``ROW_SHARDED`` or ``REPLICATED`` for one table (the plan's rule).
 
+  A table with fewer rows than replicas is always replicated: a row
+  block per replica would leave some replica without rows, and a copy of
+  so few rows costs nothing.
+
   Example:
     >>> placement_kind("t", 50, 2, 10), placement_kind("t", 50, 1, 10)
     ('row_sharded', 'replicated')
+    >>> placement_kind("t", 3, 4, 0)  # fewer rows than replicas
+    'replicated'
   """
-  if num_replicas == 1:
+  if num_replicas == 1 or vocabulary_size < num_replicas:
     return REPLICATED
   if isinstance(row_threshold, RowThreshold) and name in row_threshold.forced:
     return row_threshold.forced[name]

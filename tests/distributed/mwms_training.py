@@ -202,7 +202,9 @@ def check_sliced_checkpoints(
   path = manager.latest_checkpoint
   assert path.endswith("ckpt-2"), path
   assert not is_chief or sorted(tf.io.gfile.listdir(sliced_dir)) == [
-    "checkpoint", "ckpt-2.data-00000-of-00002", "ckpt-2.data-00001-of-00002",
+    "checkpoint",
+    "ckpt-2.data-00000-of-00002",
+    "ckpt-2.data-00001-of-00002",
     "ckpt-2.index",
   ], tf.io.gfile.listdir(sliced_dir)
   # An ordinary checkpoint: each table whole under its key (one device).
@@ -216,7 +218,8 @@ def check_sliced_checkpoints(
   for build_first in (False, True):
     with strategy.scope():
       fresh = make_embedding(
-        np.zeros_like(big_init), np.zeros_like(small_init),
+        np.zeros_like(big_init),
+        np.zeros_like(small_init),
         OPTIMIZERS["sgd"](),
       )
     if build_first:

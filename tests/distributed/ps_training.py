@@ -164,7 +164,12 @@ def check_no_update_is_lost(strategy, coordinator, big_init, small_init, rng):
   want = one_device(big_init, small_init, projection, batches)
   got = values(
     on_cluster(
-      strategy, coordinator, big_init, small_init, projection, batches,
+      strategy,
+      coordinator,
+      big_init,
+      small_init,
+      projection,
+      batches,
       wait=False,
     )
   )

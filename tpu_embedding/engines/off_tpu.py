@@ -184,7 +184,11 @@ class OffTPUEngine(Engine, Trackable):
     del name, device
     self._check_strategy()
     replica = current_replica(self._strategy)
-    if replica is None and self._strategy.num_replicas_in_sync > 1:
+    if replica is None and (
+      self._strategy.num_replicas_in_sync > 1
+      or _distributed(features)
+      or _distributed(weights)
+    ):
       # Per-replica values (e.g. from a distributed dataset): check replica
       # 0's now; each replica prepares its own in dequeue.
       first_features, first_weights = select_replica(
@@ -321,3 +325,11 @@ class OffTPUEngine(Engine, Trackable):
           current=strategy_name(current),
         )
       )
+
+
+def _distributed(structure: Any) -> bool:
+  """Whether ``structure`` holds per-replica values (any replica count)."""
+  return any(
+    isinstance(value, tf.distribute.DistributedValues)
+    for value in tf.nest.flatten(structure)
+  )

@@ -199,7 +199,10 @@ class _Whole(RowValues):
           "it is materialized once (%.0f MiB) before its rows are split. "
           "Use a row-wise initializer (see tpu_embedding.tables."
           "initial_values) to keep every process at its own rows.",
-          self.name, self.initializer, *self.full_shape, bytes_ / 2**20,
+          self.name,
+          self.initializer,
+          *self.full_shape,
+          bytes_ / 2**20,
         )
       self._value = tf.convert_to_tensor(
         self.initializer(self.full_shape, dtype=dtype)
@@ -207,8 +210,11 @@ class _Whole(RowValues):
     yield 0, tf.identity(self._value[first : first + count])
 
 
-_RANDOM = {"RandomUniform": "uniform", "RandomNormal": "normal",
-           "TruncatedNormal": "truncated"}
+_RANDOM = {
+  "RandomUniform": "uniform",
+  "RandomNormal": "normal",
+  "TruncatedNormal": "truncated",
+}
 
 
 def _config(initializer: Any) -> dict | None:
@@ -256,7 +262,10 @@ def row_values(
     return _RowIds(full_shape, initializer.offset)
   if isinstance(initializer, TruncatedNormal):
     return _Random(
-      full_shape, "truncated", initializer.mean, initializer.stddev,
+      full_shape,
+      "truncated",
+      initializer.mean,
+      initializer.stddev,
       initializer.seed,
     )
   config = _config(initializer)

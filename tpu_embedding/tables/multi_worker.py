@@ -132,10 +132,12 @@ class WorkerShardedVariable(WholeValueVariable):
       return self.assign(value)
     else:  # TensorFlow passes a single slice as a tensor.
       values = [value]
-    return tf.group([
-      shard.assign(part)
-      for shard, part in zip(self._shards, values, strict=True)
-    ])
+    return tf.group(
+      [
+        shard.assign(part)
+        for shard, part in zip(self._shards, values, strict=True)
+      ]
+    )
 
 
 class MultiWorkerShardedTable(RowShardedTable):

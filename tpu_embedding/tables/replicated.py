@@ -53,7 +53,6 @@ class ReplicatedVariable(WholeValueVariable):
     return tf.group([copy.assign(value) for copy in self.copies])
 
 
-
 class ReplicatedTable(TableStore):
   """A full copy of the table and its slots on each local device."""
 

@@ -176,4 +176,3 @@ class RowShardedTable(TableStore):
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     # "div" row blocks: embedding_lookup returns the rows in id order.
     return tf.nn.embedding_lookup(self._variables[key], ids)
-
