@@ -51,6 +51,7 @@ setup(
       "nbclient==0.11.0",
       "nbformat==5.11.1",
       "ipykernel==7.4.0",
+      "matplotlib",
       'keras-rs==0.4.0; python_version >= "3.11"',
       "ml-dtypes",
     ],

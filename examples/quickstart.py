@@ -103,11 +103,22 @@ def logits_from(mlp, activations) -> tf.Tensor:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=600)
-  parser.add_argument("--batch_size", type=int, default=512)
-  parser.add_argument("--log_every", type=int, default=100)
-  parser.add_argument("--logdir", default="/tmp/tpu_embedding_quickstart")
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  parser.add_argument("--steps", type=int, default=600, help="Train steps.")
+  parser.add_argument(
+    "--batch_size", type=int, default=512, help="Examples per step."
+  )
+  parser.add_argument(
+    "--log_every", type=int, default=100, help="Steps between log lines."
+  )
+  parser.add_argument(
+    "--logdir",
+    default="/tmp/tpu_embedding_quickstart",
+    help="TensorBoard summaries go here.",
+  )
   args = parser.parse_args()
 
   user_table = tpe.TableConfig(

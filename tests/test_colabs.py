@@ -5,7 +5,10 @@ working directory ``colabs/``, as a user would open it); its printed
 output is then checked for real results (losses that fell, AUC and RMSE
 bounds, equalities it reports), not only for running without error. The
 notebooks import the installed package, the same copy as the tests (a
-last cell, added when they run, says which).
+last cell, added when they run, says which). Each starts with an install
+cell (``pip install`` of the clone's root, skipped when installed; run
+here in a fresh virtual environment) and draws at least one plot, kept
+inline as a PNG.
 About 100 s for the four notebooks on two CPU cores.
 
 Needs ``nbclient``, ``nbformat`` and ``ipykernel`` (the ``test`` extra);
@@ -19,6 +22,8 @@ import glob
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 
 import ipykernel  # noqa: F401  (the kernel the notebooks run on)
 import nbclient
@@ -44,6 +49,7 @@ WHERE = (
 )
 
 _outputs: dict[str, str] = {}
+_images: dict[str, int] = {}
 
 
 def run_notebook(name: str) -> str:
@@ -62,12 +68,15 @@ def run_notebook(name: str) -> str:
       resources={"metadata": {"path": COLABS}},
     )
     client.execute()  # CellExecutionError on any failing cell
-    texts = []
+    texts, images = [], 0
     for cell in nb.cells:
       for output in cell.get("outputs", []):
         if output.output_type == "stream" and output.name == "stdout":
           texts.append(output.text)
+        if "image/png" in output.get("data", {}):
+          images += 1
     _outputs[name] = "".join(texts)
+    _images[name] = images
   where = f"imported: {tpu_embedding.__file__} {model_garden.__file__}\n"
   assert _outputs[name].endswith(where), _outputs[name][-500:]
   return _outputs[name]
@@ -91,6 +100,80 @@ def test_notebooks_are_valid_and_in_python3():
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "python3"
     assert nb.cells[0].cell_type == "markdown"
+
+
+def install_cell(name: str) -> str:
+  """The notebook's first code cell."""
+  nb = nbformat.read(os.path.join(COLABS, name), as_version=4)
+  return next(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def test_every_notebook_starts_with_the_install_cell():
+  for name in NOTEBOOKS:
+    cell = install_cell(name)
+    assert cell.startswith("# Install: tpu_embedding is not on PyPI"), name
+    assert '"tpu_embedding": [ROOT]' in cell, name
+    assert '"matplotlib": ["matplotlib"]' in cell, name
+    assert '"-m", "pip", "install"' in cell, name
+    assert "import tpu_embedding" not in cell  # only the next cells import
+  for name in ("movielens_ranking.ipynb", "keras_rs_movielens.ipynb"):
+    assert '"recbole": ["--no-deps", "recbole==1.2.1"]' in install_cell(name)
+
+
+def test_install_cell_installs_the_clone_into_a_fresh_environment(tmp_path):
+  """The quickstart's install cell, in a virtual environment without the
+  package: it pip-installs the checkout's root (dependencies are not
+  re-downloaded: ``PIP_NO_DEPS``; matplotlib is left out)."""
+  venv = tmp_path / "venv"
+  subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+  python = str(venv / "bin" / "python")
+  cell = install_cell("quickstart.ipynb").replace(
+    '  "matplotlib": ["matplotlib"],\n', ""
+  )
+  env = dict(os.environ, PIP_NO_DEPS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+  env.pop("TPU_EMBEDDING_ROOT", None)
+  done = subprocess.run(
+    [python, "-c", cell], cwd=COLABS, env=env, capture_output=True,
+    text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stdout + done.stderr
+  site = glob.glob(str(venv / "lib" / "python*" / "site-packages"))[0]
+  assert f"tpu_embedding: {site}/tpu_embedding" in done.stdout, done.stdout
+  assert os.path.isfile(os.path.join(site, "model_garden", "__init__.py"))
+  # Run again: already installed, nothing to do.
+  again = subprocess.run(
+    [python, "-c", cell], cwd=COLABS, env=env, capture_output=True,
+    text=True, timeout=120,
+  )  # fmt: skip
+  assert again.returncode == 0 and "pip" not in again.stderr
+
+
+def test_outside_a_clone_the_install_cell_says_what_to_do(tmp_path):
+  venv = tmp_path / "venv"
+  subprocess.run(
+    [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+  )
+  env = {k: v for k, v in os.environ.items() if k != "TPU_EMBEDDING_ROOT"}
+  done = subprocess.run(
+    [str(venv / "bin" / "python"), "-c", install_cell("quickstart.ipynb")],
+    cwd=str(tmp_path), capture_output=True, text=True, timeout=60, env=env,
+  )  # fmt: skip
+  assert done.returncode != 0
+  assert "is not a clone of tpu_embedding" in done.stderr
+  assert "TPU_EMBEDDING_ROOT" in done.stderr
+
+
+@pytest.mark.parametrize(
+  "name",
+  [
+    n
+    for n in NOTEBOOKS
+    if n != "keras_rs_movielens.ipynb" or importlib.util.find_spec("keras_rs")
+  ],
+)
+def test_every_notebook_draws_a_plot(name):
+  run_notebook(name)
+  assert _images[name] >= 1, name
 
 
 def test_quickstart():

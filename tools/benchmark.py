@@ -15,6 +15,10 @@ Run:
   python3 tools/benchmark.py                       # the issue's setting
   python3 tools/benchmark.py --rows 20000 --steps 5  # a quick look
   python3 tools/benchmark.py --replicas 1,2,4 --skip_keras
+  python3 tools/benchmark.py --repeats 5 --json /tmp/benchmark.json
+
+Every rate is measured ``--repeats`` times (warm-up steps before each):
+the median is printed with the range and the spread (range / median).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -156,23 +161,56 @@ def examples_per_second(step, batches, args) -> float:
   return args.steps * args.batch_size / (time.perf_counter() - start)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--tables", type=int, default=26)
-  parser.add_argument("--rows", type=int, default=200_000)
-  parser.add_argument("--dim", type=int, default=64)
-  parser.add_argument("--batch_size", type=int, default=4096)
-  parser.add_argument("--zipf", type=float, default=1.2)
-  parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--warmup", type=int, default=3)
-  parser.add_argument("--distinct_batches", type=int, default=4)
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  parser.add_argument("--tables", type=int, default=26, help="Tables.")
+  parser.add_argument("--rows", type=int, default=200_000, help="Rows each.")
+  parser.add_argument("--dim", type=int, default=64, help="Table width.")
+  parser.add_argument(
+    "--batch_size", type=int, default=4096, help="Examples per step."
+  )
+  parser.add_argument(
+    "--zipf", type=float, default=1.2, help="Zipf exponent of the ids."
+  )
+  parser.add_argument(
+    "--steps", type=int, default=20, help="Timed steps per repeat."
+  )
+  parser.add_argument(
+    "--warmup", type=int, default=3, help="Untimed steps before each repeat."
+  )
+  parser.add_argument(
+    "--distinct_batches",
+    type=int,
+    default=4,
+    help="Batches generated (and cycled through).",
+  )
   parser.add_argument(
     "--replicas",
     default="1",
-    help="comma-separated replica counts for sharded runs, e.g. 1,2,4",
+    help="Comma-separated replica counts for sharded runs, e.g. 1,2,4.",
   )
-  parser.add_argument("--skip_keras", action="store_true")
-  args = parser.parse_args()
+  parser.add_argument(
+    "--skip_keras",
+    action="store_true",
+    help="Do not time the plain Keras baseline.",
+  )
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    default=3,
+    help="Timings of each measurement (median and spread are reported).",
+  )
+  parser.add_argument(
+    "--json", default=None, help="Also write every timing to this file."
+  )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = build_parser().parse_args(argv)
   replica_counts = [int(r) for r in args.replicas.split(",")]
   cpus = tf.config.list_physical_devices("CPU")
   tf.config.set_logical_device_configuration(
@@ -189,31 +227,48 @@ def main() -> None:
   print(
     f"{args.tables} tables x {args.rows:,} rows x {args.dim}, batch "
     f"{args.batch_size}, Zipf({args.zipf}) ids, Adagrad; "
-    f"{args.steps} timed steps after {args.warmup} warm-up steps",
+    f"{args.steps} timed steps after {args.warmup} warm-up steps, "
+    f"{args.repeats} repeats",
     flush=True,
   )
-  ours = examples_per_second(tpu_embedding_step(args, head), batches, args)
-  print(f"tpu_embedding TPUEmbedding : {ours:12,.0f} examples/s", flush=True)
+
+  def measure(name: str, step) -> _timing.Measurement:
+    return _timing.repeat(
+      name,
+      "examples/s",
+      lambda: examples_per_second(step, batches, args),
+      args.repeats,
+    )
+
+  results = [measure("tpu_embedding", tpu_embedding_step(args, head))]
+  ours = results[0]
+  print(f"tpu_embedding TPUEmbedding : {ours.describe()}", flush=True)
   if not args.skip_keras:
-    baseline = examples_per_second(keras_step(args, head), batches, args)
+    baseline = measure("keras", keras_step(args, head))
+    results.append(baseline)
+    print(f"keras Embedding + Adagrad  : {baseline.describe()}", flush=True)
     print(
-      f"keras Embedding + Adagrad  : {baseline:12,.0f} examples/s",
+      f"ratio (tpu_embedding / keras): {ours.median / baseline.median:.1f}x "
+      "(medians)",
       flush=True,
     )
-    print(f"ratio (tpu_embedding / keras): {ours / baseline:.1f}x", flush=True)
   sharded = [r for r in replica_counts if r > 1]
   if sharded:
     print("sharded tables (MirroredStrategy over logical CPUs):")
-    print(f"  1 replica  (one device) : {ours:12,.0f} examples/s  step 1.00x")
+    print(f"  1 replica  (one device) : {ours.describe()}  step 1.00x")
     for replicas in sharded:
-      rate = examples_per_second(
-        sharded_step(args, head, replicas), batches, args
+      rate = measure(
+        f"sharded_{replicas}_replicas", sharded_step(args, head, replicas)
       )
+      results.append(rate)
       print(
-        f"  {replicas} replicas             : {rate:12,.0f} examples/s  "
-        f"step {ours / rate:.2f}x",
+        f"  {replicas} replicas             : {rate.describe()}  "
+        f"step {ours.median / rate.median:.2f}x",
         flush=True,
       )
+  if args.json:
+    _timing.write_json(args.json, vars(args), results)
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,20 @@
 """Exports a SavedModel for TF Serving from a checkpoint of an embedding.
 
-The checkpoint is a ``tf.train.Checkpoint(embedding=emb, model=model)``
-written while training (on any layout: one device, ``MirroredStrategy``,
-parameter servers, ``TPUStrategy``, or TensorFlow's own TPU embedding: the
-table keys are the same). A small *spec* function, which you write next to
+A ranking run of this repository (``python -m model_garden.ranking.train
+--model_dir DIR``) needs nothing else: ``--model_dir DIR`` reads the
+run's saved config (``DIR/params.yaml``), rebuilds its model and exports
+its latest checkpoint (or ``--checkpoint``) with the ranking signature
+(``model_garden.ranking.saved_model``: ``dense_features``, ``sparse_<i>``
+→ ``predictions``)::
+
+  python3 tools/export.py --model_dir /tmp/tpe_dlrm \
+      --export_dir /tmp/serving/dlrm/1
+
+Any other model: the checkpoint is a
+``tf.train.Checkpoint(embedding=emb, model=model)`` written while training
+(on any layout: one device, ``MirroredStrategy``, parameter servers,
+``TPUStrategy``, or TensorFlow's own TPU embedding: the table keys are the
+same). A small *spec* function, which you write next to
 your training code, rebuilds what the checkpoint does not hold:
 
     # my_project/serving_spec.py
@@ -33,6 +44,7 @@ slots and the other tables are never loaded), checks that everything was
 found, and writes the SavedModel with ``export_for_serving``.
 
 Run:
+  python3 tools/export.py --model_dir /tmp/tpe_dlrm --export_dir /tmp/dlrm/1
   python3 tools/export.py --spec my_project/serving_spec.py:build \\
       --checkpoint /tmp/train --export_dir /tmp/serving/ranker/1
   python3 tools/export.py --spec my_project.serving_spec:build \\
@@ -153,15 +165,32 @@ def restore(spec: ExportSpec, path: str, tables):
   return embedding, names
 
 
-def run(args: argparse.Namespace) -> ExportResult:
-  """Loads the spec, restores the checkpoint and writes the SavedModel."""
-  start = time.time()
-  logging.info("Loading the spec %s", args.spec)
-  spec = load_spec(args.spec)
-  tables = spec.tables
+def export_ranking_run(args: argparse.Namespace) -> ExportResult:
+  """Exports a ``model_garden.ranking.train`` run of ``--model_dir``."""
+  from model_garden.ranking import saved_model  # noqa: PLC0415
+  from model_garden.ranking.configs import params_file  # noqa: PLC0415
+
   if args.tables:
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-  path = checkpoint_path(args.checkpoint)
+    raise ExportError(
+      "--tables: a ranking model reads all of its tables; export a subset "
+      "with --spec."
+    )
+  try:
+    config = params_file.read_params(args.model_dir)
+  except (FileNotFoundError, ValueError) as e:
+    raise ExportError(f"--model_dir: {e}") from e
+  path = checkpoint_path(args.checkpoint or args.model_dir)
+  logging.info("Restoring %s (the run's config: %s)", path, args.model_dir)
+  try:
+    return saved_model.export_from_checkpoint(config, path, args.export_dir)
+  except (ValueError, AssertionError) as e:
+    raise ExportError(
+      f"{path} does not match {args.model_dir}'s config: {e}"
+    ) from e
+
+
+def prepare_export_dir(args: argparse.Namespace) -> None:
+  """Checks (or, with ``--overwrite``, empties) ``--export_dir``."""
   if tf.io.gfile.exists(args.export_dir) and tf.io.gfile.listdir(
     args.export_dir
   ):
@@ -171,6 +200,30 @@ def run(args: argparse.Namespace) -> ExportResult:
         "or choose a new version directory."
       )
     tf.io.gfile.rmtree(args.export_dir)
+
+
+def run(args: argparse.Namespace) -> ExportResult:
+  """Loads the spec (or the run's config), restores the checkpoint and
+  writes the SavedModel."""
+  start = time.time()
+  if bool(args.spec) == bool(args.model_dir):
+    raise ExportError(
+      "Pass either --model_dir (a model_garden.ranking.train directory) or "
+      "--spec with --checkpoint."
+    )
+  prepare_export_dir(args)
+  if args.model_dir:
+    result = export_ranking_run(args)
+    logging.info("Done in %.1fs", time.time() - start)
+    return result
+  if not args.checkpoint:
+    raise ExportError("--spec needs --checkpoint.")
+  logging.info("Loading the spec %s", args.spec)
+  spec = load_spec(args.spec)
+  tables = spec.tables
+  if args.tables:
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+  path = checkpoint_path(args.checkpoint)
   try:
     validate_signature(spec.feature_config, spec.input_signature, tables)
     logging.info("Restoring %s (tables: %s)", path, tables or "all")
@@ -206,21 +259,29 @@ def describe(result: ExportResult) -> str:
   return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
     epilog="See the module docstring (tools/export.py) for the spec format.",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  parser.add_argument(
+    "--model_dir",
+    default=None,
+    help="a model_garden.ranking.train directory: its params.yaml and "
+    "latest checkpoint (no spec needed)",
   )
   parser.add_argument(
     "--spec",
-    required=True,
+    default=None,
     help="'package.module:function' or 'file.py:function' returning a "
-    "tpu_embedding.export.ExportSpec",
+    "tpu_embedding.export.ExportSpec (any other model)",
   )
   parser.add_argument(
     "--checkpoint",
-    required=True,
-    help="a checkpoint prefix, or a directory (its latest checkpoint)",
+    default=None,
+    help="a checkpoint prefix, or a directory (its latest checkpoint); "
+    "needed with --spec, default the latest of --model_dir",
   )
   parser.add_argument(
     "--export_dir",
@@ -233,11 +294,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     help="comma-separated table names to export (default: the spec's, "
     "else all)",
   )
-  parser.add_argument("--signature_name", default="serving_default")
+  parser.add_argument(
+    "--signature_name",
+    default="serving_default",
+    help="the signature's name (--spec)",
+  )
   parser.add_argument(
     "--overwrite", action="store_true", help="replace a non-empty export_dir"
   )
-  return parser.parse_args(argv)
+  return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,9 @@ Run:
   python3 tools/input_benchmark.py --write_tsv_examples 200000
   # Your files:
   python3 tools/input_benchmark.py --data '/data/criteo/day_*'
+
+Each rate is measured ``--repeats`` times: the median is printed with the
+range and the spread (range / median); ``--json`` writes them all.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
@@ -39,8 +43,12 @@ from model_garden.ranking import train  # noqa: E402
 
 FLAGS = flags.FLAGS
 train.define_flags()
-flags.DEFINE_integer("steps", 50, "Timed steps of each measurement.")
+flags.DEFINE_integer("steps", 50, "Timed steps of each repeat.")
 flags.DEFINE_integer("warmup", 5, "Untimed steps first (tracing, buffers).")
+flags.DEFINE_integer(
+  "repeats", 3, "Timings of each measurement (median and spread reported)."
+)
+flags.DEFINE_string("json", None, "Also write every timing to this file.")
 flags.DEFINE_integer(
   "write_tsv_examples",
   0,
@@ -112,18 +120,23 @@ def main(argv: list[str]) -> None:
   print(
     f"{FLAGS.experiment}: {inputs.source} data, global batch {batch}, "
     f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} "
-    f"replica(s); {FLAGS.steps} timed steps after {FLAGS.warmup}",
+    f"replica(s); {FLAGS.steps} timed steps after {FLAGS.warmup}, "
+    f"{FLAGS.repeats} repeats",
     flush=True,
   )
 
+  def measure(name: str, run_step) -> _timing.Measurement:
+    return _timing.repeat(
+      name,
+      "examples/s",
+      lambda: examples_per_second(run_step, FLAGS.steps, FLAGS.warmup, batch),
+      FLAGS.repeats,
+    )
+
   # 1. The input pipeline alone.
   iterator = iter(inputs.distribute(inputs.train_dataset_fn()))
-  input_rate = examples_per_second(
-    lambda: next(iterator), FLAGS.steps, FLAGS.warmup, batch
-  )
-  print(
-    f"input pipeline alone     : {input_rate:12,.0f} examples/s", flush=True
-  )
+  input_rate = measure("input_pipeline", lambda: next(iterator))
+  print(f"input pipeline alone     : {input_rate.describe()}", flush=True)
 
   # 2. The training step alone, on batches held in memory.
   task = RankingTask(config, strategy, seed=config.runtime.seed)
@@ -135,26 +148,36 @@ def main(argv: list[str]) -> None:
     count[0] += 1
     return float(task.train_step(features, labels))
 
-  step_rate = examples_per_second(cached_step, FLAGS.steps, FLAGS.warmup, batch)
-  print(f"training step alone      : {step_rate:12,.0f} examples/s", flush=True)
+  step_rate = measure("training_step", cached_step)
+  print(f"training step alone      : {step_rate.describe()}", flush=True)
 
   # 3. Both, as in training.
   def live_step():
     return float(task.train_step(*next(iterator)))
 
-  live_rate = examples_per_second(live_step, FLAGS.steps, FLAGS.warmup, batch)
-  print(f"training on the pipeline : {live_rate:12,.0f} examples/s", flush=True)
-  ratio = input_rate / step_rate
+  live_rate = measure("training_on_pipeline", live_step)
+  print(f"training on the pipeline : {live_rate.describe()}", flush=True)
+  ratio = input_rate.median / step_rate.median
   verdict = (
     "the input pipeline is not the bottleneck"
     if ratio > 1
     else "training waits for the input pipeline"
   )
-  print(f"ratio input / training step: {ratio:.1f}x ({verdict})")
+  print(f"ratio input / training step (medians): {ratio:.1f}x ({verdict})")
   print(
     f"training on the pipeline / training step alone: "
-    f"{live_rate / step_rate:.2f}"
+    f"{live_rate.median / step_rate.median:.2f}"
   )
+  if FLAGS.json:
+    settings = {
+      name: FLAGS[name].value
+      for name in ("experiment", "strategy", "num_replicas", "data", "steps",
+                   "warmup", "repeats", "write_tsv_examples",
+                   "params_override")
+    }  # fmt: skip
+    settings["global_batch_size"] = batch
+    _timing.write_json(FLAGS.json, settings, [input_rate, step_rate, live_rate])
+    print(f"wrote {FLAGS.json}")
 
 
 if __name__ == "__main__":

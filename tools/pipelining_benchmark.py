@@ -9,6 +9,10 @@ time of each part alone, both step times and their ratio.
 Run:
   python3 tools/pipelining_benchmark.py
   python3 tools/pipelining_benchmark.py --hidden 1024 --steps 30
+  python3 tools/pipelining_benchmark.py --repeats 5 --json /tmp/pipe.json
+
+Each time is measured ``--repeats`` times: the median is printed with the
+range and the spread (range / median).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -105,18 +110,44 @@ def seconds_per_step(step, batches, args) -> float:
   return (time.perf_counter() - start) / args.steps
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--tables", type=int, default=8)
-  parser.add_argument("--rows", type=int, default=100_000)
-  parser.add_argument("--dim", type=int, default=64)
-  parser.add_argument("--ids_per_example", type=int, default=4)
-  parser.add_argument("--batch_size", type=int, default=4096)
-  parser.add_argument("--hidden", type=int, default=512)
-  parser.add_argument("--layers", type=int, default=2)
-  parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--warmup", type=int, default=3)
-  args = parser.parse_args()
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  parser.add_argument("--tables", type=int, default=8, help="Tables.")
+  parser.add_argument("--rows", type=int, default=100_000, help="Rows each.")
+  parser.add_argument("--dim", type=int, default=64, help="Table width.")
+  parser.add_argument(
+    "--ids_per_example", type=int, default=4, help="Ids per feature."
+  )
+  parser.add_argument(
+    "--batch_size", type=int, default=4096, help="Examples per step."
+  )
+  parser.add_argument(
+    "--hidden", type=int, default=512, help="Units of each MLP layer."
+  )
+  parser.add_argument("--layers", type=int, default=2, help="MLP layers.")
+  parser.add_argument(
+    "--steps", type=int, default=20, help="Timed steps per repeat."
+  )
+  parser.add_argument(
+    "--warmup", type=int, default=3, help="Untimed steps before each repeat."
+  )
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    default=3,
+    help="Timings of each measurement (median and spread are reported).",
+  )
+  parser.add_argument(
+    "--json", default=None, help="Also write every timing to this file."
+  )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = build_parser().parse_args(argv)
 
   rng = np.random.default_rng(0)
   batches = []
@@ -133,30 +164,51 @@ def main() -> None:
     labels = tf.constant(rng.normal(size=args.batch_size).astype(np.float32))
     batches.append((features, labels))
 
+  def ms_per_step(name: str, step, inputs) -> _timing.Measurement:
+    return _timing.repeat(
+      name,
+      "ms/step",
+      lambda: 1000 * seconds_per_step(step, inputs, args),
+      args.repeats,
+    )
+
   plain = make_model(args, pipelined=False)
   dense_input = [
     (tf.random.normal([args.batch_size, args.tables * args.dim]), labels)
     for _, labels in batches
   ]
-  dense = seconds_per_step(dense_only_step(args, *plain[1:]), dense_input, args)
-  sparse = seconds_per_step(embedding_only_step(args, plain[0]), batches, args)
   print(
     f"{args.tables} tables x {args.rows:,} x {args.dim}, "
     f"{args.ids_per_example} ids/example, batch {args.batch_size}, MLP "
-    f"{args.layers} x {args.hidden}"
+    f"{args.layers} x {args.hidden}; {args.repeats} repeats",
+    flush=True,
   )
-  print(f"embedding part alone : {sparse * 1000:8.1f} ms/step")
-  print(f"dense part alone     : {dense * 1000:8.1f} ms/step")
-  unpipelined = seconds_per_step(training_step(args, *plain), batches, args)
+  sparse = ms_per_step(
+    "embedding_part", embedding_only_step(args, plain[0]), batches
+  )
+  print(f"embedding part alone : {sparse.describe('{:.1f}')}", flush=True)
+  dense = ms_per_step(
+    "dense_part", dense_only_step(args, *plain[1:]), dense_input
+  )
+  print(f"dense part alone     : {dense.describe('{:.1f}')}", flush=True)
+  unpipelined = ms_per_step(
+    "unpipelined_step", training_step(args, *plain), batches
+  )
+  print(f"unpipelined step     : {unpipelined.describe('{:.1f}')}", flush=True)
   pipelined_model = make_model(args, pipelined=True)
-  pipelined = seconds_per_step(
-    training_step(args, *pipelined_model), batches, args
+  pipelined = ms_per_step(
+    "pipelined_step", training_step(args, *pipelined_model), batches
   )
-  print(f"unpipelined step     : {unpipelined * 1000:8.1f} ms/step")
-  print(f"pipelined step       : {pipelined * 1000:8.1f} ms/step")
+  print(f"pipelined step       : {pipelined.describe('{:.1f}')}", flush=True)
   print(
-    f"step-time ratio (unpipelined / pipelined): {unpipelined / pipelined:.2f}x"
+    "step-time ratio (unpipelined / pipelined, medians): "
+    f"{unpipelined.median / pipelined.median:.2f}x"
   )
+  if args.json:
+    _timing.write_json(
+      args.json, vars(args), [sparse, dense, unpipelined, pipelined]
+    )
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

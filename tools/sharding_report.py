@@ -7,9 +7,14 @@ the tables under ``MirroredStrategy`` over logical CPU devices and reports
 the bytes of the variables actually placed on each device, which must equal
 the plan.
 
+With ``--experiment NAME`` the tables are those of a named ranking
+experiment (``model_garden.ranking``: its table names, vocabularies,
+widths, embedding optimizer and sharding threshold).
+
 Run:
   python3 tools/sharding_report.py --replicas 1,2,4
   python3 tools/sharding_report.py --config benchmark --rows 20000 --build
+  python3 tools/sharding_report.py --experiment dlrm_criteo --replicas 8,16
 """
 
 from __future__ import annotations
@@ -31,6 +36,34 @@ CRITEO_VOCAB_SIZES = [
   2953546, 403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295,
   39664984, 585935, 12972, 108, 36,
 ]  # fmt: skip
+
+
+def experiment_tables(name: str) -> tuple[list[tpe.TableConfig], int]:
+  """A ranking experiment's tables (with its optimizer) and threshold."""
+  from model_garden.ranking import configs  # noqa: PLC0415
+  from model_garden.ranking import embedding  # noqa: PLC0415
+  from model_garden.ranking import optimizers  # noqa: PLC0415
+
+  if name not in configs.experiments():
+    raise SystemExit(
+      f"--experiment {name!r}: not an experiment; one of "
+      f"{configs.experiments()}."
+    )
+  config = configs.get_config(name)
+  model = config.task.model
+  optimizer = optimizers.embedding_optimizer(
+    config.trainer.optimizer_config,
+    config.task.train_data.global_batch_size,
+    tf.Variable(0, dtype=tf.int64),
+  )
+  tables = [
+    tpe.TableConfig(
+      f.table.vocabulary_size, f.table.dim, name=f.table.name,
+      optimizer=optimizer,
+    )
+    for f in embedding.feature_config(model).values()
+  ]  # fmt: skip
+  return tables, model.row_sharding_threshold()
 
 
 def tables_for(args) -> list[tpe.TableConfig]:
@@ -61,30 +94,66 @@ def measured_bytes_per_device(tables, replicas: int, threshold: int):
   return [per_device[d] for d in sorted(per_device)]
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument(
-    "--config", choices=["benchmark", "criteo"], default="benchmark"
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    description=__doc__.splitlines()[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
-  parser.add_argument("--tables", type=int, default=26)
-  parser.add_argument("--rows", type=int, default=200_000)
-  parser.add_argument("--dim", type=int, default=64)
-  parser.add_argument("--replicas", default="1,2,4")
-  parser.add_argument("--row_threshold", type=int, default=10_000)
   parser.add_argument(
-    "--build", action="store_true", help="create the variables and measure them"
+    "--experiment",
+    default=None,
+    help="A ranking experiment (e.g. dlrm_criteo): its tables, optimizer "
+    "and threshold (--config, --tables, --rows, --dim, --row_threshold "
+    "are then ignored).",
   )
-  args = parser.parse_args()
+  parser.add_argument(
+    "--config",
+    choices=["benchmark", "criteo"],
+    default="benchmark",
+    help="benchmark: --tables tables of --rows rows; criteo: Criteo 1TB's "
+    "26 vocabulary sizes.",
+  )
+  parser.add_argument("--tables", type=int, default=26, help="Tables.")
+  parser.add_argument("--rows", type=int, default=200_000, help="Rows each.")
+  parser.add_argument("--dim", type=int, default=64, help="Table width.")
+  parser.add_argument(
+    "--replicas", default="1,2,4", help="Comma-separated replica counts."
+  )
+  parser.add_argument(
+    "--row_threshold",
+    type=int,
+    default=10_000,
+    help="Tables with more rows are row-sharded (0: all).",
+  )
+  parser.add_argument(
+    "--build",
+    action="store_true",
+    help="Create the variables on logical CPU devices and measure them.",
+  )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = build_parser().parse_args(argv)
   counts = [int(r) for r in args.replicas.split(",")]
   if args.build:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
       cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(counts)
     )
-  tables = tables_for(args)
-  single = make_plan(tables, 1, args.row_threshold).bytes_per_replica()[0]
+  if args.experiment:
+    tables, threshold = experiment_tables(args.experiment)
+    optimizer = type(tables[0].optimizer).__name__
+    print(
+      f"experiment {args.experiment}: {len(tables)} tables "
+      f"({sum(t.vocabulary_size for t in tables):,} rows), {optimizer} "
+      "on the tables"
+    )
+  else:
+    tables, threshold = tables_for(args), args.row_threshold
+  single = make_plan(tables, 1, threshold).bytes_per_replica()[0]
   for replicas in counts:
-    plan = make_plan(tables, replicas, args.row_threshold)
+    plan = make_plan(tables, replicas, threshold)
     print(plan.report())
     largest = max(plan.bytes_per_replica())
     print(
@@ -92,7 +161,7 @@ def main() -> None:
       f"bytes ({1 / replicas:.3f} would be a perfect split)"
     )
     if args.build:
-      measured = measured_bytes_per_device(tables, replicas, args.row_threshold)
+      measured = measured_bytes_per_device(tables, replicas, threshold)
       print(f"measured bytes per device: {measured}")
       assert measured == plan.bytes_per_replica(), "plan and variables differ"
     print()

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from model_garden.ranking.data import movielens
 
-#: The features the example models read (all of them int64 ids but the
-#: ``rating`` label, in ``[0, 1]``).
-COLUMNS = ("user_id", "movie_id", "rating")
+#: The columns of a split: TensorFlow Datasets' ``movielens/100k-ratings``
+#: names (``user_id``, ``movie_id``: int64 indices; ``user_rating``: stars
+#: 1-5, float32) and ``rating``, the models' label ``(stars - 1) / 4``.
+COLUMNS = ("user_id", "movie_id", "user_rating", "rating")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +37,8 @@ class Splits:
   """The train and test ratings, one array per column of ``COLUMNS``.
 
   Attributes:
-    train: ``{"user_id": int64, "movie_id": int64, "rating": float32}``.
+    train: ``{"user_id": int64, "movie_id": int64, "user_rating": float32
+      (stars), "rating": float32 (in [0, 1])}`` (``COLUMNS``).
     test: the same for the test split.
     num_users: rows of the user table (943).
     num_movies: rows of the movie table (1682).
@@ -76,6 +79,7 @@ def load_splits(
     return {
       "user_id": ml.ratings["user_id"][indices].astype(np.int64),
       "movie_id": ml.ratings["movie_id"][indices].astype(np.int64),
+      "user_rating": ml.ratings["raw_rating"][indices].astype(np.float32),
       "rating": ml.ratings["rating"][indices].astype(np.float32),
     }
 
@@ -111,3 +115,48 @@ def rating_dataset(
   if shuffle_seed is not None:
     ds = ds.shuffle(len(split["rating"]), seed=shuffle_seed)
   return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def scaled_rating(user_rating: tf.Tensor) -> tf.Tensor:
+  """The models' label: stars 1-5 → ``(stars - 1) / 4`` in ``[0, 1]``."""
+  return (tf.cast(user_rating, tf.float32) - 1.0) / 4.0
+
+
+def from_tfds(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """Examples of TFDS's ``movielens/100k-ratings`` as the models' inputs.
+
+  TFDS's examples hold ``user_id`` and ``movie_id`` as the raw MovieLens
+  ids (strings such as ``"138"``) and ``user_rating`` in stars; the models
+  take table indices (raw id minus one for MovieLens 100K) and a rating in
+  ``[0, 1]``. Integer ids are taken as raw ids too.
+
+  Args:
+    dataset: unbatched examples with at least those three features.
+
+  Returns:
+    ``({"user_id": int64, "movie_id": int64}, rating)`` examples.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from model_garden.movielens import data
+    >>> tfds_like = tf.data.Dataset.from_tensor_slices({
+    ...   "user_id": ["138", "92"], "movie_id": ["357", "709"],
+    ...   "user_rating": [4.0, 2.0], "timestamp": [0, 0]})
+    >>> features, rating = next(iter(data.from_tfds(tfds_like)))
+    >>> int(features["user_id"]), int(features["movie_id"]), float(rating)
+    (137, 356, 0.75)
+  """
+
+  def index(raw: tf.Tensor) -> tf.Tensor:
+    if raw.dtype == tf.string:
+      raw = tf.strings.to_number(raw, tf.int64)
+    return tf.cast(raw, tf.int64) - 1
+
+  def convert(example: dict[str, tf.Tensor]) -> Any:
+    features = {
+      "user_id": index(example["user_id"]),
+      "movie_id": index(example["movie_id"]),
+    }
+    return features, scaled_rating(example["user_rating"])
+
+  return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)

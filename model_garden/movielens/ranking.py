@@ -39,6 +39,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from model_garden.movielens import data
+from model_garden.movielens import run_dir
 from tpu_embedding import export as tpe_export
 from tpu_embedding.layers import TPUEmbedding
 
@@ -232,14 +233,18 @@ def train_and_evaluate(
   splits: data.Splits | None = None,
   *,
   verbose: int = 0,
+  model_dir: str | None = None,
 ) -> RankingResult:
   """Trains the ranking model on MovieLens 100K and reports the test RMSE.
 
   Args:
     config: hyper-parameters (default ``RankingConfig()``).
     splits: the data (default ``data.load_splits`` with the config's split).
-    verbose: ``model.fit`` verbosity (2: a line per epoch); with
-      ``verbose > 0`` the test figures of each epoch are printed too.
+    verbose: ``model.fit`` verbosity (1: a progress bar, 2: a line per
+      epoch); with ``verbose > 0`` the test figures of each epoch are
+      printed too.
+    model_dir: checkpoints every epoch, resumes from the latest, writes
+      TensorBoard summaries (``run_dir.RunDirectory``); None: none.
 
   Returns:
     A ``RankingResult``.
@@ -260,7 +265,14 @@ def train_and_evaluate(
   per_epoch = []
   train_rmse = float("nan")
   seconds = 0.0
-  for epoch in range(config.epochs):
+  run, first_epoch = None, 0
+  if model_dir:
+    run_dir.build(model, next(iter(test))[0])
+    run = run_dir.RunDirectory(model_dir, model)
+    first_epoch = run.epochs_done
+    if verbose and run.restored:
+      print(f"restored {run.restored} ({first_epoch} epochs done)")
+  for epoch in range(first_epoch, config.epochs):
     train = data.rating_dataset(
       splits.train, config.batch_size, shuffle_seed=config.seed + epoch
     )
@@ -269,6 +281,12 @@ def train_and_evaluate(
     seconds += time.perf_counter() - start
     train_rmse = float(history.history["rmse"][-1])
     per_epoch.append(evaluate_rmse(model, test))
+    if run is not None:
+      run.end_epoch(
+        epoch + 1,
+        {"loss": float(history.history["loss"][-1]), "rmse": train_rmse},
+        {"rmse": per_epoch[-1]},
+      )
     if verbose:
       print(
         f"epoch {epoch + 1}/{config.epochs}: train RMSE {train_rmse:.4f}, "
@@ -278,7 +296,7 @@ def train_and_evaluate(
   baseline = float(np.sqrt(np.mean((splits.test["rating"] - mean) ** 2)))
   return RankingResult(
     model=model,
-    test_rmse=per_epoch[-1] if per_epoch else float("nan"),
+    test_rmse=per_epoch[-1] if per_epoch else evaluate_rmse(model, test),
     train_rmse=train_rmse,
     test_rmse_per_epoch=per_epoch,
     baseline_rmse=baseline,

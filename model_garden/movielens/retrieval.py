@@ -48,6 +48,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from model_garden.movielens import data
+from model_garden.movielens import run_dir
 from tpu_embedding import export as tpe_export
 from tpu_embedding.layers import TPUEmbedding
 
@@ -364,6 +365,7 @@ def train_and_evaluate(
   splits: data.Splits | None = None,
   *,
   verbose: int = 0,
+  model_dir: str | None = None,
 ) -> RetrievalResult:
   """Trains the two-tower model and reports recall@k against popularity.
 
@@ -371,8 +373,11 @@ def train_and_evaluate(
     config: hyper-parameters (default ``RetrievalConfig()``).
     splits: the data (default ``data.load_splits`` with the config's
       split).
-    verbose: ``model.fit`` verbosity (2: a line per epoch); with
-      ``verbose > 0`` the test figures of each epoch are printed too.
+    verbose: ``model.fit`` verbosity (1: a progress bar, 2: a line per
+      epoch); with ``verbose > 0`` the test figures of each epoch are
+      printed too.
+    model_dir: checkpoints every epoch, resumes from the latest, writes
+      TensorBoard summaries (``run_dir.RunDirectory``); None: none.
 
   Returns:
     A ``RetrievalResult``.
@@ -394,7 +399,15 @@ def train_and_evaluate(
   keras.utils.set_random_seed(config.seed)
   model = build_model(users, movies, config, splits.train["movie_id"])
   per_epoch, losses, seconds = [], [], 0.0
-  for epoch in range(config.epochs):
+  run, first_epoch = None, 0
+  if model_dir:
+    first = in_batch_dataset(splits.train, config.batch_size, config.seed)
+    run_dir.build(model, next(iter(first))[0])
+    run = run_dir.RunDirectory(model_dir, model)
+    first_epoch = run.epochs_done
+    if verbose and run.restored:
+      print(f"restored {run.restored} ({first_epoch} epochs done)")
+  for epoch in range(first_epoch, config.epochs):
     train = in_batch_dataset(
       splits.train, config.batch_size, config.seed + epoch
     )
@@ -404,6 +417,12 @@ def train_and_evaluate(
     losses.append(float(history.history["loss"][-1]))
     scores = model.score_all(users, movies)
     per_epoch.append(recall_at_k(scores, seen, relevant, config.ks))
+    if run is not None:
+      run.end_epoch(
+        epoch + 1,
+        {"loss": losses[-1]},
+        {f"recall_at_{k}": v for k, v in per_epoch[-1].items()},
+      )
     if verbose:
       figures = ", ".join(f"@{k} {v:.3f}" for k, v in per_epoch[-1].items())
       print(
@@ -415,7 +434,13 @@ def train_and_evaluate(
   )
   return RetrievalResult(
     model=model,
-    recall=per_epoch[-1] if per_epoch else {},
+    recall=(
+      per_epoch[-1]
+      if per_epoch
+      else recall_at_k(
+        model.score_all(users, movies), seen, relevant, config.ks
+      )
+    ),
     popularity_recall=popularity,
     recall_per_epoch=per_epoch,
     loss_per_epoch=losses,

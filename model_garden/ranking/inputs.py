@@ -21,8 +21,16 @@ Sources (``Task``):
   (cycled), the next ``num_eval_examples`` validate. Generated once per
   process and held in memory; a batch is a slice (no per-example work).
 * files: ``input_path`` globs (comma-separated) of raw Criteo TSV
-  (``data_format="tsv"``) or PaddleRec lines (``"paddlerec"``, e.g. the
-  installed 80-record sample), read by ``data.criteo.CriteoReader``.
+  (``data_format="tsv"``) or PaddleRec lines (``"paddlerec"``), read by
+  ``data.criteo.CriteoReader``; with ``"paddlerec"`` and no path, the
+  installed 80-record sample (lines 1-64 train, 65-80 validate).
+* TFRecord files (``use_tf_record_reader``): ``input_path`` globs of
+  Model Garden's ``tf.train.Example`` records, read by
+  ``data.criteo_tfrecord.CriteoTFRecordReader``.
+
+Malformed records follow each split's ``on_bad_record`` (``"raise"``,
+``"count"``, ``"skip"``); ``bad_record_scalars`` and ``bad_record_note``
+report the counts of ``"count"``.
 
 Training data is deterministic and starts at a given step
 (``start_step``): a run resumed from step ``k`` sees exactly the batches an
@@ -52,12 +60,16 @@ from typing import Any
 import tensorflow as tf
 
 from model_garden.ranking.configs import definitions
+from model_garden.ranking.data import bad_records
 from model_garden.ranking.data import criteo
+from model_garden.ranking.data import criteo_tfrecord
 from model_garden.ranking.data import paddlerec
 from model_garden.ranking.data import synthetic
 from tpu_embedding import data
 
 DatasetFn = Callable[[tf.distribute.InputContext | None], tf.data.Dataset]
+#: The task's data splits (``Task`` fields).
+SPLITS = ("train_data", "validation_data")
 
 
 @functools.lru_cache(maxsize=4)
@@ -134,17 +146,95 @@ class RankingInputs:
       tuple(model.multi_hot_sizes) if model.use_multi_hot else None
     )
     self._generator = None
+    self._readers: dict[str, Any] = {}
     if task.use_synthetic_data:
       self._generator = synthetic.SyntheticCriteo(
         vocab_sizes=model.vocab_sizes,
         seed=task.synthetic.seed,
         zipf_exponent=task.synthetic.zipf_exponent,
       )
+    else:
+      # Readers hold the bad-record counters: made once, here.
+      self._readers = {split: self._reader(split) for split in SPLITS}
 
   @property
   def source(self) -> str:
-    """``"synthetic"``, ``"tsv"`` or ``"paddlerec"``."""
-    return "synthetic" if self._generator else self.task.data_format
+    """``"synthetic"``, ``"tfrecord"``, ``"tsv"`` or ``"paddlerec"``."""
+    if self._generator:
+      return "synthetic"
+    return (
+      "tfrecord" if self.task.use_tf_record_reader else self.task.data_format
+    )
+
+  def _reader(self, split: str) -> Any:
+    policy = getattr(self.task, split).on_bad_record
+    if self.task.use_tf_record_reader:
+      return criteo_tfrecord.CriteoTFRecordReader(
+        self.task.model.vocab_sizes, self._multi_hot, on_bad_record=policy
+      )
+    return criteo.CriteoReader(
+      criteo.CriteoConfig(
+        vocab_sizes=self.task.model.vocab_sizes,
+        file_format=self.task.data_format,
+        multi_hot_sizes=self._multi_hot,
+        multi_hot_mode="mlperf",
+      ),
+      on_bad_record=policy,
+    )
+
+  # --- bad records ---------------------------------------------------------
+
+  def bad_record_counts(self, split: str) -> dict[str, int] | None:
+    """Records of ``split`` dropped so far, by kind; None unless counted.
+
+    Counts are of what the input pipelines parsed: including batches
+    prefetched ahead of training and files re-read to resume.
+    """
+    reader = self._readers.get(split)
+    if reader is None or reader.policy is not bad_records.BadRecordPolicy.COUNT:
+      return None
+    return reader.bad_records.counts()
+
+  def policy_notes(self) -> list[str]:
+    """What happens to bad records of each split, unless they raise."""
+    notes = []
+    for split, reader in self._readers.items():
+      if reader.policy is bad_records.BadRecordPolicy.COUNT:
+        notes.append(f"{split}: bad records are dropped and counted.")
+      elif reader.policy is bad_records.BadRecordPolicy.SKIP:
+        notes.append(f"{split}: bad records are dropped, uncounted.")
+    return notes
+
+  def bad_record_scalars(self, split: str) -> dict[str, float]:
+    """``{"bad_records/<kind>": n, "bad_records/total": n}`` (TensorBoard),
+    empty unless ``split`` counts bad records."""
+    counts = self.bad_record_counts(split)
+    if counts is None:
+      return {}
+    scalars = {f"bad_records/{k}": float(v) for k, v in counts.items()}
+    scalars["bad_records/total"] = float(sum(counts.values()))
+    return scalars
+
+  def bad_record_note(self, split: str) -> str | None:
+    """A log line of ``split``'s dropped records, or None (none counted).
+
+    Example:
+      >>> from model_garden.ranking import inputs
+      >>> from model_garden.ranking.configs import definitions as d
+      >>> task = d.Task(model=d.ModelConfig(vocab_sizes=(9,) * 26),
+      ...               data_format="paddlerec",
+      ...               train_data=d.DataConfig(on_bad_record="count"))
+      >>> inputs.RankingInputs(task).bad_record_note("train_data")
+      'bad records dropped from train_data so far: 0'
+    """
+    counts = self.bad_record_counts(split)
+    if counts is None:
+      return None
+    total = sum(counts.values())
+    detail = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    return f"bad records dropped from {split} so far: {total}" + (
+      f" ({detail})" if detail else ""
+    )
 
   # --- dataset functions ---------------------------------------------------
 
@@ -154,11 +244,11 @@ class RankingInputs:
     Args:
       start_step: global steps already trained; their batches are skipped.
     """
-    return self._dataset_fn(self.task.train_data, True, start_step)
+    return self._dataset_fn("train_data", start_step)
 
   def eval_dataset_fn(self) -> DatasetFn:
     """``dataset_fn(input_context)`` of the validation batches (one pass)."""
-    return self._dataset_fn(self.task.validation_data, False, 0)
+    return self._dataset_fn("validation_data", 0)
 
   def distribute(self, dataset_fn: DatasetFn) -> Any:
     """``dataset_fn``'s batches distributed over the strategy's replicas."""
@@ -166,9 +256,10 @@ class RankingInputs:
       dataset_fn, data.input_options()
     )
 
-  def _dataset_fn(
-    self, config: definitions.DataConfig, training: bool, start_step: int
-  ) -> DatasetFn:
+  def _dataset_fn(self, split: str, start_step: int) -> DatasetFn:
+    config = getattr(self.task, split)
+    training = split == "train_data"
+
     def dataset_fn(
       context: tf.distribute.InputContext | None,
     ) -> tf.data.Dataset:
@@ -179,7 +270,7 @@ class RankingInputs:
       if self._generator is not None:
         ds = self._synthetic(batch_size, training, skip, context)
       else:
-        ds = self._files(config, batch_size, training, skip, context)
+        ds = self._files(split, batch_size, skip, context)
       ds = ds.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
       return data.prefetch(data.with_options(ds))
 
@@ -237,36 +328,31 @@ class RankingInputs:
 
   def _files(
     self,
-    config: definitions.DataConfig,
+    split: str,
     batch_size: int,
-    training: bool,
     skip: int,
     context: tf.distribute.InputContext | None,
   ) -> tf.data.Dataset:
+    config = getattr(self.task, split)
+    training = split == "train_data"
     paths = [p.strip() for p in config.input_path.split(",") if p.strip()]
-    if not paths and self.task.data_format == "paddlerec":
-      paths = [paddlerec.find_sample_file()]
+    options: dict[str, Any] = {}
+    lines = definitions.paddlerec_sample_lines(self.task, split)
+    if lines is not None:
+      paths, options["lines"] = [paddlerec.find_sample_file()], lines
     if not paths:
       raise ValueError(
-        "No input files: set task.train_data.input_path and "
-        "task.validation_data.input_path (or --data), or use synthetic "
-        "data (task.use_synthetic_data=true)."
+        f"No input files: set task.{split}.input_path (or --data), or use "
+        "synthetic data (task.use_synthetic_data=true)."
       )
-    reader = criteo.CriteoReader(
-      criteo.CriteoConfig(
-        vocab_sizes=self.task.model.vocab_sizes,
-        file_format=self.task.data_format,
-        multi_hot_sizes=self._multi_hot,
-        multi_hot_mode="mlperf",
-      )
-    )
-    ds = reader.dataset(
+    ds = self._readers[split].dataset(
       paths,
       batch_size,
       input_context=context if config.sharding else None,
       repeat=training,
       cycle_length=config.cycle_length,
       deterministic=True,
+      **options,
     )
     if not training:
       # Whole global steps only (the last per-replica batches of a pass may

@@ -23,7 +23,13 @@ Flags:
   ``multi_worker_mirrored``, ``parameter_server`` or ``tpu``;
   ``--num_replicas``: logical CPU devices for ``mirrored`` without GPUs.
 * ``--data``: ``synthetic``, ``paddlerec`` (the 80-record Criteo sample of
-  ``paddle-rec==0.1.0``) or a glob of raw Criteo TSV files.
+  ``paddle-rec==0.1.0``: lines 1-64 train, 65-80 validate, batches of 16
+  unless set) or a glob of raw Criteo TSV files. TFRecord files:
+  ``task.use_tf_record_reader=true`` and ``task.train_data.input_path``
+  (``tools/criteo_to_tfrecord.py`` converts TSV).
+* Malformed records: ``task.train_data.on_bad_record`` (and
+  ``validation_data``'s): ``raise`` (default), ``count`` (drop; counts in
+  the logs and TensorBoard) or ``skip`` (drop uncounted).
 
 Writes to ``--model_dir``: ``params.yaml`` (the effective config),
 checkpoints (a killed run resumes from the latest), TensorBoard summaries
@@ -90,8 +96,9 @@ def define_flags() -> None:
   flags.DEFINE_string(
     "data",
     None,
-    '"synthetic", "paddlerec", or a glob of Criteo TSV files (default: the '
-    "experiment's).",
+    '"synthetic", "paddlerec" (the installed 80-record Criteo sample: 64 '
+    "records train, 16 validate, batches of 16 unless set), or a glob of "
+    "Criteo TSV files (default: the experiment's).",
   )
   flags.DEFINE_integer(
     "seed", None, "Seeds every initializer (runtime.seed): reproducible runs."
@@ -147,11 +154,19 @@ def build_config(
     changes.update(
       {
         "task.use_synthetic_data": False,
+        "task.use_tf_record_reader": False,
         "task.data_format": "paddlerec",
         "task.train_data.input_path": "",
         "task.validation_data.input_path": "",
       }
     )
+    # The sample's splits hold 64 and 16 records: batches the experiment
+    # sized for big data become 16 (a size set by the user is checked).
+    default = configs.get_config(experiment).task
+    for split in ("train_data", "validation_data"):
+      batch = getattr(config.task, split).global_batch_size
+      if batch == getattr(default, split).global_batch_size:
+        changes[f"task.{split}.global_batch_size"] = min(batch, 16)
   elif data:
     changes.update(
       {
@@ -332,6 +347,8 @@ def _describe(loop: Any, experiment: str) -> None:
     f"data, {config.trainer.train_steps} steps"
     + (f" (restored at step {loop.step})" if loop.restored else "")
   )
+  for note in loop.inputs.policy_notes():
+    loop.log(note)
 
 
 def _report(loop: Any, summary: dict[str, Any]) -> None:

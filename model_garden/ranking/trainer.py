@@ -244,9 +244,13 @@ class Trainer:
         rate = progress.throughput.interval_examples_per_second()
         if rate:
           values["examples_per_second"] = rate
+        values.update(self.inputs.bad_record_scalars("train_data"))
         _write_scalars(writer, values, step)
       if due:
         metrics.reset()
+        note = self.inputs.bad_record_note("train_data")
+        if note:
+          self.log(note)
       self.save(force=step == target)
       if self.kill_at_step is not None and step == self.kill_at_step:
         self.log(f"Killing this process after step {step} (--kill_at_step).")
@@ -299,13 +303,18 @@ class Trainer:
     seconds = time.perf_counter() - start
     step = self.step
     _write_scalars(
-      self._writer(trainer.validation_summary_subdir), results, step
+      self._writer(trainer.validation_summary_subdir),
+      {**results, **self.inputs.bad_record_scalars("validation_data")},
+      step,
     )
     examples = steps * self.config.task.validation_data.global_batch_size
     self.log(
       f"validation at step {step}: {format_metrics(results)}  "
       f"({examples:,} examples, {seconds:.1f}s)"
     )
+    note = self.inputs.bad_record_note("validation_data")
+    if note:
+      self.log(note)
     return results
 
   def _ps_evaluate(self, limit: int) -> int:

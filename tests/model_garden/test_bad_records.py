@@ -1,4 +1,4 @@
-"""model_garden bad_records: raise or skip-and-count bad lines."""
+"""model_garden bad_records: raise on, drop and count, or drop bad lines."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _chunk(lines: list[str]) -> dict[str, tf.Tensor]:
   }
 
 
-def test_skip_drops_bad_records_and_counts_first_problem():
+def test_count_drops_bad_records_and_counts_first_problem():
   counter = bad_records.BadRecordCounter(["columns", "label"])
   problems = tf.constant(
     [
@@ -41,7 +41,7 @@ def test_skip_drops_bad_records_and_counts_first_problem():
     "y": tf.constant([[1], [2], [3], [4]]),
   }
   kept = bad_records.apply_bad_record_policy(
-    values, problems, _chunk(["a", "b", "c", "d"]), "skip", counter
+    values, problems, _chunk(["a", "b", "c", "d"]), "count", counter
   )
   assert kept["x"].numpy().tolist() == [10, 13]
   assert kept["y"].numpy().tolist() == [[1], [4]]
@@ -90,7 +90,7 @@ def test_policy_inside_a_dataset_map(tmp_path):
     ok = tf.strings.regex_full_match(chunk["line"], "[0-9]+")
     values = tf.strings.to_number(tf.where(ok, chunk["line"], "0"), tf.int64)
     return bad_records.apply_bad_record_policy(
-      values, tf.logical_not(ok)[:, None], chunk, "skip", counter
+      values, tf.logical_not(ok)[:, None], chunk, "count", counter
     )
 
   ds = text_files.numbered_lines([path], 2).map(parse).rebatch(2)
@@ -107,3 +107,16 @@ def test_policy_inside_a_dataset_map(tmp_path):
 
   with pytest.raises(tf.errors.InvalidArgumentError, match=r"n\.txt:3"):
     list(text_files.numbered_lines([path], 2).map(parse_or_raise))
+
+
+def test_skip_drops_bad_records_without_counting():
+  counter = bad_records.BadRecordCounter(["columns", "label"])
+  problems = tf.constant([[False, False], [True, False], [False, True]])
+  kept = bad_records.apply_bad_record_policy(
+    tf.constant([10, 11, 12]), problems, _chunk(["a", "b", "c"]), "skip",
+    counter,
+  )  # fmt: skip
+  assert kept.numpy().tolist() == [10]
+  assert counter.total == 0
+  assert bad_records.BadRecordPolicy("skip").drops
+  assert not bad_records.BadRecordPolicy("raise").drops

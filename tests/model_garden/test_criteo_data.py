@@ -234,12 +234,12 @@ def test_bad_line_raises_with_file_and_line_number(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", sorted(BAD_LINES))
-def test_bad_line_is_skipped_and_counted(tmp_path, name):
+def test_bad_line_is_dropped_and_counted(tmp_path, name):
   good = [_line(label=str(i % 2)) for i in range(6)]
   lines = good[:3] + [BAD_LINES[name]] + good[3:]
   path = _write(tmp_path, lines)
   reader = criteo.CriteoReader(
-    criteo.CriteoConfig(vocab_sizes=VOCAB), on_bad_record="skip"
+    criteo.CriteoConfig(vocab_sizes=VOCAB), on_bad_record="count"
   )
   _, labels, _ = _read_all(reader.dataset(path, 3))
   assert labels.tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
@@ -249,11 +249,11 @@ def test_bad_line_is_skipped_and_counted(tmp_path, name):
   }
 
 
-def test_skip_counts_every_bad_line_of_a_file(tmp_path):
+def test_count_counts_every_bad_line_of_a_file(tmp_path):
   lines = [_line()] * 3 + list(BAD_LINES.values()) + [_line()] * 2
   path = _write(tmp_path, lines)
   reader = criteo.CriteoReader(
-    criteo.CriteoConfig(vocab_sizes=VOCAB), on_bad_record="skip"
+    criteo.CriteoConfig(vocab_sizes=VOCAB), on_bad_record="count"
   )
   _, labels, _ = _read_all(reader.dataset(path, 5))
   assert len(labels) == 5
@@ -278,7 +278,7 @@ def test_paddlerec_bad_lines(tmp_path):
     criteo.CriteoConfig(
       vocab_sizes=paddlerec.VOCAB_SIZES, file_format="paddlerec"
     ),
-    on_bad_record="skip",
+    on_bad_record="count",
   )
   _, labels, _ = _read_all(reader.dataset(path, 4))
   assert len(labels) == 4

@@ -102,3 +102,17 @@ def test_numbered_lines_repeat(three_files):
   ds = text_files.numbered_lines(three_files[:1], 10, repeat=True)
   got = [c["line_number"].tolist() for c in ds.take(2).as_numpy_iterator()]
   assert got == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_repeated_files_are_read_once_per_pass_whatever_the_cycle_length(
+  tmp_path,
+):
+  path = tmp_path / "one.txt"
+  path.write_text("".join(f"{i}\n" for i in range(1, 7)))
+  chunks = text_files.numbered_lines(
+    [str(path)], 2, cycle_length=10, repeat=True
+  )
+  numbers = [
+    c["line_number"].tolist() for c in chunks.take(5).as_numpy_iterator()
+  ]
+  assert numbers == [[1, 2], [3, 4], [5, 6], [1, 2], [3, 4]]

@@ -28,6 +28,11 @@ INTERACTIONS = ("dot", "cross", "multi_layer_dcn")
 EMBEDDING_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "FTRL")
 #: Dense optimizers by Keras name (``optimizers.dense_optimizer``).
 DENSE_OPTIMIZERS = ("Adam", "SGD", "Adagrad")
+#: ``DataConfig.on_bad_record`` values (``data.bad_records``).
+BAD_RECORD_POLICIES = ("raise", "count", "skip")
+#: The installed PaddleRec sample's lines (``data_format="paddlerec"``
+#: without input paths): 1-64 train, 65-80 validate.
+PADDLEREC_SAMPLE_SPLITS = {"train_data": (1, 64), "validation_data": (65, 80)}
 #: ``--strategy`` / ``runtime.distribution_strategy`` values.
 STRATEGIES = (
   "default",
@@ -145,6 +150,11 @@ class DataConfig:
 
   use_cached_data: bool = False
   """No effect here (the synthetic data is always held in memory)."""
+
+  on_bad_record: str = "raise"
+  """Ours: a malformed record in the files: ``"raise"`` (stop, naming
+  file and line), ``"count"`` (drop it, counts by kind in the logs and
+  TensorBoard) or ``"skip"`` (drop it uncounted)."""
 
 
 @_frozen
@@ -300,10 +310,14 @@ class Task:
   """Train and evaluate on ``synthetic`` data instead of files."""
 
   use_tf_record_reader: bool = False
-  """Model Garden's TFRecord reader; not supported here."""
+  """Read ``input_path`` as TFRecord files of ``tf.train.Example``\\ s
+  (``data.criteo_tfrecord``; ``tools/criteo_to_tfrecord.py`` converts
+  TSV); ``data_format`` is then ignored."""
 
   data_format: str = "tsv"
-  """Ours: ``"tsv"`` (raw Criteo click logs) or ``"paddlerec"``."""
+  """Ours: ``"tsv"`` (raw Criteo click logs) or ``"paddlerec"`` (empty
+  input paths: the installed 80-record sample, lines 1-64 to train,
+  65-80 to validate)."""
 
   synthetic: SyntheticDataConfig = dataclasses.field(
     default_factory=SyntheticDataConfig
@@ -507,11 +521,6 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
       f"{config.task.data_format!r}.",
     ),
     (
-      not config.task.use_tf_record_reader,
-      "task.use_tf_record_reader: the TFRecord reader is not supported; "
-      "use Criteo TSV files, the PaddleRec sample or synthetic data.",
-    ),
-    (
       trainer.checkpoint_interval > 0 and trainer.summary_interval > 0,
       "trainer.checkpoint_interval and summary_interval must be positive.",
     ),
@@ -537,7 +546,69 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
         f"{data.global_batch_size}.",
       )
     )
+    checks.append(
+      (
+        data.on_bad_record in BAD_RECORD_POLICIES,
+        f"task.{name}.on_bad_record must be one of {BAD_RECORD_POLICIES}, "
+        f"got {data.on_bad_record!r}.",
+      )
+    )
+  train_batch = config.task.train_data.global_batch_size
+  validation_batch = config.task.validation_data.global_batch_size
+  checks.append(
+    (
+      train_batch == validation_batch,
+      f"task.validation_data.global_batch_size ({validation_batch}) must "
+      f"equal task.train_data.global_batch_size ({train_batch}): the "
+      "embedding's output shapes are fixed by the first batch.",
+    )
+  )
+  checks.extend(_sample_checks(config.task))
   for ok, message in checks:
     if not ok:
       raise ValueError(message)
   return config
+
+
+def paddlerec_sample_lines(task: Task, split: str) -> tuple[int, int] | None:
+  """The PaddleRec sample's lines that ``split`` reads, or None.
+
+  ``split`` (``"train_data"`` or ``"validation_data"``) reads the
+  installed sample when the task reads PaddleRec files and the split has
+  no ``input_path``.
+
+  Example:
+    >>> from model_garden.ranking.configs import definitions as d
+    >>> d.paddlerec_sample_lines(d.Task(data_format="paddlerec"),
+    ...                          "validation_data")
+    (65, 80)
+  """
+  if (
+    task.use_synthetic_data
+    or task.use_tf_record_reader
+    or task.data_format != "paddlerec"
+    or getattr(task, split).input_path
+  ):
+    return None
+  return PADDLEREC_SAMPLE_SPLITS[split]
+
+
+def _sample_checks(task: Task) -> list[tuple[bool, str]]:
+  """Batches must fit the PaddleRec sample's splits (64 and 16 lines)."""
+  checks = []
+  for name in ("train_data", "validation_data"):
+    lines = paddlerec_sample_lines(task, name)
+    if lines is None:
+      continue
+    first, last = lines
+    size = last - first + 1
+    batch = getattr(task, name).global_batch_size
+    checks.append(
+      (
+        batch <= size,
+        f"task.{name}.global_batch_size={batch}: the PaddleRec sample's "
+        f"{name.split('_')[0]} split has {size} records (lines "
+        f"{first}-{last}); set it to at most {size} (e.g. 16).",
+      )
+    )
+  return checks

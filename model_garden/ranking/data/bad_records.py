@@ -3,9 +3,10 @@
 A parser checks a whole chunk of lines at once (``text_files``) and marks
 each line's problems; ``apply_bad_record_policy`` then either raises at
 the first bad line, naming its file and line number
-(``BadRecordPolicy.RAISE``), or drops the bad lines and counts them by
-kind in a ``BadRecordCounter`` (``BadRecordPolicy.SKIP``). A bad record
-never becomes a made-up example.
+(``BadRecordPolicy.RAISE``), drops the bad lines and counts them by kind
+in a ``BadRecordCounter`` (``BadRecordPolicy.COUNT``), or drops them
+without bookkeeping (``BadRecordPolicy.SKIP``). A bad record never
+becomes a made-up example.
 
 Example:
   >>> import tensorflow as tf
@@ -15,7 +16,7 @@ Example:
   ...          "line_number": tf.constant([7], tf.int64),
   ...          "line": tf.constant(["x"])}
   >>> _ = bad_records.apply_bad_record_policy(
-  ...   tf.constant([0]), tf.constant([[True]]), chunk, "skip", counter)
+  ...   tf.constant([0]), tf.constant([[True]]), chunk, "count", counter)
   >>> counter.total
   1
 """
@@ -33,19 +34,27 @@ class BadRecordPolicy(str, enum.Enum):
   """What a parser does with a record that fails validation.
 
   ``RAISE``: stop with ``tf.errors.InvalidArgumentError`` naming the file,
-  the line number, what is wrong and the start of the line. ``SKIP``: drop
-  the record and count it in a ``BadRecordCounter``. A bad record never
-  becomes a made-up example.
+  the line number, what is wrong and the start of the line. ``COUNT``:
+  drop the record and count it, by kind of problem, in a
+  ``BadRecordCounter`` (the training loop reports the counts). ``SKIP``:
+  drop the record, uncounted (no per-chunk bookkeeping; for data known
+  to hold bad lines). A bad record never becomes a made-up example.
 
   Example:
     >>> from model_garden.ranking.data import bad_records
     >>> policy = bad_records.BadRecordPolicy
-    >>> policy("skip") is policy.SKIP
-    True
+    >>> policy("count") is policy.COUNT, [p.value for p in policy]
+    (True, ['raise', 'count', 'skip'])
   """
 
   RAISE = "raise"
+  COUNT = "count"
   SKIP = "skip"
+
+  @property
+  def drops(self) -> bool:
+    """Whether bad records are dropped (not raised on)."""
+    return self is not BadRecordPolicy.RAISE
 
 
 class BadRecordCounter:
@@ -108,12 +117,12 @@ def apply_bad_record_policy(
       fails check ``k``. A record is counted once, under its first problem.
     records: a ``text_files.numbered_lines`` chunk: ``file``,
       ``line_number`` and ``line``, each ``[n]``.
-    policy: ``BadRecordPolicy.RAISE`` or ``SKIP``.
-    counter: where ``SKIP`` counts.
+    policy: a ``BadRecordPolicy`` (or its value).
+    counter: where ``COUNT`` counts.
 
   Returns:
     ``values`` (RAISE, after the check), or ``values`` without the bad
-    records (SKIP).
+    records (COUNT, SKIP).
 
   Raises:
     tf.errors.InvalidArgumentError: when the dataset is iterated, for the
@@ -128,13 +137,16 @@ def apply_bad_record_policy(
     ...            "line": tf.constant(["1", "x"])}
     >>> kept = bad_records.apply_bad_record_policy(
     ...   tf.constant([1, 0]), tf.constant([[False], [True]]), records,
-    ...   "skip", counter)
+    ...   "count", counter)
     >>> kept.numpy().tolist(), counter.counts()
     ([1], {'number': 1})
   """
   policy = BadRecordPolicy(policy)
   bad = tf.reduce_any(problems, axis=1)
   if policy is BadRecordPolicy.SKIP:
+    keep = tf.logical_not(bad)
+    return tf.nest.map_structure(lambda v: tf.boolean_mask(v, keep), values)
+  if policy is BadRecordPolicy.COUNT:
     first_kind = tf.argmax(tf.cast(problems, tf.int32), axis=1)
     first_kind = tf.boolean_mask(first_kind, bad)
     counts = tf.math.bincount(

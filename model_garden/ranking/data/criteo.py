@@ -20,13 +20,13 @@ the feature names of Model Garden's ``CriteoTsvReader`` (whose labels are
 
 Bad lines never become examples: with ``on_bad_record="raise"`` (default)
 iteration stops with ``tf.errors.InvalidArgumentError`` naming the file and
-line number; with ``"skip"`` they are dropped and counted by kind in
-``reader.bad_records``. Lines are read from many files in parallel
-(``interleave``), parsed a chunk at a time with vectorised string ops
-(about 150,000-230,000 examples/s on 2 CPU cores, 4-9x a pure-Python
-parser), and each input pipeline of a ``tf.distribute`` strategy reads its
-own files. Build readers outside ``strategy.scope()``, like any input
-pipeline (the skip counter is a variable).
+line number; with ``"count"`` they are dropped and counted by kind in
+``reader.bad_records``; with ``"skip"`` they are dropped uncounted. Lines
+are read from many files in parallel (``interleave``), parsed a chunk at a
+time with vectorised string ops (about 150,000-230,000 examples/s on 2 CPU
+cores, 4-9x a pure-Python parser), and each input pipeline of a
+``tf.distribute`` strategy reads its own files. Build readers outside
+``strategy.scope()``, like any input pipeline (the counter is a variable).
 
 Example:
   >>> import os, tempfile
@@ -222,11 +222,11 @@ class CriteoReader:
 
   Args:
     config: the files' format and the feature transforms.
-    on_bad_record: ``"raise"`` (default) or ``"skip"``
+    on_bad_record: ``"raise"`` (default), ``"count"`` or ``"skip"``
       (``bad_records.BadRecordPolicy``).
 
   Attributes:
-    bad_records: a ``bad_records.BadRecordCounter`` of skipped lines by kind
+    bad_records: a ``bad_records.BadRecordCounter`` of dropped lines by kind
       (``columns``, ``label``, ``dense``, ``categorical``).
 
   Example:
@@ -259,8 +259,8 @@ class CriteoReader:
       records: ``{"file", "line_number", "line"}``, each ``[n]``.
 
     Returns:
-      ``(features, labels)`` of the good lines (``"skip"``), or of all
-      lines after checking there is no bad one (``"raise"``).
+      ``(features, labels)`` of the good lines (``"count"``, ``"skip"``),
+      or of all lines after checking there is no bad one (``"raise"``).
     """
     parsed = parse_lines(records["line"], self.config)
     row_keys = None
@@ -283,6 +283,7 @@ class CriteoReader:
     cycle_length: int | None = None,
     deterministic: bool = True,
     chunk_size: int | None = None,
+    lines: tuple[int, int] | None = None,
   ) -> tf.data.Dataset:
     """A batched, prefetched dataset of the files' records.
 
@@ -301,6 +302,8 @@ class CriteoReader:
       deterministic: reproducible order; False may be faster.
       chunk_size: lines parsed at once (default ``batch_size``, at most
         4096: larger chunks are slower on CPU).
+      lines: ``(first, last)``: read only these lines of each file
+        (1-based, inclusive), e.g. a split of one file; None: all.
 
     Returns:
       ``tf.data.Dataset`` of ``(features, labels)``.
@@ -313,6 +316,8 @@ class CriteoReader:
       input_context=input_context,
       repeat=repeat,
     )
+    if lines is not None:
+      chunks = text_files.select_lines(chunks, *lines)
     ds = chunks.map(
       tf.autograph.experimental.do_not_convert(self.parse),
       num_parallel_calls=tf.data.AUTOTUNE,

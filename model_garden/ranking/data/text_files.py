@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -65,6 +66,7 @@ def numbered_lines(
   input_context: tf.distribute.InputContext | None = None,
   repeat: bool = False,
   compression_type: str | None = None,
+  records_of: Callable[[tf.Tensor], tf.data.Dataset] | None = None,
 ) -> tf.data.Dataset:
   """Reads text files in parallel, in chunks of numbered lines.
 
@@ -78,13 +80,17 @@ def numbered_lines(
   Args:
     files: the files to read, in order.
     chunk_size: lines per chunk (a file's last chunk may be shorter).
-    cycle_length: files read concurrently (default: all of this pipeline's
-      files, at most 16).
+    cycle_length: files read concurrently, at most this pipeline's number
+      of files (more would read a repeated file several times at once and
+      repeat its chunks; default: all of them, at most 16).
     deterministic: whether the interleaved order is reproducible. False
       lets a slow file not hold back the others.
     input_context: from ``distribute_datasets_from_function``, or None.
     repeat: read the files again and again (training).
     compression_type: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+    records_of: ``records_of(file)``: the dataset of a file's records
+      (default: its lines, ``tf.data.TextLineDataset``); e.g.
+      ``tf.data.TFRecordDataset`` numbers TFRecord files' records.
 
   Returns:
     A dataset of chunks ``{"file": string [n], "line_number": int64 [n]
@@ -113,7 +119,10 @@ def numbered_lines(
     file_ds = file_ds.repeat()
 
   def read(file: tf.Tensor) -> tf.data.Dataset:
-    lines = tf.data.TextLineDataset(file, compression_type=compression_type)
+    if records_of is None:
+      lines = tf.data.TextLineDataset(file, compression_type=compression_type)
+    else:
+      lines = records_of(file)
     if not shard_files:  # Every pipeline reads the file, keeps its lines.
       lines = data.shard_for_input_pipeline(
         lines.enumerate(start=1), input_context
@@ -145,8 +154,44 @@ def numbered_lines(
 
   return file_ds.interleave(
     read,
-    cycle_length=cycle_length or min(len(files), 16),
+    cycle_length=min(cycle_length or 16, len(files)),
     block_length=1,
     num_parallel_calls=tf.data.AUTOTUNE,
     deterministic=deterministic,
+  )
+
+
+def select_lines(
+  chunks: tf.data.Dataset, first: int, last: int
+) -> tf.data.Dataset:
+  """Keeps lines ``first`` to ``last`` (1-based, inclusive) of each file.
+
+  Args:
+    chunks: ``numbered_lines`` chunks.
+    first: the first line kept.
+    last: the last line kept.
+
+  Returns:
+    The same chunks with only those lines (chunks left empty dropped).
+
+  Example:
+    >>> import os, tempfile
+    >>> from model_garden.ranking.data import text_files
+    >>> path = os.path.join(tempfile.mkdtemp(), "f.txt")
+    >>> _ = open(path, "w").write("a\\nb\\nc\\nd\\n")
+    >>> chunks = text_files.select_lines(
+    ...   text_files.numbered_lines([path], 3), 2, 3)
+    >>> [c["line"].tolist() for c in chunks.as_numpy_iterator()]
+    [[b'b', b'c']]
+  """
+  if not 1 <= first <= last:
+    raise ValueError(f"Need 1 <= first <= last, got lines {first}..{last}.")
+
+  def keep(chunk: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    number = chunk["line_number"]
+    inside = (number >= first) & (number <= last)
+    return {k: tf.boolean_mask(v, inside) for k, v in chunk.items()}
+
+  return chunks.map(tf.autograph.experimental.do_not_convert(keep)).filter(
+    lambda chunk: tf.size(chunk["line"]) > 0
   )

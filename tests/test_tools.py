@@ -1,0 +1,268 @@
+"""Every script under tools/ and examples/ runs, on tiny sizes.
+
+Each is started as a user starts it (``python3 tools/<name>.py ...``, in
+a subprocess, importing the installed packages) with flags that make it
+finish in seconds, and its output is checked: the figures it prints, the
+``--json`` it writes, the SavedModel it exports. Every flag of every tool
+has help text. ``tools/criteo_to_tfrecord.py`` is run by
+``tests/model_garden/test_data_options.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from model_garden.ranking import saved_model
+from model_garden.ranking.configs import params_file
+from model_garden.ranking.task import RankingTask
+from tests.scripts import ROOT
+from tests.scripts import run_script
+from tests.scripts import run_tool
+
+TOOLS = sorted(os.path.basename(p) for p in glob.glob(f"{ROOT}/tools/*.py"))
+EXAMPLES = sorted(
+  os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/examples/*.py")
+)
+#: Tools whose flags are argparse's (``build_parser()``); the others absl's.
+ARGPARSE_TOOLS = (
+  "benchmark.py",
+  "export.py",
+  "pipelining_benchmark.py",
+  "sharding_report.py",
+)
+ABSL_TOOLS = ("criteo_to_tfrecord.py", "input_benchmark.py")
+#: A tiny ranking experiment for the tools that take the train flags.
+TINY = ",".join(
+  [
+    f"task.model.vocab_sizes={[40] * 26}",
+    "task.train_data.global_batch_size=32",
+    "task.validation_data.global_batch_size=32",
+    "task.synthetic.num_train_examples=512",
+    "task.synthetic.num_eval_examples=64",
+  ]
+)
+
+
+def _load(name: str):
+  """Imports ``tools/<name>`` (its ``main`` does not run)."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))  # for tools/_timing.py
+  try:
+    spec = importlib.util.spec_from_file_location(
+      name[:-3], os.path.join(ROOT, "tools", name)
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path.remove(os.path.join(ROOT, "tools"))
+  return module
+
+
+def test_every_tool_and_example_is_covered():
+  helpers = {"_timing.py"}
+  assert set(TOOLS) == set(ARGPARSE_TOOLS) | set(ABSL_TOOLS) | helpers
+  assert EXAMPLES == ["examples/quickstart.py"]
+
+
+@pytest.mark.parametrize("name", ARGPARSE_TOOLS)
+def test_argparse_flags_have_help_and_defaults(name):
+  parser = _load(name).build_parser()
+  assert parser.formatter_class.__name__ == "ArgumentDefaultsHelpFormatter"
+  for action in parser._actions:
+    if action.dest != "help":
+      assert action.help and len(action.help) > 3, (name, action.dest)
+  text = parser.format_help()
+  assert text.count("(default:") >= len(parser._actions) - 2, text
+
+
+@pytest.mark.parametrize("name", ABSL_TOOLS)
+def test_absl_flags_have_help(name):
+  out = run_tool(name, "--help", returncode=1).stdout  # absl exits 1
+  flags = re.findall(r"^  --(\w+): (.*)$", out, flags=re.MULTILINE)
+  assert len(flags) >= 4, out
+  for flag, text in flags:
+    assert len(text.strip()) > 3, (name, flag)
+
+
+def _json(path) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _check_measurements(result: dict, names: list[str], repeats: int):
+  assert sorted(result["measurements"]) == sorted(names)
+  for name, m in result["measurements"].items():
+    assert len(m["values"]) == repeats, name
+    assert m["min"] <= m["median"] <= m["max"], name
+    assert m["spread"] == pytest.approx((m["max"] - m["min"]) / m["median"])
+
+
+def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
+  out = run_tool(
+    "benchmark.py",
+    "--tables=2", "--rows=500", "--dim=4", "--batch_size=64", "--steps=2",
+    "--warmup=1", "--repeats=2", "--replicas=1,2",
+    f"--json={tmp_path / 'b.json'}",
+  ).stdout  # fmt: skip
+  assert re.search(
+    r"tpu_embedding TPUEmbedding : [\d,]+ examples/s \(median of 2; "
+    r"[\d,]+-[\d,]+, spread [\d.]+%\)",
+    out,
+  ), out
+  assert "ratio (tpu_embedding / keras)" in out
+  assert re.search(r"2 replicas .* step [\d.]+x", out), out
+  result = _json(tmp_path / "b.json")
+  assert result["settings"]["repeats"] == 2
+  _check_measurements(
+    result, ["tpu_embedding", "keras", "sharded_2_replicas"], 2
+  )
+
+
+def test_pipelining_benchmark(tmp_path):
+  out = run_tool(
+    "pipelining_benchmark.py",
+    "--tables=2", "--rows=500", "--dim=4", "--batch_size=32", "--hidden=8",
+    "--layers=1", "--steps=2", "--warmup=1", "--repeats=2",
+    f"--json={tmp_path / 'p.json'}",
+  ).stdout  # fmt: skip
+  assert re.search(r"pipelined step +: [\d.]+ ms/step \(median of 2", out)
+  assert "step-time ratio (unpipelined / pipelined, medians)" in out
+  _check_measurements(
+    _json(tmp_path / "p.json"),
+    ["embedding_part", "dense_part", "unpipelined_step", "pipelined_step"],
+    2,
+  )
+
+
+def test_input_benchmark(tmp_path):
+  out = run_tool(
+    "input_benchmark.py",
+    f"--params_override={TINY}", "--steps=2", "--warmup=1", "--repeats=2",
+    f"--json={tmp_path / 'i.json'}",
+  ).stdout  # fmt: skip
+  assert "synthetic data, global batch 32" in out
+  assert re.search(r"ratio input / training step \(medians\): [\d.]+x", out)
+  result = _json(tmp_path / "i.json")
+  assert result["settings"]["global_batch_size"] == 32
+  _check_measurements(
+    result, ["input_pipeline", "training_step", "training_on_pipeline"], 2
+  )
+
+
+def test_sharding_report_of_a_named_experiment():
+  out = run_tool(
+    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=1,8"
+  ).stdout
+  assert "experiment dlrm_criteo: 26 tables (187,767,399 rows), SGD" in out
+  # Model Garden's threshold (50,000 rows) on 8 replicas: the biggest
+  # table split in 8, the 3-row one replicated.
+  assert re.search(r"embedding_table_00\s+row_sharded\s+4,985,551", out)
+  assert re.search(r"embedding_table_05\s+replicated\s+3\s", out)
+  assert "more than 50,000 rows are row-sharded" in out
+  bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
+  assert "'dlrm': not an experiment" in bad.stderr
+
+
+def test_sharding_report_builds_and_measures():
+  out = run_tool(
+    "sharding_report.py", "--tables=3", "--rows=30000", "--dim=4",
+    "--replicas=2", "--build",
+  ).stdout  # fmt: skip
+  assert "measured bytes per device: [" in out
+
+
+@pytest.fixture(scope="module")
+def ranking_run(tmp_path_factory):
+  """A tiny ``model_garden.ranking.train`` run (its model_dir)."""
+  model_dir = tmp_path_factory.mktemp("run")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  subprocess.run(
+    [
+      sys.executable, "-m", "model_garden.ranking.train",
+      "--experiment=dcn_criteo_cpu_small", f"--model_dir={model_dir}",
+      "--mode=train", "--seed=1",
+      f"--params_override={TINY},trainer.train_steps=3,"
+      "trainer.export_saved_model=false",
+    ],
+    check=True, capture_output=True, env=env, cwd=str(model_dir),
+    timeout=300,
+  )  # fmt: skip
+  return model_dir
+
+
+def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
+  export_dir = tmp_path / "serving" / "1"
+  out = run_tool(
+    "export.py", f"--model_dir={ranking_run}", f"--export_dir={export_dir}"
+  ).stdout
+  assert f"SavedModel: {export_dir}" in out
+  assert "input sparse_25: int64 [None]" in out
+  # TensorFlow alone serves it; the trained model predicts the same.
+  config = params_file.read_params(str(ranking_run))
+  assert config.task.model.interaction == "cross"
+  serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+  request = saved_model.example_request(config, batch_size=4)
+  served = serve(**request)["predictions"].numpy()
+  task = RankingTask(config, tf.distribute.get_strategy())
+  task.checkpoint.restore(
+    tf.train.latest_checkpoint(str(ranking_run))
+  ).assert_existing_objects_matched()
+  activations = task.embedding(
+    {str(i): request[f"sparse_{i}"] for i in range(26)}
+  )
+  logits = task.model(
+    {
+      "dense_features": request["dense_features"],
+      "embeddings": [activations[str(i)] for i in range(26)],
+    }
+  )
+  np.testing.assert_allclose(served, tf.sigmoid(logits).numpy(), atol=1e-5)
+  show = subprocess.run(
+    [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli",
+     "show", "--dir", str(export_dir), "--tag_set", "serve",
+     "--signature_def", "serving_default"],
+    capture_output=True, text=True, check=True,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  ).stdout  # fmt: skip
+  assert "inputs['dense_features']" in show
+  assert "outputs['predictions']" in show
+
+
+def test_export_errors_are_one_line(ranking_run, tmp_path):
+  both = run_tool(
+    "export.py", f"--model_dir={ranking_run}", "--spec=x.py:build",
+    f"--export_dir={tmp_path / 'a'}", returncode=1,
+  )  # fmt: skip
+  assert "either --model_dir" in both.stderr
+  subset = run_tool(
+    "export.py", f"--model_dir={ranking_run}", "--tables=embedding_table_00",
+    f"--export_dir={tmp_path / 'b'}", returncode=1,
+  )  # fmt: skip
+  assert "reads all of its tables" in subset.stderr
+  missing = run_tool(
+    "export.py", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'c'}",
+    returncode=1,
+  )  # fmt: skip
+  assert "params.yaml not found" in missing.stderr
+
+
+def test_quickstart_example(tmp_path):
+  out = run_script(
+    "examples/quickstart.py", "--steps=40", "--log_every=20",
+    f"--logdir={tmp_path}",
+  ).stdout  # fmt: skip
+  assert re.search(r"step +40/40  loss [\d.]+  train AUC", out), out
+  assert 0.0 < float(re.search(r"held-out AUC: ([\d.]+)", out).group(1)) < 1
+  assert "--log_every" in run_script("examples/quickstart.py", "--help").stdout
+  assert glob.glob(
+    str(tmp_path / "**" / "events.out.tfevents*"), recursive=True
+  )
