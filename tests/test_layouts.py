@@ -232,3 +232,54 @@ def test_one_replica_mirrored_takes_per_replica_values():
 
   got = strategy.experimental_local_results(per_replica_values())[0]
   np.testing.assert_array_equal(got.numpy(), [[3, 3], [7, 7]])
+
+
+def test_slot_variable_creation_fn_makes_each_blocks_slots(rng):
+  """Sharded tables call the user's function once per row block."""
+  calls = []
+
+  def slot_fn(table, slot_names, slot_initializers):
+    calls.append((tuple(table.shape), list(slot_names)))
+    return {
+      name: tf.Variable(init(shape=table.shape, dtype=table.dtype))
+      for name, init in zip(slot_names, slot_initializers, strict=True)
+    }
+
+  def embedding(strategy, fn):
+    with strategy.scope():
+      table = tpe.TableConfig(
+        9, 2, name="t", initializer=tf.constant_initializer(init)
+      )
+      return tpe.TPUEmbedding(
+        {"f": tpe.FeatureConfig(table)},
+        tpe.Adagrad(0.3, slot_variable_creation_fn=fn),
+        row_sharding_threshold=0,
+      )
+
+  init = rng.normal(size=(9, 2)).astype(np.float32)
+  batches = [{"f": tf.constant(rng.integers(0, 9, 8))} for _ in range(3)]
+  projection = {"f": tf.constant(rng.normal(size=(8, 2)), tf.float32)}
+  single = embedding(tf.distribute.get_strategy(), None)
+  train_single_device(single, batches, projection)
+  strategy = mirrored_strategy(2)
+  sharded = embedding(strategy, slot_fn)
+  train_sharded(sharded, strategy, batches, projection)
+  assert calls == [((5, 2), ["accumulators"]), ((4, 2), ["accumulators"])]
+  for key, value in full_values(single).items():
+    np.testing.assert_allclose(
+      full_values(sharded)[key], value, rtol=1e-5, atol=1e-6, err_msg=str(key)
+    )
+
+
+def test_slot_variable_creation_fn_must_make_block_shaped_slots():
+  def wrong(table, slot_names, slot_initializers):
+    return {name: tf.Variable(tf.zeros([1, 2])) for name in slot_names}
+
+  with mirrored_strategy(2).scope():
+    emb = tpe.TPUEmbedding(
+      tpe.FeatureConfig(tpe.TableConfig(9, 2, name="t")),
+      tpe.Adagrad(0.3, slot_variable_creation_fn=wrong),
+      row_sharding_threshold=0,
+    )
+  with pytest.raises(ValueError, match=r"'t'.*'accumulators'.*\[1, 2\]"):
+    emb.build()

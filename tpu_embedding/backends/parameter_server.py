@@ -37,7 +37,6 @@ from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import make_plan
 from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.whole import WholeTable
 
@@ -82,7 +81,6 @@ class ParameterServerBackend(HostBackend):
           table, placement, self._devices, 0, tracker
         )
       else:
-        variable_specs(table, "under ParameterServerStrategy")  # checks
         device = self._devices[index % len(self._devices)]
         store = WholeTable.create(table, tracker, device=device)
       store.lock_blocks(self._lock_chain)  # Workers update concurrently.

@@ -64,36 +64,53 @@ def checkpoint_name(table: str, key: str) -> str:
   return table if key == "parameters" else f"{table}/{key}"
 
 
-def variable_specs(table: TableConfig, layout: str) -> list[tuple]:
-  """``(key, initializer, trainable)`` of a table's variables.
+def variable_specs(table: TableConfig) -> list[tuple]:
+  """``(key, initializer, trainable)`` of the variables a layout creates.
 
   The parameters first, then the optimizer's slots, in the optimizer's
-  ``SLOT_NAMES`` order.
+  ``SLOT_NAMES`` order; no slots when the optimizer's
+  ``slot_variable_creation_fn`` creates them (see ``user_slots``).
 
   Args:
     table: the (resolved) table.
-    layout: the layout, for the error message (e.g. "with sharded tables").
-
-  Raises:
-    ValueError: if the optimizer asks to create its slots itself, which
-      only whole tables support.
   """
   optimizer = table.optimizer
   specs = [("parameters", table.initializer, True)]
-  if optimizer is None:
+  if optimizer is None or optimizer.slot_variable_creation_fn is not None:
     return specs
-  if optimizer.slot_variable_creation_fn is not None:
-    raise ValueError(
-      f"Table '{table.name}': slot_variable_creation_fn is not supported "
-      f"{layout} (only for whole tables on one device); leave it None to "
-      "let tpu_embedding create the slots."
-    )
   return specs + [
     (slot, initializer, False)
     for slot, initializer in zip(
       optimizer.SLOT_NAMES, optimizer.slot_initializers(), strict=True
     )
   ]
+
+
+def user_slots(table: TableConfig, block: Block) -> None:
+  """Adds the slots a ``slot_variable_creation_fn`` makes for one block.
+
+  The function is called with the block's parameters variable (its rows
+  only), the slot names and the slot initializers, as TensorFlow calls
+  it with a table; each slot must have the block's shape.
+
+  Raises:
+    ValueError: if a slot has another shape.
+  """
+  optimizer = table.optimizer
+  if optimizer is None or optimizer.slot_variable_creation_fn is None:
+    return
+  parameters = block["parameters"]
+  with tf.device(parameters.device):
+    slots = optimizer.create_slots(parameters, None)
+  for name, slot in slots.items():
+    if tuple(slot.shape) != tuple(parameters.shape):
+      raise ValueError(
+        f"Table '{table.name}': slot_variable_creation_fn made slot "
+        f"'{name}' of shape {list(slot.shape)}; each slot must have the "
+        f"shape of the table variable it is given, "
+        f"{list(parameters.shape)}."
+      )
+    block[name] = slot
 
 
 class TableStore(metaclass=abc.ABCMeta):

@@ -27,6 +27,7 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import row_values
 
@@ -74,9 +75,7 @@ class ReplicatedTable(TableStore):
     """Creates one copy per device and tracks them for checkpoints."""
     shape = (table.vocabulary_size, table.dim)
     blocks: list[Block] = [{} for _ in devices]
-    for key, initializer, trainable in variable_specs(
-      table, "with replicated tables"
-    ):
+    for key, initializer, trainable in variable_specs(table):
       name = checkpoint_name(table_name(table), key)
       values = row_values(initializer, shape, name)
       value = None
@@ -89,6 +88,8 @@ class ReplicatedTable(TableStore):
             name=f"{name}/replica_{local}",
             trainable=trainable,
           )
+    for block in blocks:
+      user_slots(table, block)
     store = cls(table, blocks)
     store.track(tracker)
     return store

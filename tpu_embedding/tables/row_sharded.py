@@ -45,6 +45,7 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
@@ -55,7 +56,6 @@ def create_blocks(
   placement: TablePlacement,
   devices: Sequence[str],
   first: int,
-  layout: str,
   tracker: VariableTracker,
 ) -> tuple[list[Block], dict[str, Any]]:
   """Creates this process's row blocks of a table and its slots.
@@ -69,7 +69,6 @@ def create_blocks(
     placement: where its rows live.
     devices: one device per local block.
     first: the global replica (or task) index of the first local block.
-    layout: the layout's description, for errors.
     tracker: the checkpoint tracker (for a pending restore).
 
   Returns:
@@ -79,7 +78,7 @@ def create_blocks(
   full_shape = (table.vocabulary_size, table.dim)
   blocks: list[Block] = [{} for _ in devices]
   restored: dict[str, Any] = {}
-  for key, initializer, trainable in variable_specs(table, layout):
+  for key, initializer, trainable in variable_specs(table):
     name = checkpoint_name(table_name(table), key)
     restore = tracker.pending_restore(name)
     values = row_values(initializer, full_shape, name)
@@ -108,6 +107,8 @@ def create_blocks(
         )
     if restore is not None:
       restored[key] = restore
+  for block in blocks:
+    user_slots(table, block)
   return blocks, restored
 
 
@@ -153,7 +154,7 @@ class RowShardedTable(TableStore):
       **layout_args: further constructor arguments of a subclass.
     """
     blocks, restored = create_blocks(
-      table, placement, devices, first, f"for {cls.layout} tables", tracker
+      table, placement, devices, first, tracker
     )
     store = cls(table, placement, blocks, first, **layout_args)
     for key, restore in restored.items():
