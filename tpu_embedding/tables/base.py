@@ -100,7 +100,18 @@ def user_slots(table: TableConfig, block: Block) -> None:
   if optimizer is None or optimizer.slot_variable_creation_fn is None:
     return
   parameters = block["parameters"]
-  with tf.device(parameters.device):
+
+  def plain_variable(next_creator, **kwargs):
+    del next_creator  # A plain variable on this device, not a mirrored one.
+    return compat.ResourceVariable(
+      initial_value=kwargs.get("initial_value"),
+      trainable=kwargs.get("trainable", False),
+      name=kwargs.get("name"),
+      dtype=kwargs.get("dtype"),
+      shape=kwargs.get("shape"),
+    )
+
+  with tf.device(parameters.device), tf.variable_creator_scope(plain_variable):
     slots = optimizer.create_slots(parameters, None)
   for name, slot in slots.items():
     if tuple(slot.shape) != tuple(parameters.shape):
