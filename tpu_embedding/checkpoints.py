@@ -225,7 +225,7 @@ class CheckpointManager(tf.train.CheckpointManager):
   """
 
   def save(self, checkpoint_number=None, check_interval=True, options=None):
-    original = self._checkpoint
+    original: Any = self._checkpoint
     writer = _SlicedWriter(original)
     self._checkpoint = writer
     try:

@@ -86,6 +86,10 @@ def variable_specs(table: TableConfig) -> list[tuple]:
   ]
 
 
+def _no_default_slots(name: str, initializer: Any) -> Any:
+  raise AssertionError("the slot_variable_creation_fn makes every slot")
+
+
 def user_slots(table: TableConfig, block: Block) -> None:
   """Adds the slots a ``slot_variable_creation_fn`` makes for one block.
 
@@ -112,7 +116,7 @@ def user_slots(table: TableConfig, block: Block) -> None:
     )
 
   with tf.device(parameters.device), tf.variable_creator_scope(plain_variable):
-    slots = optimizer.create_slots(parameters, None)
+    slots = optimizer.create_slots(parameters, _no_default_slots)
   for name, slot in slots.items():
     if tuple(slot.shape) != tuple(parameters.shape):
       raise ValueError(
