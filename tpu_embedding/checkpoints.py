@@ -225,13 +225,13 @@ class CheckpointManager(tf.train.CheckpointManager):
   """
 
   def save(self, checkpoint_number=None, check_interval=True, options=None):
-    original: Any = self._checkpoint
+    original: Any = getattr(self, "_checkpoint")
     writer = _SlicedWriter(original)
-    self._checkpoint = writer
+    setattr(self, "_checkpoint", writer)
     try:
       path = super().save(checkpoint_number, check_interval, options)
     finally:
-      self._checkpoint = original
+      setattr(self, "_checkpoint", original)
     if path is not None and not getattr(writer, "chief", True):
       self._latest_checkpoint = path  # (the chief's state file says so too)
     return path
