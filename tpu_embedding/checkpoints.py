@@ -224,14 +224,16 @@ class CheckpointManager(tf.train.CheckpointManager):
     True
   """
 
+  _checkpoint: Any  # TensorFlow's attribute: swapped while saving
+
   def save(self, checkpoint_number=None, check_interval=True, options=None):
-    original: Any = getattr(self, "_checkpoint")
+    original = self._checkpoint
     writer = _SlicedWriter(original)
-    setattr(self, "_checkpoint", writer)
+    self._checkpoint = writer
     try:
       path = super().save(checkpoint_number, check_interval, options)
     finally:
-      setattr(self, "_checkpoint", original)
+      self._checkpoint = original
     if path is not None and not getattr(writer, "chief", True):
       self._latest_checkpoint = path  # (the chief's state file says so too)
     return path
