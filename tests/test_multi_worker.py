@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
+import tensorflow as tf
+
 from tests.distributed import cluster
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_training.py"
@@ -17,3 +20,22 @@ SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_training.py"
 def test_two_workers_train_sharded_tables_like_one_device(tmp_path):
   for worker in cluster.run_workers([SCRIPT, tmp_path]):
     worker.check()
+
+
+RESUME = pathlib.Path(__file__).parent / "distributed" / "mwms_resume.py"
+
+
+def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(tmp_path):
+  """Both workers killed after step 7 (last checkpoint: step 6), resumed."""
+  full, resumed = tmp_path / "full.npz", tmp_path / "resumed.npz"
+  for worker in cluster.run_workers([RESUME, tmp_path / "a", "run", full]):
+    assert "starting at step 0" in worker.check()
+  killed = cluster.run_workers([RESUME, tmp_path / "b", "kill", "-"])
+  assert [w.returncode for w in killed] == [-9, -9]
+  assert tf.train.latest_checkpoint(str(tmp_path / "b")).endswith("ckpt-2")
+  for worker in cluster.run_workers([RESUME, tmp_path / "b", "run", resumed]):
+    assert "starting at step 6" in worker.check()
+  want, got = np.load(full), np.load(resumed)
+  assert sorted(want) == ["momenta", "parameters", "velocities"]
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)

@@ -125,6 +125,7 @@ def _remove(path: str) -> None:
 def _remove_stale_temps(file_prefix: str) -> None:
   """Removes ``*_temp`` directories left next to ``file_prefix`` by a kill."""
   directory = os.path.dirname(file_prefix) or "."
+  tf.io.gfile.makedirs(directory)
   for name in tf.io.gfile.listdir(directory):
     name = name.rstrip("/")
     if name.endswith("_temp"):

@@ -153,9 +153,7 @@ class RowShardedTable(TableStore):
       tracker: tracks the variables for checkpoints.
       **layout_args: further constructor arguments of a subclass.
     """
-    blocks, restored = create_blocks(
-      table, placement, devices, first, tracker
-    )
+    blocks, restored = create_blocks(table, placement, devices, first, tracker)
     store = cls(table, placement, blocks, first, **layout_args)
     for key, restore in restored.items():
       tracker.mark_restored(store.variables[key], restore)
