@@ -7,10 +7,11 @@ temporary one), must therefore gather every table on every worker. The
 functions here are called by **every worker with the same path** on a
 filesystem they share, and keep each worker at its own rows:
 
-1. every worker writes its rows (slices of each full ``[vocabulary_size,
-   dim]`` tensor) as one part under ``<prefix>_temp/``; the chief's part
-   also holds everything else (dense weights, small tables, the object
-   graph);
+1. the chief writes everything but the multi-worker tables' rows (dense
+   weights, small tables, the object graph, which records every table) as
+   one part under ``<prefix>_temp/``; every worker writes its own rows, as
+   slices of each full ``[vocabulary_size, dim]`` tensor, in chunks of at
+   most 256 MiB (read row by row: no whole-block copy);
 2. the chief merges the parts into ``<prefix>`` (TensorFlow's own
    ``MergeV2Checkpoints``, as for its partitioned variables), removing
    ``<prefix>_temp``; a ``*_temp`` directory left by a worker killed while
@@ -37,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import weakref
 from typing import Any
@@ -82,39 +84,26 @@ class _Workers:
     _barriers[self.strategy]()
 
 
-def _part(temp: str, index: int) -> str:
-  return f"{temp}/part-{index:05d}"
+def key_id(key: str) -> str:
+  """A file-name-safe, stable id of a checkpoint key."""
+  return hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
-def _write_slices(
-  checkpoint: Any, variables: list[WorkerShardedVariable], prefix: str
-) -> None:
-  """Writes this worker's slices of ``variables`` (nothing else)."""
-  # The checkpoint keys of the variables in this object graph, with this
-  # worker's slices (sliced mode): TensorFlow's own serialization.
+def _checkpoint_keys(
+  checkpoint: Any, variables: list[WorkerShardedVariable]
+) -> list[str]:
+  """The checkpoint key of each of ``variables`` in ``checkpoint``."""
+  # TensorFlow's own serialization names them (no value is read: the
+  # variables are written apart).
   from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415
   from tensorflow.python.checkpoint import save_util  # noqa: PLC0415
 
-  wanted = {id(v) for v in variables}
-  serialized = save_util.serialize_graph_view(
-    graph_view.ObjectGraphView(checkpoint)
-  )[0]
-  names, specs, tensors = [], [], []
-  for obj, by_key in serialized.items():
-    if id(obj) not in wanted:
-      continue
-    for key, slices in by_key.items():
-      for spec, tensor in slices.items():
-        names.append(key)
-        specs.append(spec)
-        tensors.append(tensor)
-  with tf.device("CPU"):
-    tf.raw_ops.SaveV2(
-      prefix=prefix,
-      tensor_names=names,
-      shape_and_slices=specs,
-      tensors=tensors,
-    )
+  with slicing.written_apart():
+    serialized = save_util.serialize_graph_view(
+      graph_view.ObjectGraphView(checkpoint)
+    )[0]
+  keys = {id(obj): list(by_key) for obj, by_key in serialized.items()}
+  return [keys[id(v)][0] for v in variables]
 
 
 def _remove(path: str) -> None:
@@ -155,14 +144,21 @@ def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
   if workers.chief:
     _remove_stale_temps(file_prefix)
   workers.barrier()
-  with slicing.sliced():
+  # The chief's part: everything but the multi-worker tables' rows (they
+  # are recorded, so a restore finds them); then every worker's rows.
+  with slicing.written_apart():
     if workers.chief:
-      checkpoint.write(_part(temp, 0), options=options)
-    else:
-      _write_slices(checkpoint, variables, _part(temp, workers.index))
+      checkpoint.write(f"{temp}/part-main", options=options)
+  for key, variable in zip(
+    _checkpoint_keys(checkpoint, variables), variables, strict=True
+  ):
+    variable.write_rows(key, f"{temp}/part-{workers.index:05d}-{key_id(key)}")
   workers.barrier()
   if workers.chief:
-    parts = [_part(temp, i) for i in range(workers.count)]
+    parts = sorted(
+      name[: -len(".index")]
+      for name in tf.io.gfile.glob(f"{temp}/part-*.index")
+    )
     with tf.device("CPU"):
       tf.raw_ops.MergeV2Checkpoints(
         checkpoint_prefixes=parts,

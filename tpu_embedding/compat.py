@@ -42,6 +42,9 @@ from tensorflow.python.saved_model.registration import register_checkpoint_saver
 # a new variable reads (TensorFlow's own partitioned variables use it).
 from tensorflow.python.trackable.base import ShardInfo as CheckpointShardInfo
 
+# A lazily read checkpoint value (multi-worker slices: read only on save).
+from tensorflow.python.training.saving.saveable_object import SaveSpec
+
 # Feature paths (``"a/0"``) in error messages, in ``tf.nest.flatten`` order.
 from tensorflow.python.util.nest import flatten_with_joined_string_paths
 
@@ -52,6 +55,7 @@ Trackable = tf.__internal__.tracking.Trackable
 __all__ = [
   "CheckpointShardInfo",
   "ResourceVariable",
+  "SaveSpec",
   "ShardedVariable",
   "Trackable",
   "flatten_with_joined_string_paths",

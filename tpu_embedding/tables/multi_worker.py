@@ -21,6 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables import slicing
@@ -113,16 +114,63 @@ class WorkerShardedVariable(WholeValueVariable):
     ).spec
 
   def _serialize_to_tensors(self):
+    if slicing.apart():  # Recorded; checkpoints.write writes the rows.
+      nothing = compat.SaveSpec(
+        lambda: None, "", "", dtype=self.dtype, device=self._shards[0].device
+      )
+      return {VALUE_KEY: nothing}
     if not slicing.active():
       slicing.warn_whole(self._placement.table, self.shape)
       return super()._serialize_to_tensors()
-    # Only this worker's rows, as slices of the full logical tensor.
+    # Only this worker's rows, as slices of the full logical tensor (read
+    # only if saved: a restore needs just the slices' names).
     return {
       VALUE_KEY: {
-        self._slice_spec(local): shard.read_value()
+        self._slice_spec(local): compat.SaveSpec(
+          shard.read_value,
+          self._slice_spec(local),
+          "",
+          dtype=self.dtype,
+          device=shard.device,
+        )
         for local, shard in enumerate(self._shards)
       }
     }
+
+  def write_rows(self, key: str, prefix: str) -> None:
+    """Writes this worker's rows under checkpoint ``key``, in chunks.
+
+    Each chunk of rows is read (``ResourceGather``: only those rows; a
+    dense read of a sparsely updated variable would copy it whole) and
+    written as a slice of the full tensor to its own checkpoint part
+    ``<prefix>-<shard>-<chunk>``, for ``MergeV2Checkpoints``.
+    """
+    width = self.shape[1]
+    chunk = max(1, chunk_rows(self._rows(0)[1], width))
+    for local, shard in enumerate(self._shards):
+      start, rows = self._rows(local)
+      for index, first in enumerate(range(0, rows, chunk)):
+        count = min(chunk, rows - first)
+        spec = tf.Variable.SaveSliceInfo(
+          full_name="",
+          full_shape=self.shape.as_list(),
+          var_offset=[start + first, 0],
+          var_shape=[count, width],
+        ).spec
+        with tf.device(shard.device):
+          value = tf.raw_ops.ResourceGather(
+            resource=shard.handle,
+            indices=tf.range(first, first + count, dtype=tf.int64),
+            dtype=self.dtype,
+          )
+        with tf.device("CPU"):
+          tf.raw_ops.SaveV2(
+            prefix=f"{prefix}-{local:03d}-{index:05d}",
+            tensor_names=[key],
+            shape_and_slices=[spec],
+            tensors=[value],
+          )
+        del value
 
   def _restore_from_tensors(self, restored_tensors):
     value = restored_tensors[VALUE_KEY]
@@ -138,6 +186,17 @@ class WorkerShardedVariable(WholeValueVariable):
         for shard, part in zip(self._shards, values, strict=True)
       ]
     )
+
+
+#: Chunks of rows ``write_rows`` copies at once: at least 16 MiB (a
+#: small block is one chunk), an eighth of a block, at most 256 MiB.
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 16 * 2**20, 256 * 2**20
+
+
+def chunk_rows(rows: int, width: int) -> int:
+  """Rows per written chunk of a block of ``rows`` rows."""
+  eighth = max(-(-rows // 8), MIN_CHUNK_BYTES // (4 * width))
+  return min(eighth, MAX_CHUNK_BYTES // (4 * width))
 
 
 class MultiWorkerShardedTable(RowShardedTable):

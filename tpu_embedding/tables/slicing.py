@@ -11,8 +11,8 @@ large table that this costs a whole table of memory per worker.
 
 Example:
   >>> with sliced():
-  ...   active()
-  True
+  ...   active(), apart()
+  (True, False)
   >>> active()
   False
 """
@@ -34,19 +34,37 @@ _warned: set[str] = set()
 
 
 @contextlib.contextmanager
-def sliced() -> Iterator[None]:
-  """Multi-worker tables save and restore each worker's own rows."""
-  previous = active()
-  _state.active = True
+def _mode(mode: str) -> Iterator[None]:
+  previous = getattr(_state, "mode", None)
+  _state.mode = mode
   try:
     yield
   finally:
-    _state.active = previous
+    _state.mode = previous
+
+
+def sliced() -> contextlib.AbstractContextManager:
+  """Multi-worker tables restore (and save) each worker's own rows."""
+  return _mode("slices")
+
+
+def written_apart() -> contextlib.AbstractContextManager:
+  """Multi-worker tables are recorded in a save but write no data.
+
+  ``tpu_embedding.checkpoints.write`` writes their rows itself, in chunks,
+  so that no process copies a whole block at once.
+  """
+  return _mode("apart")
 
 
 def active() -> bool:
-  """Whether ``sliced()`` is in effect on this thread."""
-  return getattr(_state, "active", False)
+  """Whether ``sliced()`` or ``written_apart()`` is in effect here."""
+  return getattr(_state, "mode", None) is not None
+
+
+def apart() -> bool:
+  """Whether ``written_apart()`` is in effect on this thread."""
+  return getattr(_state, "mode", None) == "apart"
 
 
 def warn_whole(table: str, shape: tf.TensorShape) -> None:
