@@ -32,7 +32,9 @@ class Workload:
     optimizer: one of ``OPTIMIZERS``.
     initializer: one of ``INITIALIZERS``.
     steps: training steps.
-    batch: ids per replica per step.
+    batch: ids per part of a step's global batch.
+    parts: parts of a step's global batch (the largest job's replicas,
+      one part each; a smaller job's replicas take several).
     side_rows: rows of the small table ``side`` (0: no such table).
   """
 
@@ -42,6 +44,7 @@ class Workload:
   initializer: str = "default"
   steps: int = 5
   batch: int = 4096
+  parts: int = 2
   side_rows: int = 0
 
   def to_json(self) -> str:

@@ -281,6 +281,7 @@ def run_initializer(args, initializer: str) -> list[Row]:
     initializer=initializer,
     steps=args.steps,
     batch=args.batch,
+    parts=args.workers,
     side_rows=SIDE_ROWS if args.export else 0,
   )
   work = os.path.join(args.work_dir, initializer)
@@ -444,7 +445,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     "--steps", type=_positive, default=5, help="training steps"
   )
   parser.add_argument(
-    "--batch", type=_positive, default=4096, help="ids per replica per step"
+    "--batch",
+    type=_positive,
+    default=4096,
+    help="ids per replica per step (of the N-worker job; the global "
+    "batch is the same in every job)",
   )
   parser.add_argument(
     "--resize",

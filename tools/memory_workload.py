@@ -94,10 +94,49 @@ def _features(workload: Workload, ids: tf.Tensor) -> dict[str, tf.Tensor]:
   return features
 
 
-def probe_features(workload: Workload) -> dict[str, tf.Tensor]:
-  """A batch of the probe rows' ids (first), padded with row 0."""
+def _parts_per_replica(workload: Workload, replicas: int) -> int:
+  if workload.parts % replicas:
+    raise ValueError(
+      f"{replicas} replicas cannot split a global batch of "
+      f"{workload.parts} parts evenly."
+    )
+  return workload.parts // replicas
+
+
+def step_features(
+  workload: Workload, step: Any, replica: Any, replicas: int
+) -> dict[str, tf.Tensor]:
+  """One replica's ids of one step, of a global batch fixed by the workload.
+
+  A step's global batch is ``workload.parts`` parts of ``workload.batch``
+  ids (the probe rows, then random rows seeded by the step and the part),
+  whatever the job's replica count: replica ``r`` of ``replicas`` takes
+  ``parts // replicas`` consecutive parts. So a job of any size trains the
+  same steps.
+  """
+  count = _parts_per_replica(workload, replicas)
+  probes = tf.constant(probe_ids(workload.rows))
+  blocks = []
+  for index in range(count):
+    part = tf.cast(replica, tf.int64) * count + index
+    blocks.append(probes)
+    blocks.append(
+      tf.random.stateless_uniform(
+        [workload.batch - probes.shape[0]],
+        seed=tf.stack([tf.cast(step, tf.int64), part]),
+        maxval=workload.rows,
+        dtype=tf.int64,
+      )
+    )
+  return _features(workload, tf.concat(blocks, axis=0))
+
+
+def probe_features(workload: Workload, replicas: int) -> dict[str, tf.Tensor]:
+  """A replica's batch of the probe rows' ids (first), padded with row 0."""
   probes = probe_ids(workload.rows)
-  padded = np.zeros([workload.batch], np.int64)
+  padded = np.zeros(
+    [workload.batch * _parts_per_replica(workload, replicas)], np.int64
+  )
   padded[: len(probes)] = probes
   return _features(workload, tf.constant(padded))
 
@@ -105,20 +144,6 @@ def probe_features(workload: Workload) -> dict[str, tf.Tensor]:
 def _probed(activations: tf.Tensor) -> tf.Tensor:
   """The probe rows' activations of a ``probe_features`` lookup."""
   return activations[:_PROBES]
-
-
-def step_features(
-  workload: Workload, step: Any, replica: Any
-) -> dict[str, tf.Tensor]:
-  """One replica's ids of one step: the probe rows, then random rows."""
-  probes = tf.constant(probe_ids(workload.rows))
-  random = tf.random.stateless_uniform(
-    [workload.batch - probes.shape[0]],
-    seed=tf.stack([tf.cast(step, tf.int64), tf.cast(replica, tf.int64)]),
-    maxval=workload.rows,
-    dtype=tf.int64,
-  )
-  return _features(workload, tf.concat([probes, random], axis=0))
 
 
 def _train_on_dequeued(embedding: tpe.TPUEmbedding) -> None:
@@ -131,51 +156,73 @@ def _train_on_dequeued(embedding: tpe.TPUEmbedding) -> None:
 
 
 class MirroredSteps:
-  """Training steps and probes under ``MultiWorkerMirroredStrategy``."""
+  """Training steps and probes under ``MultiWorkerMirroredStrategy``.
+
+  Inputs come from ``distribute_datasets_from_function``: one input
+  pipeline per worker, each worker one replica (its CPU).
+  """
 
   def __init__(self, strategy, embedding, workload: Workload):
     self._strategy = strategy
-
-    def distributed(features_for_replica):
-      return strategy.experimental_distribute_values_from_function(
-        lambda context: features_for_replica(context.replica_id_in_sync_group)
-      )
+    self._workload = workload
+    replicas = strategy.num_replicas_in_sync
 
     @tf.function
-    def train(step):
-      embedding.enqueue(
-        distributed(lambda r: step_features(workload, step, r)), training=True
-      )
+    def train(features):
+      embedding.enqueue(features, training=True)
       strategy.run(lambda: _train_on_dequeued(embedding))
 
     @tf.function
-    def probe():
-      embedding.enqueue(
-        distributed(lambda r: probe_features(workload)), training=False
-      )
+    def probe(features):
+      embedding.enqueue(features, training=False)
       return strategy.run(lambda: _probed(embedding.dequeue()["big"]))
 
     self._train, self._probe = train, probe
+    self._replicas = replicas
+
+  def _inputs(self, dataset_for_replica):
+    def dataset_fn(context):
+      replica = context.input_pipeline_id  # one replica per worker
+      return dataset_for_replica(replica)
+
+    return self._strategy.distribute_datasets_from_function(dataset_fn)
 
   def train(self, first: int, steps: int) -> None:
     """Runs steps ``first, ..., first + steps - 1``."""
-    for step in range(first, first + steps):
-      self._train(tf.constant(step, tf.int64))
+    workload, replicas = self._workload, self._replicas
+    for features in self._inputs(
+      lambda replica: tf.data.Dataset.range(first, first + steps).map(
+        lambda step: step_features(workload, step, replica, replicas)
+      )
+    ):
+      self._train(features)
 
   def probe(self) -> np.ndarray:
-    """The probe rows of ``big`` (as this worker's first replica sees them)."""
-    local = self._strategy.experimental_local_results(self._probe())
+    """The probe rows of ``big`` (as this worker's replica sees them)."""
+    features = next(
+      iter(
+        self._inputs(
+          lambda replica: tf.data.Dataset.from_tensors(
+            probe_features(self._workload, self._replicas)
+          )
+        )
+      )
+    )
+    local = self._strategy.experimental_local_results(self._probe(features))
     return np.asarray(local[0])
 
 
 class ParameterServerSteps:
-  """Training steps and probes scheduled by a ``ClusterCoordinator``."""
+  """Training steps and probes scheduled by a ``ClusterCoordinator``.
+
+  Every step is the whole global batch, on one worker.
+  """
 
   def __init__(self, strategy, coordinator, embedding, workload: Workload):
     self._coordinator = coordinator
 
     def replica_train(step):
-      embedding.enqueue(step_features(workload, step, 0), training=True)
+      embedding.enqueue(step_features(workload, step, 0, 1), training=True)
       _train_on_dequeued(embedding)
 
     @tf.function
@@ -183,7 +230,7 @@ class ParameterServerSteps:
       strategy.run(replica_train, args=(step,))
 
     def replica_probe():
-      embedding.enqueue(probe_features(workload), training=False)
+      embedding.enqueue(probe_features(workload, 1), training=False)
       return _probed(embedding.dequeue()["big"])
 
     @tf.function
