@@ -1,0 +1,297 @@
+"""The jobs of one tools/memory_report.py measurement, and their figures.
+
+For one initializer, ``run_initializer`` runs, one after another: a
+``MultiWorkerMirroredStrategy`` job that builds, trains, saves (and
+exports), a fresh job of as many workers that restores, optionally a
+1-worker job that saves and an N-worker job that restores it, and the
+same with ``ParameterServerStrategy`` (servers measured from outside). A
+restored job must report the probe rows of the job that saved
+(``check_restored``). Every measured phase of every process is a ``Row``.
+
+Example:
+  >>> row = Row("default", "MWMS 2 workers", "worker0", "build", 3 * MIB,
+  ...           1.0, full_bytes=4 * MIB, plan_bytes=2 * MIB)
+  >>> row.ratio, row.plan_ratio
+  (0.75, 1.5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+from typing import Any
+
+from memory_cluster import Job
+from memory_cluster import JobError
+from memory_cluster import cluster_spec
+from memory_cluster import tf_config
+from memory_config import Workload
+from proc_memory import Meter
+
+#: Bytes per MiB.
+MIB = 2**20
+#: Rows of the exported table (``--export``).
+SIDE_ROWS = 1000
+
+
+@dataclasses.dataclass
+class Row:
+  """One process's peak growth in one phase.
+
+  Attributes:
+    initializer: the table initializer.
+    job: e.g. ``"MWMS 2 workers"``.
+    process: e.g. ``"worker0"``, ``"ps1"``, ``"coordinator"``.
+    phase: ``build``, ``train``, ``save``, ``export``, ``restore``, ...
+    growth: peak resident growth over the baseline, bytes.
+    seconds: the phase's duration.
+    full_bytes: every table and slot, whole.
+    plan_bytes: this process's bytes in the sharding plan.
+    checked: whether ``--limit`` applies (a process of an N-process job).
+  """
+
+  initializer: str
+  job: str
+  process: str
+  phase: str
+  growth: int
+  seconds: float
+  full_bytes: int = 0
+  plan_bytes: int = 0
+  checked: bool = True
+
+  @property
+  def ratio(self) -> float:
+    """Growth / full state."""
+    return self.growth / self.full_bytes
+
+  @property
+  def plan_ratio(self) -> float | None:
+    """Growth / this process's plan bytes (None if it holds none)."""
+    return self.growth / self.plan_bytes if self.plan_bytes else None
+
+
+@dataclasses.dataclass
+class JobResult:
+  """A finished job: its rows and the probe values it reported."""
+
+  rows: list[Row]
+  probe: dict[str, Any]
+
+
+def _finish_rows(rows: list[Row], plan: dict[str, Any]) -> None:
+  """Adds the plan's bytes; orders by phase (as they ran), then process."""
+  phases = list(dict.fromkeys(row.phase for row in rows))
+  rows.sort(key=lambda row: (phases.index(row.phase), row.process))
+  for row in rows:
+    row.full_bytes = plan["full_bytes"]
+    row.plan_bytes = plan["processes"].get(row.process, 0)
+
+
+def run_mirrored(
+  args, workload: Workload, name: str, stage: str, workers: int, **paths
+) -> JobResult:
+  """One ``MultiWorkerMirroredStrategy`` job of ``workers`` processes."""
+  progress = args.progress
+  spec = cluster_spec(worker=workers)
+  label = f"MWMS {workers} worker{'s' * (workers > 1)}"
+  rows: list[Row] = []
+  plan: dict[str, Any] = {}
+  probe: dict[str, Any] = {}
+  job_args = ["mwms", "--stage", stage, "--workload", workload.to_json()]
+  for flag, value in paths.items():
+    job_args += [f"--{flag}", value]
+  with Job(name, args.log_dir, args.timeout) as job:
+    for index in range(workers):
+      job.start(f"worker{index}", job_args, tf_config(spec, "worker", index))
+    for process, event in job.events():
+      if event["event"] == "progress":
+        progress(f"{name} {event['message']}")
+      elif event["event"] == "plan":
+        plan["full_bytes"] = event["full_bytes"]
+        plan.setdefault("processes", {}).update(event["processes"])
+      elif event["event"] == "probe":
+        probe = event
+      elif event["event"] == "phase":
+        rows.append(
+          Row(
+            workload.initializer,
+            label,
+            process,
+            event["phase"],
+            event["growth"],
+            event["seconds"],
+            checked=workers == args.workers,
+          )
+        )
+        progress(
+          f"{name} {process}: {event['phase']} peak growth "
+          f"{event['growth'] / MIB:,.0f} MiB ({event['seconds']:.1f}s)"
+        )
+  _finish_rows(rows, plan)
+  return JobResult(rows, probe)
+
+
+def run_parameter_servers(
+  args, workload: Workload, name: str, stage: str, checkpoint: str
+) -> JobResult:
+  """One ``ParameterServerStrategy`` job, its servers measured outside."""
+  progress = args.progress
+  spec = cluster_spec(chief=1, worker=1, ps=args.ps)
+  rows: list[Row] = []
+  plan: dict[str, Any] = {}
+  probe: dict[str, Any] = {}
+  meters: dict[str, Meter] = {}
+  with Job(name, args.log_dir, args.timeout) as job:
+    for task_type in ("ps", "worker"):
+      for index in range(len(spec[task_type])):
+        job.start(
+          f"{task_type}{index}",
+          ["server"],
+          tf_config(spec, task_type, index),
+          reports=False,
+        )
+    job.start(
+      "coordinator",
+      [
+        "ps",
+        "--stage",
+        stage,
+        "--workload",
+        workload.to_json(),
+        "--checkpoint",
+        checkpoint,
+      ],
+      tf_config(spec, "chief", 0),
+      answers=True,
+    )
+    for _, event in job.events():
+      kind = event["event"]
+      if kind == "baseline":
+        meters = {label: Meter(job.pid(label)) for label in job.labels()}
+      elif kind == "begin":
+        progress(f"{name}: {event['phase']} ...")
+        for meter in meters.values():
+          meter.begin()
+      elif kind == "end":
+        for label, meter in meters.items():
+          rows.append(
+            Row(
+              workload.initializer,
+              f"PS {args.ps} tasks",
+              label,
+              event["phase"],
+              meter.end(),
+              event["seconds"],
+            )
+          )
+        latest = rows[-len(meters) :]
+        progress(
+          f"{name}: {event['phase']} peak growth "
+          + ", ".join(f"{r.process} {r.growth / MIB:,.0f} MiB" for r in latest)
+        )
+      elif kind == "plan":
+        plan = event
+      elif kind == "probe":
+        probe = event
+      if kind in ("baseline", "begin", "end"):
+        job.answer("coordinator", "go")
+  _finish_rows(rows, plan)
+  return JobResult(rows, probe)
+
+
+def _close(a: list, b: list) -> bool:
+  if isinstance(a, list):
+    return len(a) == len(b) and all(map(_close, a, b))
+  return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
+
+
+def check_restored(saved: JobResult, restored: JobResult, what: str) -> None:
+  """Raises ``JobError`` unless the restored job's probes equal the saved.
+
+  Both jobs report the probe rows right after saving (restoring) and after
+  one more identical step, which reads the optimizer's slots.
+  """
+  for key in ("saved", "one_more_step"):
+    if key not in saved.probe or key not in restored.probe:
+      raise JobError(f"{what}: a job reported no probe values ({key}).")
+    if not _close(saved.probe[key], restored.probe[key]):
+      raise JobError(
+        f"{what}: the restored job's probe rows ({key}) differ from the "
+        "saved job's: the checkpoint was not restored."
+      )
+
+
+def run_initializer(args, initializer: str) -> list[Row]:
+  """Every job of one initializer; returns their rows."""
+  workload = Workload(
+    rows=args.rows,
+    dim=args.dim,
+    optimizer=args.optimizer,
+    initializer=initializer,
+    steps=args.steps,
+    batch=args.batch,
+    parts=args.workers,
+    side_rows=SIDE_ROWS if args.export else 0,
+  )
+  work = os.path.join(args.work_dir, initializer)
+  os.makedirs(work, exist_ok=True)
+  rows: list[Row] = []
+  if "mwms" in args.strategies:
+    checkpoint = os.path.join(work, "mwms", "ckpt")
+    extra = {"export_dir": os.path.join(work, "export")} if args.export else {}
+    n = args.workers
+    saved = run_mirrored(
+      args,
+      workload,
+      f"{initializer}-mwms-save",
+      "train",
+      n,
+      checkpoint=checkpoint,
+      **extra,
+    )
+    restored = run_mirrored(
+      args,
+      workload,
+      f"{initializer}-mwms-restore",
+      "restore",
+      n,
+      checkpoint=checkpoint,
+    )
+    check_restored(saved, restored, f"{initializer} MWMS restore")
+    rows += saved.rows + restored.rows
+    _drop(checkpoint)
+    if args.resize:
+      checkpoint = os.path.join(work, "mwms1", "ckpt")
+      single = run_mirrored(
+        args, workload, f"{initializer}-mwms1-save", "train", 1,
+        checkpoint=checkpoint,
+      )  # fmt: skip
+      resized = run_mirrored(
+        args, workload, f"{initializer}-mwms-restore-from-1", "restore", n,
+        checkpoint=checkpoint,
+      )  # fmt: skip
+      check_restored(single, resized, f"{initializer} MWMS restore 1->{n}")
+      for row in resized.rows:
+        row.phase = f"restore 1->{n}"
+      rows += single.rows + resized.rows
+      _drop(checkpoint)
+  if "ps" in args.strategies:
+    checkpoint = os.path.join(work, "ps", "ckpt")
+    saved = run_parameter_servers(
+      args, workload, f"{initializer}-ps-save", "train", checkpoint
+    )
+    restored = run_parameter_servers(
+      args, workload, f"{initializer}-ps-restore", "restore", checkpoint
+    )
+    check_restored(saved, restored, f"{initializer} PS restore")
+    rows += saved.rows + restored.rows
+    _drop(checkpoint)
+  return rows
+
+
+def _drop(checkpoint: str) -> None:
+  """Deletes a checkpoint's directory (they are large)."""
+  shutil.rmtree(os.path.dirname(checkpoint), ignore_errors=True)
