@@ -19,7 +19,8 @@ their stdout, where they report in lines ``@memory {json}``:
 
 Events: ``baseline``, ``plan`` (``full_bytes`` and each process's bytes
 in the sharding plan), ``phase`` (a measured phase: ``process``,
-``phase``, ``growth`` bytes, ``seconds``), ``begin``/``end`` (the
+``phase``, ``growth`` bytes, ``start``: the resident growth when it
+began, ``seconds``), ``begin``/``end`` (the
 coordinator's phases), ``probe`` (values proving a restore), ``progress``.
 
 Run by the launcher only, e.g.
@@ -77,7 +78,7 @@ class SelfMeasured:
   def phase(self, name: str):
     progress(f"{self.process}: {name} ...")
     start = time.time()
-    self.meter.begin()
+    inherited = self.meter.begin()
     yield
     growth = self.meter.end()
     emit(
@@ -85,6 +86,7 @@ class SelfMeasured:
       process=self.process,
       phase=name,
       growth=growth,
+      start=inherited,
       seconds=time.time() - start,
     )
 

@@ -32,9 +32,11 @@ table itself). Multi-worker workers measure themselves
 (``/proc/self/status``); the parameter-server job's processes are measured
 from outside at phase boundaries the coordinator announces.
 
-The report prints, per process and phase: the peak growth in MiB, its ratio
-to the full state (every table and slot, whole: e.g. 2,000,000 x 128
-float32 with Adagrad = 1.9 GiB) and to the plan's bytes for that process
+The report prints, per process and phase: the resident growth when the
+phase began (what it inherited: memory earlier phases freed may stay
+resident), the peak growth in MiB, its ratio to the full state (every
+table and slot, whole: e.g. 2,000,000 x 128 float32 with Adagrad =
+1.9 GiB) and to the plan's bytes for that process
 (``embedding.sharding_plan``: its replicas' or PS task's share). The exit
 code is 1 when a phase of an N-process job (N = ``--workers`` or ``--ps``)
 grows more than ``--limit`` (0.6) times the full state, 2 when a job fails
@@ -84,9 +86,9 @@ class Progress:
 def format_table(rows: list[Row], limit: float) -> str:
   """The report: one line per process and phase."""
   header = (
-    f"{'initializer':<12} {'job':<15} {'process':<12} {'phase':<14} "
-    f"{'peak growth MiB':>15} {'x full state':>12} {'x plan/process':>14} "
-    f"{'limit':>6}"
+    f"{'initializer':<12} {'job':<15} {'process':<12} {'phase':<13} "
+    f"{'at start MiB':>12} {'peak growth MiB':>15} {'x full state':>12} "
+    f"{'x plan/process':>14} {'limit':>6}"
   )
   lines = [header, "-" * len(header)]
   for row in rows:
@@ -96,8 +98,8 @@ def format_table(rows: list[Row], limit: float) -> str:
       verdict = "OVER" if row.ratio > limit else "ok"
     lines.append(
       f"{row.initializer:<12} {row.job:<15} {row.process:<12} "
-      f"{row.phase:<14} {row.growth / MIB:>15,.1f} {row.ratio:>12.2f} "
-      f"{plan:>14} {verdict:>6}"
+      f"{row.phase:<13} {row.start / MIB:>12,.1f} {row.growth / MIB:>15,.1f} "
+      f"{row.ratio:>12.2f} {plan:>14} {verdict:>6}"
     )
   if rows:
     lines.append(

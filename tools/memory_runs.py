@@ -47,6 +47,8 @@ class Row:
     phase: ``build``, ``train``, ``save``, ``export``, ``restore``, ...
     growth: peak resident growth over the baseline, bytes.
     seconds: the phase's duration.
+    start: resident growth over the baseline when the phase began (what
+      it inherited from earlier phases), bytes.
     full_bytes: every table and slot, whole.
     plan_bytes: this process's bytes in the sharding plan.
     checked: whether ``--limit`` applies (a process of an N-process job).
@@ -58,6 +60,7 @@ class Row:
   phase: str
   growth: int
   seconds: float
+  start: int = 0
   full_bytes: int = 0
   plan_bytes: int = 0
   checked: bool = True
@@ -123,6 +126,7 @@ def run_mirrored(
             event["phase"],
             event["growth"],
             event["seconds"],
+            start=event["start"],
             checked=workers == args.workers,
           )
         )
@@ -144,6 +148,7 @@ def run_parameter_servers(
   plan: dict[str, Any] = {}
   probe: dict[str, Any] = {}
   meters: dict[str, Meter] = {}
+  starts: dict[str, int] = {}
   with Job(name, args.log_dir, args.timeout) as job:
     for task_type in ("ps", "worker"):
       for index in range(len(spec[task_type])):
@@ -173,8 +178,7 @@ def run_parameter_servers(
         meters = {label: Meter(job.pid(label)) for label in job.labels()}
       elif kind == "begin":
         progress(f"{name}: {event['phase']} ...")
-        for meter in meters.values():
-          meter.begin()
+        starts = {label: meter.begin() for label, meter in meters.items()}
       elif kind == "end":
         for label, meter in meters.items():
           rows.append(
@@ -185,6 +189,7 @@ def run_parameter_servers(
               event["phase"],
               meter.end(),
               event["seconds"],
+              start=starts[label],
             )
           )
         latest = rows[-len(meters) :]

@@ -15,7 +15,7 @@ a child of the same user (``pid=1234``).
 
 Example:
   >>> meter = Meter()  # baseline: this process's resident size now
-  >>> meter.begin()
+  >>> inherited = meter.begin()
   >>> block = bytearray(64 * 2**20)  # 64 MiB, touched
   >>> meter.end() >= 60 * 2**20
   True
@@ -67,9 +67,15 @@ class Meter:
     self.pid = pid
     self.baseline = resident(pid)
 
-  def begin(self) -> None:
-    """Starts a phase: resets the high-water mark."""
+  def begin(self) -> int:
+    """Starts a phase: resets the high-water mark.
+
+    Returns:
+      The resident growth over the baseline now, in bytes: what the phase
+      inherits from earlier ones.
+    """
     reset_peak(self.pid)
+    return resident(self.pid) - self.baseline
 
   def end(self) -> int:
     """Ends a phase: its peak growth over the baseline, in bytes."""
