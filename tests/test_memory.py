@@ -72,7 +72,7 @@ def report(tmp_path_factory):
   # 2: a job failed or the restored job did not hold the saved values.
   assert finished.returncode in (0, 1), finished.stdout + finished.stderr
   figures = json.loads(out.read_text())
-  assert not figures["error"], figures["error"]
+  assert not figures["errors"], figures["errors"]
   return figures["rows"], finished.returncode, finished.stdout
 
 

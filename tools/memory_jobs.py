@@ -17,11 +17,12 @@ their stdout, where they report in lines ``@memory {json}``:
   A parameter-server or worker task: a plain ``tf.distribute.Server``,
   running until killed.
 
-Events: ``baseline``, ``plan`` (``full_bytes`` and each process's bytes
-in the sharding plan), ``phase`` (a measured phase: ``process``,
-``phase``, ``growth`` bytes, ``start``: the resident growth when it
-began, ``seconds``), ``begin``/``end`` (the
-coordinator's phases), ``probe`` (values proving a restore), ``progress``.
+Events: ``baseline``; ``plan`` (``full_bytes`` and each process's bytes
+in the sharding plan; ``checkpoints``: how they are saved); ``phase`` (a
+measured phase: ``process``, ``phase``, ``growth`` bytes, ``start``: the
+resident growth when it began, ``seconds``); ``begin``/``end`` (the
+coordinator's phases); ``probe`` (values proving a restore);
+``progress``.
 
 Run by the launcher only, e.g.
   TF_CONFIG=... python3 tools/memory_jobs.py mwms --stage train \\
@@ -46,6 +47,7 @@ from memory_config import TAG  # noqa: E402
 from memory_config import Workload  # noqa: E402
 from memory_workload import MirroredSteps  # noqa: E402
 from memory_workload import ParameterServerSteps  # noqa: E402
+from memory_workload import checkpoint_method  # noqa: E402
 from memory_workload import full_state_bytes  # noqa: E402
 from memory_workload import make_embedding  # noqa: E402
 from memory_workload import restore_checkpoint  # noqa: E402
@@ -92,11 +94,13 @@ class SelfMeasured:
 
 
 def emit_plan(embedding, processes: dict[str, list[int]]) -> None:
-  """Reports the plan: full state, and each process's replicas' bytes."""
+  """Reports the plan (full state, each process's replicas' bytes) and
+  how checkpoints are written."""
   plan = embedding.sharding_plan
   per_replica = plan.bytes_per_replica()
   emit(
     "plan",
+    checkpoints=checkpoint_method(),
     full_bytes=full_state_bytes(plan),
     processes={
       name: sum(per_replica[r] for r in replicas)
@@ -106,20 +110,19 @@ def emit_plan(embedding, processes: dict[str, list[int]]) -> None:
 
 
 def export_subset(strategy, embedding, export_dir: str) -> None:
-  """Exports the ``side`` table only (the chief to ``export_dir``)."""
-  target = export_dir
-  if not strategy.extended.should_checkpoint:
-    target = tempfile.mkdtemp(prefix="memory_report_export_")
-  export.export_for_serving(
-    target,
-    embedding,
-    None,
-    {"side": export.FeatureSpec([None])},
-    tables=["side"],
-  )
+  """Exports the ``side`` table only (every worker; the chief's is kept)."""
+  with tempfile.TemporaryDirectory(prefix="memory_report_export_") as scratch:
+    export.export_for_serving(
+      export_dir if strategy.extended.should_checkpoint else scratch,
+      embedding,
+      None,
+      {"side": export.FeatureSpec([None])},
+      tables=["side"],
+    )
 
 
 def run_mwms(args: argparse.Namespace, workload: Workload) -> None:
+  """One worker of a ``MultiWorkerMirroredStrategy`` job (``--stage``)."""
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   # Set up: one collective, so the baseline holds the runtime's buffers.
   strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
@@ -180,6 +183,7 @@ class Announced:
 
 
 def run_ps(args: argparse.Namespace, workload: Workload) -> None:
+  """The coordinator of a ``ParameterServerStrategy`` job (``--stage``)."""
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
@@ -206,6 +210,7 @@ def run_ps(args: argparse.Namespace, workload: Workload) -> None:
 
 
 def run_server() -> None:
+  """A ``tf.distribute.Server`` for the task of ``TF_CONFIG``, forever."""
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(
     resolver.cluster_spec(),

@@ -64,7 +64,6 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # children and --logdir
 
-from memory_cluster import JobError
 from memory_config import INITIALIZERS
 from memory_config import OPTIMIZERS
 from memory_runs import MIB
@@ -236,16 +235,13 @@ def main(argv: list[str] | None = None) -> int:
   os.makedirs(args.log_dir, exist_ok=True)
   args.progress = Progress()
   rows: list[Row] = []
-  error = ""
-  try:
-    for initializer in args.initializers:
-      rows += run_initializer(args, initializer)
-  except JobError as e:
-    error = str(e)
-  finally:
-    if temporary and not error:
-      shutil.rmtree(args.work_dir, ignore_errors=True)
+  errors: list[str] = []
+  for initializer in args.initializers:
+    run_initializer(args, initializer, rows, errors)
+  if temporary and not errors:
+    shutil.rmtree(args.work_dir, ignore_errors=True)
   print(format_table(rows, args.limit))
+  print(f"checkpoints: {getattr(args, 'checkpoints', 'none written')}")
   over = [r for r in rows if r.checked and r.ratio > args.limit]
   if args.json:
     figures = [
@@ -259,12 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     with open(args.json, "w") as f:
       json.dump(
-        {"settings": settings, "rows": figures, "error": error}, f, indent=1
+        {"settings": settings, "rows": figures, "errors": errors}, f, indent=1
       )
   if args.logdir:
     write_summaries(args.logdir, rows)
-  if error:
-    print(f"memory_report failed: {error}", file=sys.stderr)
+  if errors:
+    for error in errors:
+      print(f"memory_report: {error}", file=sys.stderr)
     print(f"logs: {args.log_dir}", file=sys.stderr)
     return 2
   if over:

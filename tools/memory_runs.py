@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -94,9 +95,26 @@ def _finish_rows(rows: list[Row], plan: dict[str, Any]) -> None:
 
 
 def run_mirrored(
-  args, workload: Workload, name: str, stage: str, workers: int, **paths
+  args,
+  workload: Workload,
+  name: str,
+  stage: str,
+  checkpoint: str,
+  *,
+  workers: int,
+  export_dir: str = "",
 ) -> JobResult:
-  """One ``MultiWorkerMirroredStrategy`` job of ``workers`` processes."""
+  """One ``MultiWorkerMirroredStrategy`` job of ``workers`` processes.
+
+  Args:
+    args: the tool's flags.
+    workload: what the job trains.
+    name: the job's name in progress lines and log files.
+    stage: ``train`` (build, train, save) or ``restore``.
+    checkpoint: the checkpoint's prefix.
+    workers: worker processes.
+    export_dir: with ``stage="train"``, also export the ``side`` table.
+  """
   progress = args.progress
   spec = cluster_spec(worker=workers)
   label = f"MWMS {workers} worker{'s' * (workers > 1)}"
@@ -104,8 +122,9 @@ def run_mirrored(
   plan: dict[str, Any] = {}
   probe: dict[str, Any] = {}
   job_args = ["mwms", "--stage", stage, "--workload", workload.to_json()]
-  for flag, value in paths.items():
-    job_args += [f"--{flag}", value]
+  job_args += ["--checkpoint", checkpoint]
+  if export_dir and stage == "train":
+    job_args += ["--export_dir", export_dir]
   with Job(name, args.log_dir, args.timeout) as job:
     for index in range(workers):
       job.start(f"worker{index}", job_args, tf_config(spec, "worker", index))
@@ -115,6 +134,7 @@ def run_mirrored(
       elif event["event"] == "plan":
         plan["full_bytes"] = event["full_bytes"]
         plan.setdefault("processes", {}).update(event["processes"])
+        args.checkpoints = event["checkpoints"]
       elif event["event"] == "probe":
         probe = event
       elif event["event"] == "phase":
@@ -199,6 +219,7 @@ def run_parameter_servers(
         )
       elif kind == "plan":
         plan = event
+        args.checkpoints = event["checkpoints"]
       elif kind == "probe":
         probe = event
       if kind in ("baseline", "begin", "end"):
@@ -229,8 +250,16 @@ def check_restored(saved: JobResult, restored: JobResult, what: str) -> None:
       )
 
 
-def run_initializer(args, initializer: str) -> list[Row]:
-  """Every job of one initializer; returns their rows."""
+def run_initializer(
+  args, initializer: str, rows: list[Row], errors: list[str]
+) -> None:
+  """Every job of one initializer, one after another.
+
+  Each saving job is followed by a fresh job restoring its checkpoint.
+  Appends their rows to ``rows`` as the jobs finish; a failed job (or a
+  restore that did not reproduce the saved probes) appends to ``errors``
+  and the next pair of jobs still runs.
+  """
   workload = Workload(
     rows=args.rows,
     dim=args.dim,
@@ -242,59 +271,46 @@ def run_initializer(args, initializer: str) -> list[Row]:
     side_rows=SIDE_ROWS if args.export else 0,
   )
   work = os.path.join(args.work_dir, initializer)
-  os.makedirs(work, exist_ok=True)
-  rows: list[Row] = []
+  n = args.workers
+  mirrored = functools.partial(run_mirrored, workers=n)
+  pairs = []  # (what, restore phase, checkpoint, saving job, restoring job)
   if "mwms" in args.strategies:
-    checkpoint = os.path.join(work, "mwms", "ckpt")
-    extra = {"export_dir": os.path.join(work, "export")} if args.export else {}
-    n = args.workers
-    saved = run_mirrored(
-      args,
-      workload,
-      f"{initializer}-mwms-save",
-      "train",
-      n,
-      checkpoint=checkpoint,
-      **extra,
-    )
-    restored = run_mirrored(
-      args,
-      workload,
-      f"{initializer}-mwms-restore",
-      "restore",
-      n,
-      checkpoint=checkpoint,
-    )
-    check_restored(saved, restored, f"{initializer} MWMS restore")
-    rows += saved.rows + restored.rows
-    _drop(checkpoint)
+    export = os.path.join(work, "export") if args.export else ""
+    save = functools.partial(run_mirrored, workers=n, export_dir=export)
+    pairs.append((f"{initializer} MWMS", "restore", "mwms", save, mirrored))
     if args.resize:
-      checkpoint = os.path.join(work, "mwms1", "ckpt")
-      single = run_mirrored(
-        args, workload, f"{initializer}-mwms1-save", "train", 1,
-        checkpoint=checkpoint,
-      )  # fmt: skip
-      resized = run_mirrored(
-        args, workload, f"{initializer}-mwms-restore-from-1", "restore", n,
-        checkpoint=checkpoint,
-      )  # fmt: skip
-      check_restored(single, resized, f"{initializer} MWMS restore 1->{n}")
-      for row in resized.rows:
-        row.phase = f"restore 1->{n}"
-      rows += single.rows + resized.rows
-      _drop(checkpoint)
+      single = functools.partial(run_mirrored, workers=1)
+      pairs.append(
+        (
+          f"{initializer} MWMS 1-{n}",
+          f"restore 1->{n}",
+          "mwms1",
+          single,
+          mirrored,
+        )
+      )
   if "ps" in args.strategies:
-    checkpoint = os.path.join(work, "ps", "ckpt")
-    saved = run_parameter_servers(
-      args, workload, f"{initializer}-ps-save", "train", checkpoint
-    )
-    restored = run_parameter_servers(
-      args, workload, f"{initializer}-ps-restore", "restore", checkpoint
-    )
-    check_restored(saved, restored, f"{initializer} PS restore")
-    rows += saved.rows + restored.rows
-    _drop(checkpoint)
-  return rows
+    ps = run_parameter_servers
+    pairs.append((f"{initializer} PS", "restore", "ps", ps, ps))
+  for what, phase, directory, save, restore in pairs:
+    name = what.replace(" ", "-")
+    checkpoint = os.path.join(work, directory, "ckpt")
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    try:
+      saved = save(args, workload, f"{name}-save", "train", checkpoint)
+      rows += saved.rows
+      restored = restore(
+        args, workload, f"{name}-restore", "restore", checkpoint
+      )
+      for row in restored.rows:
+        row.phase = phase
+      rows += restored.rows
+      check_restored(saved, restored, f"{what} {phase}")
+    except JobError as e:
+      errors.append(str(e))
+      args.progress(f"FAILED: {e}")
+    finally:
+      _drop(checkpoint)
 
 
 def _drop(checkpoint: str) -> None:

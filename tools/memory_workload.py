@@ -262,6 +262,24 @@ def _checkpoints_api(function: str) -> Any:
   return found if callable(found) else None
 
 
+def checkpoint_method() -> str:
+  """How ``save_checkpoint`` and ``restore_checkpoint`` work here."""
+  save = (
+    "tpu_embedding.checkpoints.save"
+    if _checkpoints_api("save")
+    else (
+      "tf.train.Checkpoint.write (chief: the prefix, others: a temporary "
+      "directory)"
+    )
+  )
+  restore = (
+    "tpu_embedding.checkpoints.restore"
+    if _checkpoints_api("restore")
+    else "tf.train.Checkpoint.read"
+  )
+  return f"save: {save}; restore: {restore}"
+
+
 def save_checkpoint(strategy, embedding, prefix: str) -> str:
   """Saves the embedding's tables and slots under ``prefix``.
 
