@@ -4,15 +4,17 @@ The workload of every measured job: a ``TPUEmbedding`` with one table
 ``big`` (``rows x dim``, every table row-sharded: ``row_sharding_threshold
 =0``) and, when the export is measured, a small table ``side`` (the
 exported subset); ``steps`` training steps of ``enqueue`` → ``dequeue`` →
-``apply_gradients`` with ``batch`` ids per replica per step (stateless
-random ids, so a restored job replays the same steps); a checkpoint of the
+``apply_gradients`` on the same global batches whatever the job's size
+(stateless random ids, so a restored job replays the same steps, and a
+1-worker job the same as a 2-worker job); a checkpoint of the
 embedding's tables and slots (``save_checkpoint``/``restore_checkpoint``);
 and *probes*: the activations of fixed rows, which every step trains, so a
 restored job can prove it holds the saved values (parameters and slots:
 the probe after one more step depends on the optimizer's slots).
 
 ``MirroredSteps`` runs the steps under ``MultiWorkerMirroredStrategy``
-(``enqueue`` of per-replica values, then ``strategy.run``);
+(``enqueue`` of a distributed dataset's per-replica batch, then
+``strategy.run``);
 ``ParameterServerSteps`` under ``ParameterServerStrategy`` (whole steps
 scheduled on the workers by a ``ClusterCoordinator``).
 
@@ -159,7 +161,9 @@ class MirroredSteps:
   """Training steps and probes under ``MultiWorkerMirroredStrategy``.
 
   Inputs come from ``distribute_datasets_from_function``: one input
-  pipeline per worker, each worker one replica (its CPU).
+  pipeline per worker, each worker one replica (its CPU). (Values from
+  ``experimental_distribute_values_from_function`` would do for 2 workers,
+  but ``enqueue`` refuses them on a 1-replica strategy.)
   """
 
   def __init__(self, strategy, embedding, workload: Workload):
