@@ -48,9 +48,8 @@ from memory_config import Workload  # noqa: E402
 from memory_workload import MirroredSteps  # noqa: E402
 from memory_workload import ParameterServerSteps  # noqa: E402
 from memory_workload import checkpoint_method  # noqa: E402
+from memory_workload import create_embedding  # noqa: E402
 from memory_workload import full_state_bytes  # noqa: E402
-from memory_workload import make_embedding  # noqa: E402
-from memory_workload import restore_checkpoint  # noqa: E402
 from memory_workload import save_checkpoint  # noqa: E402
 
 from tpu_embedding import export  # noqa: E402
@@ -121,6 +120,13 @@ def export_subset(strategy, embedding, export_dir: str) -> None:
     )
 
 
+def _restore_from(args: argparse.Namespace) -> tuple[str, bool]:
+  """``create_embedding``'s checkpoint and order for this stage."""
+  if args.stage == "restore":
+    return args.checkpoint, args.restore_first
+  return "", False
+
+
 def run_mwms(args: argparse.Namespace, workload: Workload) -> None:
   """One worker of a ``MultiWorkerMirroredStrategy`` job (``--stage``)."""
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -131,11 +137,7 @@ def run_mwms(args: argparse.Namespace, workload: Workload) -> None:
   measured = SelfMeasured(f"worker{task}")
   build_phase = "build" if args.stage == "train" else "restore"
   with measured.phase(build_phase):
-    with strategy.scope():
-      embedding = make_embedding(workload)
-    embedding.build()
-    if args.stage == "restore":
-      restore_checkpoint(embedding, args.checkpoint)
+    embedding = create_embedding(strategy, workload, *_restore_from(args))
   replicas = list(range(task * local, (task + 1) * local))
   emit_plan(embedding, {measured.process: replicas})
   steps = MirroredSteps(strategy, embedding, workload)
@@ -193,11 +195,7 @@ def run_ps(args: argparse.Namespace, workload: Workload) -> None:
   announced = Announced()
   build_phase = "build" if args.stage == "train" else "restore"
   with announced.phase(build_phase):
-    with strategy.scope():
-      embedding = make_embedding(workload)
-      embedding.build()
-    if args.stage == "restore":
-      restore_checkpoint(embedding, args.checkpoint)
+    embedding = create_embedding(strategy, workload, *_restore_from(args))
   num_ps = resolver.cluster_spec().num_tasks("ps")
   emit_plan(embedding, {f"ps{i}": [i] for i in range(num_ps)})
   steps = ParameterServerSteps(strategy, coordinator, embedding, workload)
@@ -230,6 +228,11 @@ def main() -> None:
   parser.add_argument("--checkpoint", default="", help="checkpoint prefix")
   parser.add_argument(
     "--export_dir", default="", help="also export the 'side' table here"
+  )
+  parser.add_argument(
+    "--restore_first",
+    action="store_true",
+    help="restore before build() (default: after)",
   )
   args = parser.parse_args()
   if args.role == "server":

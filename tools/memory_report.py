@@ -14,8 +14,8 @@ localhost clusters (127.0.0.1, free ports, one ``TF_CONFIG`` per process):
   checkpoint of the tables and slots), **export** (``--export``: a
   SavedModel of a small second table only, ``export_for_serving`` from the
   sharded job), then a FRESH job of as many workers: **restore** (build +
-  restore that checkpoint). With ``--resize``: a 1-worker job saves and a
-  fresh N-worker job restores (**restore 1->N**).
+  restore that checkpoint, in ``--restore_order``). With ``--resize``: a
+  1-worker job saves and a fresh N-worker job restores (**restore 1->N**).
 * ``ParameterServerStrategy``: ``--ps`` parameter-server tasks, 1 worker
   task (plain ``tf.distribute.Server`` processes) and a coordinator
   process; build, train (steps scheduled with ``ClusterCoordinator``),
@@ -199,6 +199,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     action=argparse.BooleanOptionalAction,
     default=True,
     help="also export a small second table from the MWMS job",
+  )
+  parser.add_argument(
+    "--restore_order",
+    choices=("build_first", "restore_first"),
+    default="build_first",
+    help="restore after embedding.build() (Model Garden's order) or before "
+    "it (the tables take the checkpoint's values when created)",
   )
   parser.add_argument(
     "--limit",

@@ -94,6 +94,10 @@ def _finish_rows(rows: list[Row], plan: dict[str, Any]) -> None:
     row.plan_bytes = plan["processes"].get(row.process, 0)
 
 
+def _restore_order(args) -> list[str]:
+  return ["--restore_first"] if args.restore_order == "restore_first" else []
+
+
 def run_mirrored(
   args,
   workload: Workload,
@@ -122,7 +126,7 @@ def run_mirrored(
   plan: dict[str, Any] = {}
   probe: dict[str, Any] = {}
   job_args = ["mwms", "--stage", stage, "--workload", workload.to_json()]
-  job_args += ["--checkpoint", checkpoint]
+  job_args += ["--checkpoint", checkpoint] + _restore_order(args)
   if export_dir and stage == "train":
     job_args += ["--export_dir", export_dir]
   with Job(name, args.log_dir, args.timeout) as job:
@@ -188,6 +192,7 @@ def run_parameter_servers(
         workload.to_json(),
         "--checkpoint",
         checkpoint,
+        *_restore_order(args),
       ],
       tf_config(spec, "chief", 0),
       answers=True,

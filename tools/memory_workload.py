@@ -83,6 +83,28 @@ def make_embedding(workload: Workload) -> tpe.TPUEmbedding:
   )
 
 
+def create_embedding(
+  strategy, workload: Workload, checkpoint: str = "", restore_first=False
+) -> tpe.TPUEmbedding:
+  """The workload's embedding, built, and restored from ``checkpoint``.
+
+  Restored after ``build()`` (Model Garden's order), or before it with
+  ``restore_first`` (the tables then take the checkpoint's values when
+  created).
+  """
+  status = None
+  with strategy.scope():
+    embedding = make_embedding(workload)
+    if checkpoint and restore_first:
+      status = restore_checkpoint(embedding, checkpoint)
+    embedding.build()
+    if checkpoint and not restore_first:
+      status = restore_checkpoint(embedding, checkpoint)
+  if status is not None:
+    status.assert_existing_objects_matched()
+  return embedding
+
+
 def probe_ids(rows: int) -> np.ndarray:
   """The rows every step trains and the probes read: spread over shards."""
   return np.unique(np.linspace(0, rows - 1, _PROBES).astype(np.int64))
@@ -266,15 +288,19 @@ def _checkpoints_api(function: str) -> Any:
   return found if callable(found) else None
 
 
+def _sliced_write() -> Any:
+  """``tpu_embedding.checkpoints.save`` (or ``.write``), if it exists."""
+  return _checkpoints_api("save") or _checkpoints_api("write")
+
+
 def checkpoint_method() -> str:
   """How ``save_checkpoint`` and ``restore_checkpoint`` work here."""
+  write = _sliced_write()
   save = (
-    "tpu_embedding.checkpoints.save"
-    if _checkpoints_api("save")
-    else (
-      "tf.train.Checkpoint.write (chief: the prefix, others: a temporary "
-      "directory)"
-    )
+    f"tpu_embedding.checkpoints.{write.__name__} (every worker)"
+    if write
+    else "tf.train.Checkpoint.write (chief: the prefix, others: a "
+    "temporary directory)"
   )
   restore = (
     "tpu_embedding.checkpoints.restore"
@@ -290,19 +316,19 @@ def save_checkpoint(strategy, embedding, prefix: str) -> str:
   Every worker of a multi-worker job calls it at the same time (the save
   reads sharded tables collectively); under ``ParameterServerStrategy``
   the coordinator alone. If the installed package has
-  ``tpu_embedding.checkpoints.save``, every worker calls
-  ``save(tf.train.Checkpoint(embedding=embedding), prefix)`` with the same
-  prefix. Otherwise TensorFlow's multi-worker convention: every worker
-  writes the whole ``tf.train.Checkpoint``, the chief to ``prefix`` and the
-  others to a temporary directory, deleted at once.
+  ``tpu_embedding.checkpoints.save`` (or ``.write``), every worker calls it
+  as ``save(tf.train.Checkpoint(embedding=embedding), prefix)``, with the
+  same prefix. Otherwise TensorFlow's multi-worker convention: every
+  worker writes the whole ``tf.train.Checkpoint``, the chief to ``prefix``
+  and the others to a temporary directory, deleted at once.
 
   Returns:
     The path of the checkpoint (``prefix``).
   """
   checkpoint = tf.train.Checkpoint(embedding=embedding)
-  save = _checkpoints_api("save")
-  if save is not None:
-    save(checkpoint, prefix)
+  write = _sliced_write()
+  if write is not None:
+    write(checkpoint, prefix)
     return prefix
   if strategy.extended.should_checkpoint:
     return checkpoint.write(prefix)
@@ -314,21 +340,25 @@ def save_checkpoint(strategy, embedding, prefix: str) -> str:
   return prefix
 
 
-def restore_checkpoint(embedding, prefix: str) -> None:
+def restore_checkpoint(embedding, prefix: str) -> Any:
   """Restores the embedding's tables and slots saved under ``prefix``.
 
-  Every worker calls it, after ``embedding.build()``. Uses
+  Every worker calls it (after ``embedding.build()``, or before it with
+  ``--restore_order restore_first``). Uses
   ``tpu_embedding.checkpoints.restore(tf.train.Checkpoint(embedding=...),
   prefix)`` if the installed package has it, else
   ``tf.train.Checkpoint(embedding=embedding).read(prefix)``; either way
-  every table and slot must be found.
+  every table and slot must be found (``assert_existing_objects_matched``,
+  after the build).
+
+  Returns:
+    The restore status.
   """
   checkpoint = tf.train.Checkpoint(embedding=embedding)
   restore = _checkpoints_api("restore")
   if restore is not None:
-    restore(checkpoint, prefix)
-    return
-  checkpoint.read(prefix).assert_existing_objects_matched()
+    return restore(checkpoint, prefix)
+  return checkpoint.read(prefix)
 
 
 def full_state_bytes(plan) -> int:
