@@ -93,7 +93,13 @@ class RowValues(metaclass=abc.ABCMeta):
     """Writes rows ``[first, first + rows)`` into ``variable`` in place."""
     count = int(variable.shape[0])
     for offset, part in self.pieces(first, count, variable.dtype):
-      variable[offset : offset + int(part.shape[0])].assign(part)
+      # A scatter writes in place (a strided-slice assign copies the whole
+      # variable once).
+      tf.raw_ops.ResourceScatterUpdate(
+        resource=variable.handle,
+        indices=tf.range(offset, offset + int(part.shape[0]), dtype=tf.int64),
+        updates=part,
+      )
 
 
 class _Fill(RowValues):
