@@ -11,7 +11,7 @@ filesystem they share, and keep each worker at its own rows:
    weights, small tables, the object graph, which records every table) as
    one part under ``<prefix>_temp/``; every worker writes its own rows, as
    slices of each full ``[vocabulary_size, dim]`` tensor, in chunks of at
-   most 256 MiB (read row by row: no whole-block copy);
+   most 64 MiB (read row by row: no whole-block copy);
 2. the chief merges the parts into ``<prefix>`` (TensorFlow's own
    ``MergeV2Checkpoints``, as for its partitioned variables), removing
    ``<prefix>_temp``; a ``*_temp`` directory left by a worker killed while

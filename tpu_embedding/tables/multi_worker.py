@@ -188,15 +188,15 @@ class WorkerShardedVariable(WholeValueVariable):
     )
 
 
-#: Chunks of rows ``write_rows`` copies at once: at least 16 MiB (a
-#: small block is one chunk), an eighth of a block, at most 256 MiB.
-MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 16 * 2**20, 256 * 2**20
+#: Chunks of rows ``write_rows`` copies at once: at least 8 MiB (a small
+#: block is one chunk), a sixteenth of a block, at most 64 MiB.
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
 
 
 def chunk_rows(rows: int, width: int) -> int:
   """Rows per written chunk of a block of ``rows`` rows."""
-  eighth = max(-(-rows // 8), MIN_CHUNK_BYTES // (4 * width))
-  return min(eighth, MAX_CHUNK_BYTES // (4 * width))
+  sixteenth = max(-(-rows // 16), MIN_CHUNK_BYTES // (4 * width))
+  return min(sixteenth, MAX_CHUNK_BYTES // (4 * width))
 
 
 class MultiWorkerShardedTable(RowShardedTable):
