@@ -5,9 +5,10 @@ worker processes on 127.0.0.1 build a 3,000,000 x 64 table with Adagrad
 (1,465 MiB of table + slot, sharded 1/2 per worker), train 5 steps, save a
 checkpoint (``tpu_embedding.checkpoints.write``), and a fresh 2-worker job
 restores it (``tpu_embedding.checkpoints.restore`` before the tables
-exist). Each worker reads its own peak resident memory per phase
-(``/proc/self/status`` ``VmHWM``, reset at the start of each phase, minus
-a baseline taken before any table exists); the restored job must
+exist, and into built tables). Each worker reads its own peak resident
+memory per phase (``/proc/self/status`` ``VmHWM``, reset at the start of
+each phase, minus a baseline taken before any table exists); the restored
+job must
 reproduce the saved rows and slots. Every phase must stay within 0.6x of
 the full state per worker (ideal: 0.5x).
 
@@ -42,8 +43,8 @@ def _can_reset_peak() -> bool:
   return True
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+@pytest.fixture(scope="module", params=["restore_first", "build_first"])
+def report(request, tmp_path_factory):
   """The tool's JSON figures and exit code (0: within the limit, 1: not)."""
   if not _can_reset_peak():
     pytest.skip("/proc/self/clear_refs is not writable here (Linux only)")
@@ -58,7 +59,7 @@ def report(tmp_path_factory):
       "--strategies=mwms",
       "--no-resize",
       "--no-export",
-      "--restore_order=restore_first",
+      f"--restore_order={request.param}",
       f"--limit={LIMIT}",
       f"--json={out}",
     ],

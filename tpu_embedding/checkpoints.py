@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import weakref
 from typing import Any
 
@@ -173,12 +174,29 @@ def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
 def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
   """``checkpoint.restore(save_path)``, each worker reading its own rows.
 
-  Tables restored after they exist read this worker's rows; tables built
-  after the restore read them when created (restore-on-create), so a
-  fresh job holds each row once.
+  Tables built after the restore read their rows when created
+  (restore-on-create: each row is read once, straight into its block).
+  Multi-worker tables that exist already are read chunk by chunk into
+  their rows, beside them, instead of by TensorFlow's restore (which would
+  hold a second copy of every block at once).
+
+  Returns:
+    TensorFlow's restore status.
   """
-  with slicing.sliced():
-    return checkpoint.restore(save_path, options=options)
+  variables = _worker_sharded(checkpoint)
+  keys = _checkpoint_keys(checkpoint, variables) if variables else []
+  previous = [v._update_uid for v in variables]  # noqa: SLF001
+  for variable in variables:  # TensorFlow's restore leaves them alone.
+    variable._update_uid = sys.maxsize  # noqa: SLF001
+  try:
+    with slicing.sliced():
+      status = checkpoint.restore(save_path, options=options)
+  finally:
+    for variable, uid in zip(variables, previous, strict=True):
+      variable._update_uid = uid  # noqa: SLF001
+  for key, variable in zip(keys, variables, strict=True):
+    variable.read_rows(key, save_path)
+  return status
 
 
 class _SlicedWriter:

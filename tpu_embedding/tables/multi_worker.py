@@ -137,6 +137,46 @@ class WorkerShardedVariable(WholeValueVariable):
       }
     }
 
+  def _chunks(self):
+    """``(local shard, first local row, rows, slice spec)`` of every chunk."""
+    width = self.shape[1]
+    chunk = max(1, chunk_rows(self._rows(0)[1], width))
+    for local in range(len(self._shards)):
+      start, rows = self._rows(local)
+      for first in range(0, rows, chunk):
+        count = min(chunk, rows - first)
+        spec = tf.Variable.SaveSliceInfo(
+          full_name="",
+          full_shape=self.shape.as_list(),
+          var_offset=[start + first, 0],
+          var_shape=[count, width],
+        ).spec
+        yield local, first, count, spec
+
+  def read_rows(self, key: str, save_path: str) -> None:
+    """Reads this worker's rows of checkpoint ``key``, chunk by chunk.
+
+    Each chunk is read as a slice (only the stored slices it overlaps)
+    and scattered into its rows in place, so a restore into built tables
+    holds one chunk beside them, not a second copy.
+    """
+    for local, first, count, spec in self._chunks():
+      shard = self._shards[local]
+      with tf.device("CPU"):
+        (value,) = tf.raw_ops.RestoreV2(
+          prefix=save_path,
+          tensor_names=[key],
+          shape_and_slices=[spec],
+          dtypes=[self.dtype],
+        )
+      with tf.device(shard.device):
+        tf.raw_ops.ResourceScatterUpdate(
+          resource=shard.handle,
+          indices=tf.range(first, first + count, dtype=tf.int64),
+          updates=value,
+        )
+      del value
+
   def write_rows(self, key: str, prefix: str) -> None:
     """Writes this worker's rows under checkpoint ``key``, in chunks.
 
@@ -145,47 +185,22 @@ class WorkerShardedVariable(WholeValueVariable):
     written as a slice of the full tensor to its own checkpoint part
     ``<prefix>-<shard>-<chunk>``, for ``MergeV2Checkpoints``.
     """
-    width = self.shape[1]
-    chunk = max(1, chunk_rows(self._rows(0)[1], width))
-    for local, shard in enumerate(self._shards):
-      start, rows = self._rows(local)
-      for index, first in enumerate(range(0, rows, chunk)):
-        count = min(chunk, rows - first)
-        spec = tf.Variable.SaveSliceInfo(
-          full_name="",
-          full_shape=self.shape.as_list(),
-          var_offset=[start + first, 0],
-          var_shape=[count, width],
-        ).spec
-        with tf.device(shard.device):
-          value = tf.raw_ops.ResourceGather(
-            resource=shard.handle,
-            indices=tf.range(first, first + count, dtype=tf.int64),
-            dtype=self.dtype,
-          )
-        with tf.device("CPU"):
-          tf.raw_ops.SaveV2(
-            prefix=f"{prefix}-{local:03d}-{index:05d}",
-            tensor_names=[key],
-            shape_and_slices=[spec],
-            tensors=[value],
-          )
-        del value
-
-  def _restore_from_tensors(self, restored_tensors):
-    value = restored_tensors[VALUE_KEY]
-    if isinstance(value, dict):  # This worker's slices.
-      values = [value[self._slice_spec(i)] for i in range(len(self._shards))]
-    elif value.shape[0] == self.shape[0]:  # A whole value.
-      return self.assign(value)
-    else:  # TensorFlow passes a single slice as a tensor.
-      values = [value]
-    return tf.group(
-      [
-        shard.assign(part)
-        for shard, part in zip(self._shards, values, strict=True)
-      ]
-    )
+    for local, first, count, spec in self._chunks():
+      shard = self._shards[local]
+      with tf.device(shard.device):
+        value = tf.raw_ops.ResourceGather(
+          resource=shard.handle,
+          indices=tf.range(first, first + count, dtype=tf.int64),
+          dtype=self.dtype,
+        )
+      with tf.device("CPU"):
+        tf.raw_ops.SaveV2(
+          prefix=f"{prefix}-{local:03d}-{first:012d}",
+          tensor_names=[key],
+          shape_and_slices=[spec],
+          tensors=[value],
+        )
+      del value
 
 
 #: Chunks of rows ``write_rows`` copies at once: at least 8 MiB (a small
