@@ -216,6 +216,25 @@ def check_sliced_checkpoints(
   tf.train.Checkpoint(embedding=single).restore(path)
   for key, value in full_values(single).items():
     np.testing.assert_allclose(value, reference[key], atol=1e-5, err_msg=key)
+  if is_chief:  # TensorFlow's own serving class reads it too.
+    tf_emb = tf.tpu.experimental.embedding
+    serving = tf_emb.TPUEmbeddingForServing(
+      {
+        "item": tf_emb.FeatureConfig(
+          tf_emb.TableConfig(V_BIG, DIM, name="big", combiner="sum")
+        ),
+        "country": tf_emb.FeatureConfig(
+          tf_emb.TableConfig(V_SMALL, DIM, name="small")
+        ),
+      },
+      tf_emb.SGD(0.1),
+    )
+    tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+    serving.build()
+    for table, variable in serving.embedding_tables.items():
+      np.testing.assert_allclose(
+        variable.numpy(), reference[table.name, "parameters"], atol=1e-5
+      )
   # Restored by both workers, before and after the tables exist.
   for build_first in (False, True):
     with strategy.scope():
