@@ -67,15 +67,20 @@ def _synthetic_split(
   count: int,
   multi_hot_sizes: tuple[int, ...] | None,
 ) -> tuple[Any, tf.Tensor]:
-  """Examples ``start .. start + count - 1`` as in-memory tensors."""
-  parsed = generator.parsed(start, count)
-  config = criteo.CriteoConfig(
-    vocab_sizes=generator.vocab_sizes,
-    missing_id=generator.missing_id,
-    multi_hot_sizes=multi_hot_sizes,
-  )
-  row_keys = tf.range(start, start + count, dtype=tf.int64)
-  return criteo.to_features(parsed, config, row_keys)
+  """Examples ``start .. start + count - 1`` as in-memory tensors.
+
+  Eager tensors (made outside any graph), so that every dataset function
+  that uses the cached split can capture them, whatever graph built first.
+  """
+  with tf.init_scope():
+    parsed = generator.parsed(start, count)
+    config = criteo.CriteoConfig(
+      vocab_sizes=generator.vocab_sizes,
+      missing_id=generator.missing_id,
+      multi_hot_sizes=multi_hot_sizes,
+    )
+    row_keys = tf.range(start, start + count, dtype=tf.int64)
+    return criteo.to_features(parsed, config, row_keys)
 
 
 def _to_model_inputs(features: dict[str, Any], labels: tf.Tensor) -> Any:
