@@ -12,6 +12,7 @@ and turns each ``ValueError`` into one absl ``UsageError`` line:
   experiment that matches the ``params.yaml`` of the run that wrote it.
 * ``check_memory``: the tables and their slots must fit in the memory
   available (``table_bytes`` estimates them from the config alone).
+* ``check_data``: the model's features must be Criteo's (26 tables).
 * ``validation_steps``: under ``parameter_server``, evaluation needs
   ``trainer.validation_steps`` (defaulted for synthetic data).
 
@@ -204,6 +205,23 @@ def check_cluster(strategy: str, tf_config: str) -> dict[str, Any] | None:
       f"{', '.join(needed)}."
     )
   return parsed
+
+
+def check_data(config: definitions.ExperimentConfig) -> None:
+  """Every data source here is Criteo's: 26 categorical features.
+
+  Raises:
+    ValueError: naming ``task.model.vocab_sizes``.
+  """
+  from model_garden.ranking.data import criteo_schema  # noqa: PLC0415
+
+  try:
+    criteo_schema.check_vocab_sizes(tuple(config.task.model.vocab_sizes))
+  except ValueError as e:
+    raise ValueError(
+      f"task.model.{str(e).rstrip('.')} (one per Criteo categorical "
+      "feature)."
+    ) from None
 
 
 @dataclasses.dataclass(frozen=True)

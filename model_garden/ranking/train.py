@@ -286,6 +286,7 @@ def prepare(tf_config: str = "") -> Plan:
     plan.local_cluster = _parse_local_cluster(FLAGS.ps_local_cluster)
   elif not plan.launch and strategy in preflight.CLUSTER_STRATEGIES:
     cluster = preflight.check_cluster(strategy, tf_config)
+  preflight.check_data(config)
   preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
   preflight.check_memory(
     config,
