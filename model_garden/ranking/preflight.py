@@ -20,7 +20,7 @@ Example:
   >>> from model_garden.ranking import configs, preflight
   >>> estimate = preflight.table_bytes(configs.get_config("dlrm_criteo"))
   >>> round(estimate.total / 2**30, 1)  # 26 tables, 64 wide, SGD: no slots
-  45.5
+  44.8
 """
 
 from __future__ import annotations
@@ -219,8 +219,7 @@ def check_data(config: definitions.ExperimentConfig) -> None:
     criteo_schema.check_vocab_sizes(tuple(config.task.model.vocab_sizes))
   except ValueError as e:
     raise ValueError(
-      f"task.model.{str(e).rstrip('.')} (one per Criteo categorical "
-      "feature)."
+      f"task.model.{str(e).rstrip('.')} (one per Criteo categorical feature)."
     ) from None
 
 

@@ -52,10 +52,13 @@ def _alternatives(kind: Any) -> tuple[Any, ...]:
 def _convert(value: Any, kind: Any, path: str) -> Any:
   """``value`` as a ``kind`` (a field's type), or ValueError."""
   errors = []
-  # Try the exact kind of value first (so 8 stays an int in int | tuple).
+  # Try the exact kind of value first (so 8 stays an int in int | tuple),
+  # text last (so 128 becomes a number in str | float).
   alternatives = sorted(
     _alternatives(kind),
-    key=lambda k: 0 if isinstance(k, type) and type(value) is k else 1,
+    key=lambda k: (
+      0 if isinstance(k, type) and type(value) is k else 2 if k is str else 1
+    ),
   )
   for alternative in alternatives:
     try:
