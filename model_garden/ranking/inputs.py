@@ -139,6 +139,12 @@ class RankingInputs:
       tuple(model.multi_hot_sizes) if model.use_multi_hot else None
     )
     self._generator = None
+    # Under MultiWorkerMirroredStrategy tf.data's autotuning makes deleting
+    # an iterator (after training, at exit) wait for seconds, up to the
+    # other workers' exit: fixed parallelism there.
+    self._autotune = not isinstance(
+      self.strategy, tf.distribute.MultiWorkerMirroredStrategy
+    )
     if task.use_synthetic_data:
       self._generator = synthetic.SyntheticCriteo(
         vocab_sizes=model.vocab_sizes,
@@ -186,7 +192,7 @@ class RankingInputs:
       else:
         ds = self._files(config, batch_size, training, skip, context)
       ds = ds.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
-      return data.prefetch(data.with_options(ds))
+      return data.prefetch(data.with_options(ds, autotune=self._autotune))
 
     return dataset_fn
 

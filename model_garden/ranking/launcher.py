@@ -129,9 +129,14 @@ class _Process:
         stream.write(f"[{self.name}] {line}")
         stream.flush()
 
-  def stop(self) -> None:
+  def stop(self, kill: bool = False) -> None:
+    """Stops the process: SIGTERM (then SIGKILL after 10 s), or SIGKILL at
+    once (a failed job: its other tasks hang in collectives)."""
     if self.popen.poll() is None:
-      self.popen.send_signal(signal.SIGTERM)
+      if kill:
+        self.popen.kill()
+      else:
+        self.popen.send_signal(signal.SIGTERM)
       try:
         self.popen.wait(timeout=10)
       except subprocess.TimeoutExpired:
@@ -204,7 +209,7 @@ def launch(
     )
     failed, code = _supervise(strategy, processes, poll_seconds)
     for process in processes:
-      process.stop()
+      process.stop(kill=failed is not None)
     if failed is None:
       say("all tasks finished.")
       return 0

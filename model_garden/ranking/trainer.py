@@ -150,6 +150,7 @@ class Trainer:
       )
     trainer = self.config.trainer
     self._writers: dict[str, Any] = {}
+    self._next_batches: tuple[int, Any, Any] | None = None
     self.restored = self.restore()
     self._saved_step = self.step if self.restored else None
     self._write_dir = model_dir if self._chief else self._worker_dir()
@@ -255,12 +256,7 @@ class Trainer:
     if start >= target:
       return None
     batch_size = self.config.task.train_data.global_batch_size
-    dataset_fn = self.inputs.train_dataset_fn(start_step=start)
-    if self._is_ps:
-      step_fn, iterator = self._ps_step(dataset_fn, self.task.train_step_ps)
-    else:
-      iterator = iter(self.inputs.distribute(dataset_fn))
-      step_fn = self.task.train_step
+    step_fn, iterator = self._train_data(start)
     progress = Progress(
       target,
       initial=start,
@@ -300,7 +296,23 @@ class Trainer:
         self.log(f"Killing this process after step {step} (--kill_at_step).")
         os.kill(os.getpid(), signal.SIGKILL)
     self.train_examples_per_second = progress.throughput.examples_per_second()
+    self._next_batches = (target, step_fn, iterator)
     return loss
+
+  def _train_data(self, start: int) -> tuple[Any, Any]:
+    """The training step and an iterator at ``start``'s batches.
+
+    The last ``train`` call's iterator continues where it stopped, so it is
+    kept (a new one would skip to the same batches): creating and deleting
+    iterators between evaluations costs time, and deleting one under
+    ``MultiWorkerMirroredStrategy`` waits on the other workers for seconds.
+    """
+    if self._next_batches is not None and self._next_batches[0] == start:
+      return self._next_batches[1:]
+    dataset_fn = self.inputs.train_dataset_fn(start_step=start)
+    if self._is_ps:
+      return self._ps_step(dataset_fn, self.task.train_step_ps)
+    return self.task.train_step, iter(self.inputs.distribute(dataset_fn))
 
   def _read_results(
     self, pending: list[Any], metrics: RankingMetrics, step: int
