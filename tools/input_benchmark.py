@@ -133,14 +133,14 @@ def main(argv: list[str]) -> None:
   def cached_step():
     features, labels = held[count[0] % len(held)]
     count[0] += 1
-    return float(task.train_step(features, labels))
+    return float(task.train_step(features, labels)["loss"])
 
   step_rate = examples_per_second(cached_step, FLAGS.steps, FLAGS.warmup, batch)
   print(f"training step alone      : {step_rate:12,.0f} examples/s", flush=True)
 
   # 3. Both, as in training.
   def live_step():
-    return float(task.train_step(*next(iterator)))
+    return float(task.train_step(*next(iterator))["loss"])
 
   live_rate = examples_per_second(live_step, FLAGS.steps, FLAGS.warmup, batch)
   print(f"training on the pipeline : {live_rate:12,.0f} examples/s", flush=True)
