@@ -151,8 +151,8 @@ def build_model(
     ...                                  bottom_mlp=(4,), top_mlp=(1,))
     >>> m = ranking_model.build_model(config, dtype="mixed_bfloat16")
     >>> logits = m(ranking_model.example_inputs(config))
-    >>> m.top_mlp.dense_0.compute_dtype, m.top_mlp.dense_0.kernel.dtype, \
-    ... logits.dtype.name
+    >>> top = m.top_mlp.dense_0
+    >>> top.compute_dtype, top.kernel.dtype, logits.dtype.name
     ('bfloat16', 'float32', 'float32')
   """
   return RankingModel(
