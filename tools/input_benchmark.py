@@ -146,14 +146,14 @@ def main(argv: list[str]) -> None:
   def cached_step():
     features, labels = held[count[0] % len(held)]
     count[0] += 1
-    return float(task.train_step(features, labels))
+    return float(task.train_step(features, labels)["loss"])
 
   step_rate = measure("training_step", cached_step)
   print(f"training step alone      : {step_rate.describe()}", flush=True)
 
   # 3. Both, as in training.
   def live_step():
-    return float(task.train_step(*next(iterator)))
+    return float(task.train_step(*next(iterator))["loss"])
 
   live_rate = measure("training_on_pipeline", live_step)
   print(f"training on the pipeline : {live_rate.describe()}", flush=True)

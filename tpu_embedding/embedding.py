@@ -244,24 +244,46 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
 
   @_library_code
   def apply_gradients(
-    self, gradients: GradientsNest, name: str | None = None
+    self,
+    gradients: GradientsNest,
+    name: str | None = None,
+    *,
+    skip: bool | tf.Tensor | None = None,
   ) -> None:
     """Updates the tables with the gradients of the last activations.
 
     A None gradient is a zero gradient for that feature (for lazy Adam or
     FTRL this still moves the looked-up rows, as on TPU).
 
+    ``skip`` (ours, off TPU) makes the update conditional: when it is true
+    no row and no slot of any table changes, as if the step had no
+    ids. A zero gradient is not the same thing: Adam and FTRL still move
+    their slots. Pass the same value on every replica (reduce it over the
+    replicas first), e.g. to skip a step whose gradients are not finite:
+
+    .. code-block:: python
+
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+                              for g in tf.nest.flatten(grads)])
+      bad = tf.distribute.get_replica_context().all_reduce(
+          "SUM", tf.cast(tf.logical_not(finite), tf.int32))
+      embedding.apply_gradients(grads, skip=bad > 0)
+
     Args:
       gradients: a nest like the feature config, each the gradient of the
         loss with respect to that feature's activations.
       name: unused off TPU.
+      skip: None (always update), or a scalar bool (tensor): update
+        nothing when true.
 
     Raises:
       RuntimeError: if not built or not preceded by a training ``dequeue``.
       ValueError: for a wrong structure, a non-tensor or a wrongly shaped
-        gradient, or a table without an optimizer.
+        gradient, or a table without an optimizer; for ``skip``: a
+        non-scalar value, a table whose optimizer changes every row
+        (``Adam(lazy_adam=False)``), or TPUStrategy.
     """
-    self._engine.apply_gradients(gradients, name)
+    self._engine.apply_gradients(gradients, name, skip)
 
   @_library_code
   def flush_pipeline(self) -> None:

@@ -92,6 +92,17 @@ APPLY_WITHOUT_DEQUEUE = (
   "the last `dequeue()` call."
 )
 
+SKIP_ON_TPU = (
+  "apply_gradients(skip=...) is not available under TPUStrategy: "
+  "TensorFlow's TPU embedding applies every step's update unconditionally."
+)
+SKIP_UPDATES_ALL_ROWS = (
+  "apply_gradients(skip=...) cannot skip the update of table '{table}': its "
+  "optimizer ({optimizer}) changes every row at every step (e.g. "
+  "Adam(lazy_adam=False)); use a lazy optimizer."
+)
+SKIP_SHAPE = "apply_gradients(skip=...) takes a scalar bool, got shape {shape}."
+
 NOT_OFF_TPU = (
   "TPUEmbedding.{what} is not available under TPUStrategy: the tables live "
   "in TensorFlow's TPU embedding, not in this package's table stores. Use "

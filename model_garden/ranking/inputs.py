@@ -79,15 +79,20 @@ def _synthetic_split(
   count: int,
   multi_hot_sizes: tuple[int, ...] | None,
 ) -> tuple[Any, tf.Tensor]:
-  """Examples ``start .. start + count - 1`` as in-memory tensors."""
-  parsed = generator.parsed(start, count)
-  config = criteo.CriteoConfig(
-    vocab_sizes=generator.vocab_sizes,
-    missing_id=generator.missing_id,
-    multi_hot_sizes=multi_hot_sizes,
-  )
-  row_keys = tf.range(start, start + count, dtype=tf.int64)
-  return criteo.to_features(parsed, config, row_keys)
+  """Examples ``start .. start + count - 1`` as in-memory tensors.
+
+  Eager tensors (made outside any graph), so that every dataset function
+  that uses the cached split can capture them, whatever graph built first.
+  """
+  with tf.init_scope():
+    parsed = generator.parsed(start, count)
+    config = criteo.CriteoConfig(
+      vocab_sizes=generator.vocab_sizes,
+      missing_id=generator.missing_id,
+      multi_hot_sizes=multi_hot_sizes,
+    )
+    row_keys = tf.range(start, start + count, dtype=tf.int64)
+    return criteo.to_features(parsed, config, row_keys)
 
 
 def _to_model_inputs(features: dict[str, Any], labels: tf.Tensor) -> Any:
@@ -147,6 +152,12 @@ class RankingInputs:
     )
     self._generator = None
     self._readers: dict[str, Any] = {}
+    # Under MultiWorkerMirroredStrategy tf.data's autotuning makes deleting
+    # an iterator (after training, at exit) wait for seconds, up to the
+    # other workers' exit: fixed parallelism there.
+    self._autotune = not isinstance(
+      self.strategy, tf.distribute.MultiWorkerMirroredStrategy
+    )
     if task.use_synthetic_data:
       self._generator = synthetic.SyntheticCriteo(
         vocab_sizes=model.vocab_sizes,
@@ -272,7 +283,7 @@ class RankingInputs:
       else:
         ds = self._files(split, batch_size, skip, context)
       ds = ds.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
-      return data.prefetch(data.with_options(ds))
+      return data.prefetch(data.with_options(ds, autotune=self._autotune))
 
     return dataset_fn
 

@@ -92,10 +92,13 @@ class RankingModel(keras.Model):
     interaction = self.interaction(list(inputs["embeddings"]) + [dense])
     if self.concat_dense:
       interaction = ops.concatenate([dense, interaction], axis=1)
-    return ops.reshape(self.top_mlp(interaction), (-1,))
+    # Logits in float32 whatever the compute dtype (mixed precision).
+    return ops.cast(ops.reshape(self.top_mlp(interaction), (-1,)), "float32")
 
 
-def build_interaction(config: definitions.ModelConfig) -> keras.layers.Layer:
+def build_interaction(
+  config: definitions.ModelConfig, dtype: str | None = None
+) -> keras.layers.Layer:
   """The interaction layer a ``ModelConfig`` names.
 
   Raises:
@@ -110,9 +113,9 @@ def build_interaction(config: definitions.ModelConfig) -> keras.layers.Layer:
     (3, 32)
   """
   if config.interaction == "dot":
-    return DotInteraction(skip_gather=True, name="dot_interaction")
+    return DotInteraction(skip_gather=True, name="dot_interaction", dtype=dtype)
   if config.interaction == "cross":
-    return CrossNetwork(num_layers=1, name="cross")
+    return CrossNetwork(num_layers=1, name="cross", dtype=dtype)
   if config.interaction == "multi_layer_dcn":
     return CrossNetwork(
       num_layers=config.dcn_num_layers,
@@ -121,6 +124,7 @@ def build_interaction(config: definitions.ModelConfig) -> keras.layers.Layer:
       kernel_initializer=config.dcn_kernel_initializer,
       bias_initializer=config.dcn_bias_initializer,
       name="multi_layer_dcn",
+      dtype=dtype,
     )
   raise ValueError(
     f"interaction {config.interaction!r} is not supported; it must be one "
@@ -128,14 +132,38 @@ def build_interaction(config: definitions.ModelConfig) -> keras.layers.Layer:
   )
 
 
-def build_model(config: definitions.ModelConfig) -> RankingModel:
-  """The (unbuilt) dense model of a ``ModelConfig``."""
+def build_model(
+  config: definitions.ModelConfig, dtype: str | None = None
+) -> RankingModel:
+  """The (unbuilt) dense model of a ``ModelConfig``.
+
+  Args:
+    config: the model config.
+    dtype: a Keras dtype policy for every layer: None (the global one,
+      float32 by default), ``"mixed_bfloat16"`` or ``"mixed_float16"``
+      (``runtime.mixed_precision_dtype``): float32 weights, computations in
+      16 bits, inputs cast on entry and logits returned in float32.
+
+  Example:
+    >>> from model_garden.ranking import model as ranking_model
+    >>> from model_garden.ranking.configs import definitions
+    >>> config = definitions.ModelConfig(vocab_sizes=(10,), embedding_dim=4,
+    ...                                  bottom_mlp=(4,), top_mlp=(1,))
+    >>> m = ranking_model.build_model(config, dtype="mixed_bfloat16")
+    >>> logits = m(ranking_model.example_inputs(config))
+    >>> top = m.top_mlp.dense_0
+    >>> top.compute_dtype, top.kernel.dtype, logits.dtype.name
+    ('bfloat16', 'float32', 'float32')
+  """
   return RankingModel(
-    bottom_mlp=MLP(config.bottom_mlp, final_activation="relu", name="bottom"),
-    interaction=build_interaction(config),
-    top_mlp=MLP(config.top_mlp, final_activation=None, name="top"),
+    bottom_mlp=MLP(
+      config.bottom_mlp, final_activation="relu", name="bottom", dtype=dtype
+    ),
+    interaction=build_interaction(config, dtype),
+    top_mlp=MLP(config.top_mlp, final_activation=None, name="top", dtype=dtype),
     concat_dense=config.concat_dense,
     name="ranking_model",
+    dtype=dtype,
   )
 
 

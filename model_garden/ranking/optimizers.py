@@ -36,6 +36,24 @@ _EMBEDDING = {
 }
 
 
+def embedding_optimizer_class(name: str) -> type:
+  """The ``tpu_embedding`` optimizer class of ``embedding_optimizer``.
+
+  Raises:
+    ValueError: for an unknown name.
+
+  Example:
+    >>> from model_garden.ranking import optimizers
+    >>> optimizers.embedding_optimizer_class("Adam").SLOT_NAMES
+    ('momenta', 'velocities')
+  """
+  if name not in _EMBEDDING:
+    raise ValueError(
+      f"embedding_optimizer must be one of {sorted(_EMBEDDING)}, got {name!r}."
+    )
+  return _EMBEDDING[name]
+
+
 def embedding_optimizer(
   config: definitions.OptimizationConfig, batch_size: int, step: tf.Variable
 ) -> Any:
@@ -49,14 +67,10 @@ def embedding_optimizer(
   Raises:
     ValueError: for an unknown ``embedding_optimizer``.
   """
-  if config.embedding_optimizer not in _EMBEDDING:
-    raise ValueError(
-      f"embedding_optimizer must be one of {sorted(_EMBEDDING)}, got "
-      f"{config.embedding_optimizer!r}."
-    )
+  optimizer = embedding_optimizer_class(config.embedding_optimizer)
   schedule = lr_schedule.from_config(config.lr_config, batch_size)
   rate = lr_schedule.step_callable(schedule, step)
-  return _EMBEDDING[config.embedding_optimizer](learning_rate=rate)
+  return optimizer(learning_rate=rate)
 
 
 def dense_optimizer(

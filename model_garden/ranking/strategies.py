@@ -59,7 +59,8 @@ def use_logical_cpus(num_devices: int) -> None:
     ) from e
 
 
-def _free_port() -> int:
+def free_port() -> int:
+  """A free TCP port on 127.0.0.1."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -79,8 +80,8 @@ def local_cluster(num_workers: int, num_ps: int) -> tf.train.ClusterSpec:
   """
   spec = tf.train.ClusterSpec(
     {
-      "worker": [f"127.0.0.1:{_free_port()}" for _ in range(num_workers)],
-      "ps": [f"127.0.0.1:{_free_port()}" for _ in range(num_ps)],
+      "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
+      "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
     }
   )
   worker_config = tf.compat.v1.ConfigProto(

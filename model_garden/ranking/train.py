@@ -17,11 +17,17 @@ Flags:
 * ``--config_file`` (repeatable) YAML files and ``--params_override``
   (``"task.train_data.global_batch_size=512,trainer.train_steps=100"`` or
   YAML) change the config, in that order.
-* ``--mode``: ``train``, ``eval`` (the latest checkpoint) or
-  ``train_and_eval``.
+* ``--mode``: ``train``, ``eval`` (the latest checkpoint),
+  ``train_and_eval`` or ``continuous_eval`` (evaluate each new checkpoint
+  another process writes to ``--model_dir``, until the last step's or
+  ``--eval_timeout`` seconds without one).
 * ``--strategy``: ``default``, ``one_device``, ``mirrored``,
   ``multi_worker_mirrored``, ``parameter_server`` or ``tpu``;
   ``--num_replicas``: logical CPU devices for ``mirrored`` without GPUs.
+* ``--num_workers N`` (and ``--num_ps M`` for ``parameter_server``): run
+  the same command as a local cluster of processes (``launcher``), logs
+  prefixed by task, restarted from the last checkpoint when a process
+  dies (``--max_restarts``). On real machines set ``TF_CONFIG`` instead.
 * ``--data``: ``synthetic``, ``paddlerec`` (the 80-record Criteo sample of
   ``paddle-rec==0.1.0``: lines 1-64 train, 65-80 validate, batches of 16
   unless set) or a glob of raw Criteo TSV files. TFRecord files:
@@ -31,9 +37,18 @@ Flags:
   ``validation_data``'s): ``raise`` (default), ``count`` (drop; counts in
   the logs and TensorBoard) or ``skip`` (drop uncounted).
 
-Writes to ``--model_dir``: ``params.yaml`` (the effective config),
-checkpoints (a killed run resumes from the latest), TensorBoard summaries
-(``train/``, ``validation/``) and the serving SavedModel
+Wrong flags, configs or clusters stop the program with one line (absl's
+``UsageError``) before any table is built: unknown experiments or keys,
+missing files, contradicting flags, a cluster without the tasks the
+strategy needs, an evaluation without a checkpoint or with a config that
+does not match the checkpoint's ``params.yaml``, tables that cannot fit in
+memory.
+
+Writes to ``--model_dir`` (any TensorFlow filesystem, e.g. ``gs://``):
+``params.yaml`` (the effective config; training modes only), checkpoints
+(a killed run resumes from the latest), TensorBoard summaries (``train/``,
+``validation/``), the best checkpoint (``trainer.
+best_checkpoint_export_subdir``) and the serving SavedModel
 (``saved_model/<step>``).
 """
 
@@ -57,7 +72,11 @@ from model_garden.ranking import configs  # noqa: E402
 from model_garden.ranking.configs import definitions  # noqa: E402
 
 #: ``--mode`` values.
-MODES = ("train", "eval", "train_and_eval")
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+#: Modes that train (and write ``params.yaml``).
+TRAINING_MODES = ("train", "train_and_eval")
+#: Flags the launcher handles itself (not passed to the tasks).
+LAUNCHER_FLAGS = ("num_workers", "num_ps", "max_restarts", "kill_at_step")
 
 FLAGS = flags.FLAGS
 
@@ -110,9 +129,33 @@ def define_flags() -> None:
     "this process (instead of TF_CONFIG).",
   )
   flags.DEFINE_integer(
+    "num_workers",
+    0,
+    "multi_worker_mirrored / parameter_server: start this many local "
+    "worker processes (with TF_CONFIG on 127.0.0.1) and supervise them.",
+  )
+  flags.DEFINE_integer(
+    "num_ps",
+    0,
+    "parameter_server with --num_workers: local parameter-server processes.",
+  )
+  flags.DEFINE_integer(
+    "max_restarts",
+    3,
+    "With --num_workers: restarts from the last checkpoint after a process "
+    "dies, before giving up.",
+  )
+  flags.DEFINE_float(
+    "eval_timeout",
+    None,
+    "--mode continuous_eval: stop after this many seconds without a new "
+    "checkpoint (default: wait until the last step's checkpoint).",
+  )
+  flags.DEFINE_integer(
     "kill_at_step",
     None,
-    "Testing fault tolerance: SIGKILL this process after that step.",
+    "Testing fault tolerance: SIGKILL this process after that step (with "
+    "--num_workers: the last worker, in the first attempt only).",
   )
   flags.DEFINE_enum(
     "progress_bar", "auto", ["auto", "on", "off"], "Show a progress bar."
@@ -190,24 +233,46 @@ def build_config(
 
 def write_params(config: definitions.ExperimentConfig, model_dir: str) -> str:
   """Writes the effective config to ``model_dir/params.yaml`` (as JSON,
-  which is YAML: ``--config_file`` reads it back)."""
-  os.makedirs(model_dir, exist_ok=True)
+  which is YAML: ``--config_file`` reads it back); any TensorFlow
+  filesystem."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  tf.io.gfile.makedirs(model_dir)
   path = os.path.join(model_dir, "params.yaml")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(config), f, indent=2)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(dataclasses.asdict(config), indent=2))
   return path
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  if not FLAGS.model_dir:
-    raise app.UsageError("--model_dir is required.")
-  if not FLAGS["verbosity"].present:
-    # Our progress goes to stdout; keep library INFO logs out of it.
-    logging.set_verbosity(logging.WARNING)
-    import tensorflow as tf  # noqa: PLC0415
+@dataclasses.dataclass
+class Plan:
+  """What ``main`` runs, decided before anything is built."""
 
-    tf.get_logger().setLevel("ERROR")
+  config: definitions.ExperimentConfig
+  strategy: str
+  launch: bool = False
+  local_cluster: tuple[int, int] | None = None
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def prepare(tf_config: str = "") -> Plan:
+  """Checks the flags, the config and the cluster (``preflight``).
+
+  Args:
+    tf_config: the ``TF_CONFIG`` environment variable ("" if unset).
+
+  Raises:
+    ValueError: with the one line to show the user.
+  """
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  if not FLAGS.model_dir:
+    raise ValueError("--model_dir is required.")
+  if FLAGS.experiment not in configs.experiments():
+    raise ValueError(
+      f"Unknown --experiment {FLAGS.experiment!r}; known: "
+      f"{', '.join(configs.experiments())}."
+    )
   config = build_config(
     FLAGS.experiment,
     FLAGS.config_file,
@@ -217,21 +282,120 @@ def main(argv: list[str]) -> None:
     seed=FLAGS.seed,
     tpu=FLAGS.tpu,
   )
-  strategy_name = config.runtime.distribution_strategy
+  strategy = config.runtime.distribution_strategy
+  preflight.check_flags(
+    strategy=strategy,
+    mode=FLAGS.mode,
+    num_replicas=FLAGS.num_replicas,
+    num_workers=FLAGS.num_workers,
+    num_ps=FLAGS.num_ps,
+    ps_local_cluster=FLAGS.ps_local_cluster,
+    tpu=FLAGS.tpu,
+    kill_at_step=FLAGS.kill_at_step,
+    eval_timeout=FLAGS.eval_timeout,
+    tf_config=tf_config,
+  )
+  plan = Plan(config, strategy, launch=FLAGS.num_workers > 0)
+  cluster = None
+  if FLAGS.ps_local_cluster:
+    plan.local_cluster = _parse_local_cluster(FLAGS.ps_local_cluster)
+  elif not plan.launch and strategy in preflight.CLUSTER_STRATEGIES:
+    cluster = preflight.check_cluster(strategy, tf_config)
+  preflight.check_data(config)
+  preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
+  preflight.check_memory(
+    config,
+    FLAGS.experiment,
+    hosts=preflight.cluster_hosts(strategy, cluster),
+  )
+  steps = preflight.validation_steps(config, FLAGS.mode)
+  if steps is not None:
+    plan.config = configs.override(config, {"trainer.validation_steps": steps})
+    plan.notes.append(
+      f"trainer.validation_steps set to {steps} (the synthetic validation "
+      "set's global batches): parameter-server workers read it as a stream."
+    )
+  return plan
+
+
+def _parse_local_cluster(text: str) -> tuple[int, int]:
+  try:
+    workers, ps = (int(x) for x in text.split(","))
+  except ValueError:
+    raise ValueError(
+      f'--ps_local_cluster must be "W,P" (workers, parameter servers), got '
+      f"{text!r}."
+    ) from None
+  if workers < 1 or ps < 1:
+    raise ValueError(
+      f"--ps_local_cluster needs at least 1 worker and 1 PS, got {text!r}."
+    )
+  return workers, ps
+
+
+def task_command() -> list[str]:
+  """This command for the launcher's tasks: the flags given, minus the
+  launcher's own."""
+  args = [sys.executable, "-m", "model_garden.ranking.train"]
+  for name in list(FLAGS):
+    flag = FLAGS[name]
+    if name in LAUNCHER_FLAGS or not flag.present or name != flag.name:
+      continue
+    args.extend(line for line in flag.serialize().split("\n") if line)
+  return args
+
+
+def main(argv: list[str]) -> None:
+  """Runs the flags' experiment (see the module docstring).
+
+  Raises:
+    app.UsageError: for anything wrong with the flags, the config or the
+      cluster, before anything is built.
+  """
+  del argv
+  if not FLAGS["verbosity"].present:
+    # Our progress goes to stdout; keep library INFO logs out of it.
+    logging.set_verbosity(logging.WARNING)
+    import tensorflow as tf  # noqa: PLC0415
+
+    tf.get_logger().setLevel("ERROR")
+  try:
+    plan = prepare(os.environ.get("TF_CONFIG", ""))
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  for note in plan.notes:
+    print(note, flush=True)
+  if plan.launch:
+    from model_garden.ranking import launcher  # noqa: PLC0415
+
+    kill = (
+      [f"--kill_at_step={FLAGS.kill_at_step}"]
+      if (FLAGS.kill_at_step is not None)
+      else []
+    )
+    code = launcher.launch(
+      task_command(),
+      plan.strategy,
+      FLAGS.num_workers,
+      FLAGS.num_ps,
+      max_restarts=FLAGS.max_restarts,
+      first_attempt_only=kill,
+    )
+    if code:
+      sys.exit(code)
+    return
   # Before TensorFlow initializes its devices:
   from model_garden.ranking import strategies  # noqa: PLC0415
 
-  if strategy_name == "mirrored" and FLAGS.num_replicas > 1:
+  if plan.strategy == "mirrored" and FLAGS.num_replicas > 1:
     strategies.use_logical_cpus(FLAGS.num_replicas)
   cluster = None
-  if strategy_name == "parameter_server":
-    if FLAGS.ps_local_cluster:
-      workers, ps = (int(x) for x in FLAGS.ps_local_cluster.split(","))
-      cluster = strategies.local_cluster(workers, ps)
-    else:
-      strategies.run_server_if_not_coordinator()
+  if plan.local_cluster is not None:
+    cluster = strategies.local_cluster(*plan.local_cluster)
+  elif plan.strategy == "parameter_server":
+    strategies.run_server_if_not_coordinator()
   run(
-    config,
+    plan.config,
     FLAGS.model_dir,
     mode=FLAGS.mode,
     experiment=FLAGS.experiment,
@@ -239,6 +403,7 @@ def main(argv: list[str]) -> None:
     cluster=cluster,
     kill_at_step=FLAGS.kill_at_step,
     progress_bar={"on": True, "off": False}.get(FLAGS.progress_bar),
+    eval_timeout=FLAGS.eval_timeout,
   )
 
 
@@ -252,23 +417,27 @@ def run(
   cluster: Any = None,
   kill_at_step: int | None = None,
   progress_bar: bool | None = None,
+  eval_timeout: float | None = None,
 ) -> dict[str, Any]:
   """Runs an experiment; returns a summary (metrics, paths, timings).
 
   Args:
     config: the experiment (``build_config``).
     model_dir: checkpoints, summaries and the SavedModel go here.
-    mode: ``"train"``, ``"eval"`` or ``"train_and_eval"``.
+    mode: ``"train"``, ``"eval"``, ``"train_and_eval"`` or
+      ``"continuous_eval"``.
     experiment: the experiment's name, for the log.
     num_replicas: ``mirrored`` on CPUs: logical devices to use (made by
       ``strategies.use_logical_cpus``).
     cluster: ``parameter_server``: an in-process cluster.
     kill_at_step: see ``trainer.Trainer``.
     progress_bar: see ``progress.Progress``.
+    eval_timeout: see ``trainer.Trainer.continuous_evaluate``.
 
   Returns:
-    ``{"validation": metrics, "examples_per_second", "checkpoint",
-    "saved_model", "seconds", "model_dir"}`` (what applies).
+    ``{"validation": metrics, "examples_per_second", "skipped_steps",
+    "checkpoint", "saved_model", "seconds", "model_dir"}`` (what
+    applies).
 
   Raises:
     ValueError: for an unknown mode, or ``"eval"`` without a checkpoint.
@@ -296,7 +465,7 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  if chief:
+  if chief and mode in TRAINING_MODES:
     write_params(config, model_dir)
   task = RankingTask(config, strategy, seed=seed)
   inputs = RankingInputs(config.task, strategy)
@@ -313,12 +482,15 @@ def run(
     if loop.restored is None:
       raise ValueError(f"--mode eval: no checkpoint in {model_dir}.")
     summary["validation"] = loop.evaluate()
+  elif mode == "continuous_eval":
+    summary["validation"] = loop.continuous_evaluate(timeout=eval_timeout)
   elif mode == "train":
     loop.train()
   else:
     summary["validation"] = loop.train_and_evaluate()
-  if mode != "eval":
+  if mode in TRAINING_MODES:
     summary["examples_per_second"] = loop.train_examples_per_second
+    summary["skipped_steps"] = loop.skipped_steps
     summary["checkpoint"] = loop.manager.latest_checkpoint
     if config.trainer.export_saved_model and chief:
       export_dir = os.path.join(model_dir, "saved_model", str(loop.step))
@@ -345,6 +517,11 @@ def _describe(loop: Any, experiment: str) -> None:
     f"{strategy.num_replicas_in_sync} replica(s), global batch "
     f"{config.task.train_data.global_batch_size}, {loop.inputs.source} "
     f"data, {config.trainer.train_steps} steps"
+    + (
+      f", {config.runtime.mixed_precision_dtype}"
+      if config.runtime.mixed_precision_dtype != "float32"
+      else ""
+    )
     + (f" (restored at step {loop.step})" if loop.restored else "")
   )
   for note in loop.inputs.policy_notes():
@@ -361,6 +538,11 @@ def _report(loop: Any, summary: dict[str, Any]) -> None:
   rate = summary.get("examples_per_second")
   if rate:
     loop.log(f"Training throughput: {rate:,.0f} examples/s")
+  if summary.get("skipped_steps"):
+    loop.log(
+      f"Skipped {summary['skipped_steps']} step(s) whose gradients were not "
+      "finite."
+    )
   if summary.get("checkpoint"):
     loop.log(f"Checkpoint: {summary['checkpoint']}")
   if summary.get("saved_model"):

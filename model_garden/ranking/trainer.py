@@ -1,7 +1,7 @@
 """The training loop: steps, checkpoints, resumption, evaluation, summaries.
 
 ``Trainer(task, inputs, model_dir)`` runs ``train`` / ``evaluate`` /
-``train_and_evaluate`` for a ``RankingTask``:
+``train_and_evaluate`` / ``continuous_evaluate`` for a ``RankingTask``:
 
 * checkpoints: ``tf.train.CheckpointManager`` over ``task.checkpoint``
   (embedding tables and slots, dense model, dense optimizer, global step)
@@ -9,15 +9,28 @@
   end. A run restarts from the latest checkpoint (after a crash or a
   kill) and continues with the very batches an uninterrupted run would
   have seen, so it ends with the same tables.
+* loops: steps run back to back and the host reads their results every
+  ``trainer.steps_per_loop`` steps (and at every log, summary, checkpoint
+  and evaluation step). Under ``ParameterServerStrategy`` a
+  ``ClusterCoordinator`` schedules them on all workers at once (many in
+  flight) and joins once per loop.
+* metrics: steps return additive statistics (``metrics``), added up on the
+  host: exact however many steps run at once.
 * logs: a progress bar and a log line every ``time_history.log_steps``
   steps (loss, training AUC, accuracy, examples/s); TensorBoard scalars
-  under ``model_dir/train`` and ``model_dir/validation``.
+  under ``model_dir/train`` (loss, metrics, learning rates, steps/s,
+  examples/s, skipped steps) and ``model_dir/validation``.
+* skipped steps: a step whose gradients are not finite changes nothing
+  (``finite_steps``); the trainer counts them and says so.
 * evaluation: AUC, accuracy, prediction and label means, loss on the
-  validation set, every ``validation_interval`` steps and at the end.
+  validation set, every ``validation_interval`` steps and at the end; with
+  ``trainer.best_checkpoint_export_subdir``, the best checkpoint is kept
+  (``best_checkpoint``). ``continuous_evaluate`` evaluates each new
+  checkpoint another process writes (Model Garden's sidecar evaluator).
 
-Under ``ParameterServerStrategy`` the steps are scheduled on the workers by
-a ``ClusterCoordinator``; under ``MultiWorkerMirroredStrategy`` every
-worker runs the loop and only the chief keeps what it writes.
+Under ``MultiWorkerMirroredStrategy`` every worker runs the loop and only
+the chief keeps what it writes. All file operations go through
+``tf.io.gfile`` (``model_dir`` may be ``gs://...``).
 
 Example:
   >>> import tempfile
@@ -36,24 +49,26 @@ Example:
   ...                        tempfile.mkdtemp(), progress_bar=False,
   ...                        log_stream=open("/dev/null", "w"))
   >>> result = loop.train_and_evaluate()
-  >>> int(loop.task.step), sorted(result)[:2]
-  (3, ['accuracy', 'auc'])
+  >>> int(loop.task.step), sorted(result)[:2], loop.skipped_steps
+  (3, ['accuracy', 'auc'], 0)
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
 from typing import Any
 from typing import TextIO
 
+import numpy as np
 import tensorflow as tf
 
 from model_garden.ranking import strategies
+from model_garden.ranking.best_checkpoint import BestCheckpointExporter
 from model_garden.ranking.inputs import RankingInputs
+from model_garden.ranking.metrics import RankingMetrics
 from model_garden.ranking.progress import Progress
 from model_garden.ranking.progress import format_metrics
 from model_garden.ranking.task import RankingTask
@@ -68,6 +83,13 @@ def _write_scalars(
     for name, value in values.items():
       tf.summary.scalar(prefix + name, value)
   writer.flush()
+
+
+def _fetch(result: Any) -> Any:
+  """A step's result as numpy values (waits for a RemoteValue)."""
+  if hasattr(result, "fetch"):
+    result = result.fetch()
+  return tf.nest.map_structure(np.asarray, result)
 
 
 class Trainer:
@@ -91,7 +113,10 @@ class Trainer:
     restored: the checkpoint restored on construction, or None.
     manager: the ``tf.train.CheckpointManager``.
     train_examples_per_second: the training throughput of the last
-      ``train`` call (after its first step), or None.
+      ``train`` call (after its first loop), or None.
+    skipped_steps: steps with non-finite gradients skipped by this
+      trainer's ``train`` calls.
+    best_exporter: the ``BestCheckpointExporter``, or None.
   """
 
   def __init__(
@@ -113,6 +138,7 @@ class Trainer:
     self.progress_bar = progress_bar
     self.log_stream = log_stream or sys.stdout
     self.train_examples_per_second: float | None = None
+    self.skipped_steps = 0
     self._chief = strategies.is_chief(self.strategy)
     self._is_ps = isinstance(
       self.strategy, tf.distribute.experimental.ParameterServerStrategy
@@ -124,6 +150,7 @@ class Trainer:
       )
     trainer = self.config.trainer
     self._writers: dict[str, Any] = {}
+    self._next_batches: tuple[int, Any, Any] | None = None
     self.restored = self.restore()
     self._saved_step = self.step if self.restored else None
     self._write_dir = model_dir if self._chief else self._worker_dir()
@@ -132,6 +159,13 @@ class Trainer:
       directory=self._write_dir,
       max_to_keep=trainer.max_to_keep,
     )
+    self.best_exporter = None
+    if trainer.best_checkpoint_export_subdir and self._chief:
+      self.best_exporter = BestCheckpointExporter(
+        os.path.join(model_dir, trainer.best_checkpoint_export_subdir),
+        trainer.best_checkpoint_eval_metric,
+        trainer.best_checkpoint_metric_comp,
+      )
 
   # --- helpers -------------------------------------------------------------
 
@@ -189,11 +223,26 @@ class Trainer:
     self.task.flush_pipeline()
     path = self.manager.save(checkpoint_number=step, check_interval=False)
     self._saved_step = step
-    if path and not self._chief:
-      shutil.rmtree(self._write_dir, ignore_errors=True)
+    if path and not self._chief and tf.io.gfile.exists(self._write_dir):
+      tf.io.gfile.rmtree(self._write_dir)
     return path
 
   # --- training ------------------------------------------------------------
+
+  def _is_boundary(self, step: int, target: int) -> bool:
+    """Whether the host reads results (and may log or save) after ``step``."""
+    trainer = self.config.trainer
+    intervals = (
+      trainer.steps_per_loop,
+      trainer.summary_interval,
+      trainer.checkpoint_interval,
+      trainer.time_history.log_steps or trainer.summary_interval,
+    )
+    return (
+      step == target
+      or step == self.kill_at_step
+      or any(n > 0 and step % n == 0 for n in intervals)
+    )
 
   def train(self, until_step: int | None = None) -> float | None:
     """Trains from the current step to ``until_step`` (default: all).
@@ -207,12 +256,7 @@ class Trainer:
     if start >= target:
       return None
     batch_size = self.config.task.train_data.global_batch_size
-    dataset_fn = self.inputs.train_dataset_fn(start_step=start)
-    if self._is_ps:
-      step_fn, iterator = self._ps_train_step(dataset_fn)
-    else:
-      iterator = iter(self.inputs.distribute(dataset_fn))
-      step_fn = self.task.train_step
+    step_fn, iterator = self._train_data(start)
     progress = Progress(
       target,
       initial=start,
@@ -222,30 +266,29 @@ class Trainer:
       bar=self.progress_bar,
     )
     writer = self._writer("train")
-    metrics = self.task.train_metrics
-    metrics.reset()
+    metrics = RankingMetrics()
     loss = None
+    pending: list[Any] = []
     for step in range(start + 1, target + 1):
       if self._is_ps:
-        # One step at a time (see _ps_evaluate for why).
-        loss = self._coordinator.schedule(step_fn, args=(iterator,))
-        self._coordinator.join()
-        loss = loss.fetch()
+        pending.append(self._coordinator.schedule(step_fn, args=(iterator,)))
       else:
-        loss = step_fn(*next(iterator))
-      loss = float(loss)
+        pending.append(step_fn(*next(iterator)))
+      if not self._is_boundary(step, target):
+        continue
+      if self._is_ps:
+        self._coordinator.join()
+      loss = self._read_results(pending, metrics, step)
+      pending = []
       due = step % progress.log_steps == 0 or step == target
-      results = metrics.result() if due else None
+      results = metrics.result() if due and metrics.examples else None
       progress.update(step, loss, results)
       if writer is not None and (
         step % trainer.summary_interval == 0 or step == target
       ):
-        values = {"loss": loss, **(results or metrics.result())}
-        rate = progress.throughput.interval_examples_per_second()
-        if rate:
-          values["examples_per_second"] = rate
-        values.update(self.inputs.bad_record_scalars("train_data"))
-        _write_scalars(writer, values, step)
+        self._write_train_summaries(
+          writer, step, loss, results or metrics.result(), progress
+        )
       if due:
         metrics.reset()
         note = self.inputs.bad_record_note("train_data")
@@ -256,43 +299,111 @@ class Trainer:
         self.log(f"Killing this process after step {step} (--kill_at_step).")
         os.kill(os.getpid(), signal.SIGKILL)
     self.train_examples_per_second = progress.throughput.examples_per_second()
+    self._next_batches = (target, step_fn, iterator)
     return loss
 
-  def _ps_train_step(self, dataset_fn: Any) -> tuple[Any, Any]:
-    """The scheduled step and per-worker iterator under parameter servers."""
+  def _train_data(self, start: int) -> tuple[Any, Any]:
+    """The training step and an iterator at ``start``'s batches.
+
+    The last ``train`` call's iterator continues where it stopped, so it is
+    kept (a new one would skip to the same batches): creating and deleting
+    iterators between evaluations costs time, and deleting one under
+    ``MultiWorkerMirroredStrategy`` waits on the other workers for seconds.
+    """
+    if self._next_batches is not None and self._next_batches[0] == start:
+      return self._next_batches[1:]
+    dataset_fn = self.inputs.train_dataset_fn(start_step=start)
+    if self._is_ps:
+      return self._ps_step(dataset_fn, self.task.train_step_ps)
+    return self.task.train_step, iter(self.inputs.distribute(dataset_fn))
+
+  def _read_results(
+    self, pending: list[Any], metrics: RankingMetrics, step: int
+  ) -> float:
+    """Adds finished steps' statistics; counts and reports skipped steps;
+    returns the last step's loss."""
+    skipped = 0
+    loss = float("nan")
+    for result in pending:
+      result = _fetch(result)
+      loss = float(result["loss"])
+      if result["skipped"] > 0:
+        skipped += 1
+      elif "statistics" in result:
+        metrics.add(result["statistics"])
+    if skipped:
+      self.skipped_steps += skipped
+      self.log(
+        f"step {step}: skipped {skipped} step(s) whose gradients were not "
+        f"finite (no table, slot or dense weight changed); "
+        f"{self.skipped_steps} skipped so far."
+      )
+    return loss
+
+  def _write_train_summaries(
+    self,
+    writer: Any,
+    step: int,
+    loss: float,
+    results: dict[str, float],
+    progress: Progress,
+  ) -> None:
+    values = {"loss": loss, **results, **self.task.learning_rates()}
+    rate = progress.throughput.interval_examples_per_second()
+    if rate:
+      values["examples_per_second"] = rate
+      values["steps_per_second"] = (
+        rate / self.config.task.train_data.global_batch_size
+      )
+    values["skipped_steps"] = float(self.skipped_steps)
+    values.update(self.inputs.bad_record_scalars("train_data"))
+    if self.task.loss_scale is not None:
+      values["loss_scale"] = float(
+        tf.convert_to_tensor(self.task.loss_scale.scale)
+      )
+    _write_scalars(writer, values, step)
+
+  def _ps_step(self, dataset_fn: Any, step: Any) -> tuple[Any, Any]:
+    """A scheduled step and its per-worker iterator (parameter servers)."""
 
     @tf.function
     def per_worker_dataset_fn():
       return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     dataset = self._coordinator.create_per_worker_dataset(per_worker_dataset_fn)
-    return tf.function(self.task.train_step_ps), iter(dataset)
+    return tf.function(step), iter(dataset)
 
   # --- evaluation ----------------------------------------------------------
 
-  def evaluate(self) -> dict[str, float]:
+  def evaluate(self, checkpoint: str | None = None) -> dict[str, float]:
     """Evaluates on the validation set; writes and returns the metrics.
+
+    Args:
+      checkpoint: the checkpoint the task holds (for the best-checkpoint
+        export; default: the latest one written or restored).
 
     Raises:
       ValueError: if the validation set has no full global batch.
     """
     trainer = self.config.trainer
     self.task.flush_pipeline()
-    metrics = self.task.eval_metrics
-    metrics.reset()
+    metrics = RankingMetrics()
     start = time.perf_counter()
-    steps = 0
     limit = trainer.validation_steps
     if self._is_ps:
-      steps = self._ps_evaluate(limit)
+      steps = self._ps_evaluate(limit, metrics)
     else:
+      steps = 0
+      pending = []
       for features, labels in self.inputs.distribute(
         self.inputs.eval_dataset_fn()
       ):
         if 0 <= limit <= steps:
           break
-        self.task.eval_step(features, labels)
+        pending.append(self.task.eval_step(features, labels))
         steps += 1
+      for statistics in pending:
+        metrics.add(_fetch(statistics))
     if steps == 0:
       raise ValueError(
         "The validation data has no full global batch of "
@@ -307,18 +418,37 @@ class Trainer:
       {**results, **self.inputs.bad_record_scalars("validation_data")},
       step,
     )
-    examples = steps * self.config.task.validation_data.global_batch_size
     self.log(
       f"validation at step {step}: {format_metrics(results)}  "
-      f"({examples:,} examples, {seconds:.1f}s)"
+      f"({metrics.examples:,} examples, {seconds:.1f}s)"
     )
     note = self.inputs.bad_record_note("validation_data")
     if note:
       self.log(note)
+    self._export_if_best(results, checkpoint, step)
     return results
 
-  def _ps_evaluate(self, limit: int) -> int:
-    if limit < 0:
+  def _export_if_best(
+    self, results: dict[str, float], checkpoint: str | None, step: int
+  ) -> None:
+    if self.best_exporter is None:
+      return
+    checkpoint = checkpoint or self.manager.latest_checkpoint or self.restored
+    if not checkpoint or not checkpoint.endswith(f"-{step}"):
+      self.log(
+        f"No checkpoint of step {step} to keep as the best "
+        f"({self.config.trainer.best_checkpoint_export_subdir}/)."
+      )
+      return
+    if self.best_exporter.maybe_export(results, checkpoint, step):
+      metric = self.best_exporter.metric
+      self.log(
+        f"Best {metric} so far ({results[metric]:.4f}): kept {checkpoint} as "
+        f"{self.best_exporter.checkpoint_path}."
+      )
+
+  def _ps_evaluate(self, limit: int, metrics: RankingMetrics) -> int:
+    if limit <= 0:
       raise ValueError(
         "Under parameter_server, set trainer.validation_steps (> 0): "
         "workers read the validation data as an endless stream."
@@ -327,21 +457,51 @@ class Trainer:
     def dataset_fn(context):
       return self.inputs.eval_dataset_fn()(context).repeat()
 
-    @tf.function
-    def per_worker_dataset_fn():
-      return self.strategy.distribute_datasets_from_function(dataset_fn)
-
-    iterator = iter(
-      self._coordinator.create_per_worker_dataset(per_worker_dataset_fn)
-    )
-    step_fn = tf.function(self.task.eval_step_ps)
-    for _ in range(limit):
-      # One step at a time: Keras 3 metrics add by read-modify-write
-      # (`assign(self + value)`), so steps running concurrently on several
-      # workers would lose counts and report wrong AUC and means.
+    step_fn, iterator = self._ps_step(dataset_fn, self.task.eval_step_ps)
+    # All at once on all workers; statistics add up on the host.
+    pending = [
       self._coordinator.schedule(step_fn, args=(iterator,))
-      self._coordinator.join()
+      for _ in range(limit)
+    ]
+    self._coordinator.join()
+    for statistics in pending:
+      metrics.add(_fetch(statistics))
     return limit
+
+  def continuous_evaluate(
+    self, timeout: float | None = None, poll_seconds: float = 1.0
+  ) -> dict[str, float]:
+    """Evaluates each new checkpoint of ``model_dir`` once, as it appears.
+
+    Model Garden's sidecar evaluator: another process trains and writes
+    checkpoints; this one waits for them. It stops after evaluating the
+    checkpoint of step ``trainer.train_steps`` (or later), or when no new
+    checkpoint appears for ``timeout`` seconds.
+
+    Returns:
+      The last evaluation's metrics (empty if none ran).
+    """
+    results: dict[str, float] = {}
+    final = self.config.trainer.train_steps
+    self.log(
+      f"Waiting for checkpoints in {self.model_dir} (until step {final}"
+      + (f", or {timeout:.0f}s without a new one)." if timeout else ").")
+    )
+    for path in tf.train.checkpoints_iterator(
+      self.model_dir, min_interval_secs=poll_seconds, timeout=timeout
+    ):
+      try:
+        self.task.checkpoint.restore(path).assert_existing_objects_matched()
+      except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+        self.log(f"Could not read {path} (deleted meanwhile?): {e}")
+        continue
+      self.log(f"Evaluating {path} (step {self.step}).")
+      results = self.evaluate(checkpoint=path)
+      if self.step >= final:
+        break
+    else:
+      self.log(f"No new checkpoint for {timeout:.0f}s: stopping.")
+    return results
 
   # --- modes ---------------------------------------------------------------
 

@@ -12,8 +12,9 @@ Small runs of ``dlrm_criteo_cpu_small`` on synthetic data (batch 512,
 * ``mirrored``: the same training on 2 replicas with row-sharded tables:
   the same state as one device;
 * ``parameter_server``: an in-process cluster (2 workers, 2 PS tasks), big
-  tables split over the PS tasks: it learns, and its checkpoint restores
-  on one device.
+  tables split over the PS tasks, steps scheduled on both workers at once
+  (evaluating every 20 steps): it learns, its metrics count every example
+  of the concurrent steps, and its checkpoint restores on one device.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def runs(tmp_path_factory):
         "--mode=train_and_eval",
         "--strategy=parameter_server",
         "--ps_local_cluster=2,2",
-        params=NO_EXPORT + ",trainer.validation_steps=8",
+        params=NO_EXPORT
+        + ",trainer.validation_steps=8,trainer.validation_interval=20",
       ),
       root,
     ),
@@ -215,6 +217,11 @@ def test_parameter_server_learns_and_its_checkpoint_restores_on_one_device(
   assert match and int(match.group(1)) > 0, stdout
   auc = float(re.search(r"Validation AUC ([0-9.]+)", stdout).group(1))
   assert auc > 0.55, stdout
+  # 8 evaluation steps run concurrently: all 8 x 512 examples are counted.
+  evaluations = re.findall(
+    r"validation at step (\d+): .*\(([0-9,]+) examples", stdout
+  )
+  assert evaluations == [("20", "4,096"), ("40", "4,096")], stdout
   path, saved = checkpoint_values(runs["dirs"]["parameter_server"])
   assert path.endswith(f"ckpt-{STEPS}"), path
   config = configs.get_config("dlrm_criteo_cpu_small")

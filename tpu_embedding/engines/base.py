@@ -122,8 +122,11 @@ class Engine(metaclass=abc.ABCMeta):
     """The activations of the last enqueued batch."""
 
   @abc.abstractmethod
-  def apply_gradients(self, gradients: Any, name: str | None) -> None:
-    """Updates the tables with the gradients of the last activations."""
+  def apply_gradients(
+    self, gradients: Any, name: str | None, skip: Any = None
+  ) -> None:
+    """Updates the tables with the gradients of the last activations
+    (none of them when the scalar bool ``skip`` is true)."""
 
   @abc.abstractmethod
   def embedding_lookup(self, features: Any, weights: Any) -> Any:

@@ -217,7 +217,9 @@ class OffTPUEngine(Engine, Trackable):
     step.batches = batches if step.training else None
     return activations
 
-  def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
+  def apply_gradients(
+    self, gradients: Any, name: str | None = None, skip: Any = None
+  ) -> None:
     del name
     self._check_strategy()
     if not self._built:
@@ -227,7 +229,7 @@ class OffTPUEngine(Engine, Trackable):
       step is None or step.batches is None or step.graph is not current_graph()
     ):
       raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
-    self._apply(gradients, step, "gradients passed to apply_gradients")
+    self._apply(gradients, step, "gradients passed to apply_gradients", skip)
     self._steps.pop(current_replica(self._strategy) or 0, None)
 
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
@@ -276,10 +278,18 @@ class OffTPUEngine(Engine, Trackable):
     )
     return look_up(self.config, prepared, source)
 
-  def _apply(self, gradients: Any, step: Step, what: str) -> None:
-    """Applies each table's optimizer to the rows ``step`` looked up."""
+  def _apply(
+    self, gradients: Any, step: Step, what: str, skip: Any = None
+  ) -> None:
+    """Applies each table's optimizer to the rows ``step`` looked up.
+
+    With ``skip`` (a scalar bool tensor) true, every table's update has no
+    rows: nothing changes, yet every replica runs the same collectives.
+    """
     check_same_structure(self.config.structure, gradients, what)
     flat = checked_gradients(gradients, step, self.config.features)
+    if skip is not None:
+      skip = _checked_skip(skip, self.config.tables)
     batches = step.batches or {}
     updates = []
     for table in self.config.tables:
@@ -292,7 +302,11 @@ class OffTPUEngine(Engine, Trackable):
           "TPUEmbedding(optimizer=...) or to its TableConfig."
         )
       grads = [flat[i] for i in self.config.features_of(table)]
-      updates.append((table, batch.unique_ids, row_gradients(grads, batch)))
+      ids, row_grads = batch.unique_ids, row_gradients(grads, batch)
+      if skip is not None:
+        rows = tf.where(skip, 0, tf.shape(ids)[0])
+        ids, row_grads = ids[:rows], row_grads[:rows]
+      updates.append((table, ids, row_grads))
     self._backend.apply_updates(updates)
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
@@ -333,3 +347,23 @@ def _distributed(structure: Any) -> bool:
     isinstance(value, tf.distribute.DistributedValues)
     for value in tf.nest.flatten(structure)
   )
+
+
+def _checked_skip(skip: Any, tables: Any) -> tf.Tensor:
+  """``skip`` as a scalar bool tensor, for tables whose updates can skip.
+
+  Raises:
+    ValueError: for a non-scalar ``skip``, or a table whose optimizer
+      changes every row (an update without rows still changes them).
+  """
+  skip = tf.convert_to_tensor(skip, tf.bool)
+  if skip.shape.rank not in (None, 0):
+    raise ValueError(errors.SKIP_SHAPE.format(shape=skip.shape))
+  for table in tables:
+    if table.optimizer is not None and table.optimizer.updates_all_rows:
+      raise ValueError(
+        errors.SKIP_UPDATES_ALL_ROWS.format(
+          table=table.name, optimizer=type(table.optimizer).__name__
+        )
+      )
+  return skip

@@ -214,6 +214,11 @@ class _TensorFlowEngine(Engine):
   def flush_pipeline(self) -> None:
     """A no-op: on TPU, TensorFlow runs the pipeline itself."""
 
+  @staticmethod
+  def _check_no_skip(skip: Any) -> None:
+    if skip is not None:
+      raise ValueError(errors.SKIP_ON_TPU)
+
 
 class TPUEngine(_TensorFlowEngine):
   """TensorFlow's ``TPUEmbedding`` on the TPU embedding engine (v2-v4).
@@ -273,7 +278,8 @@ class TPUEngine(_TensorFlowEngine):
   def dequeue(self, name=None):
     return self.tf_embedding.dequeue(name)
 
-  def apply_gradients(self, gradients, name=None):
+  def apply_gradients(self, gradients, name=None, skip=None):
+    self._check_no_skip(skip)
     self.tf_embedding.apply_gradients(gradients, name)
 
 
@@ -343,12 +349,14 @@ class SparseCoreEngine(_TensorFlowEngine):
     activations, step.preserved = self.tf_embedding.dequeue(step.partitioned)
     return activations
 
-  def apply_gradients(self, gradients, name=None):
+  def apply_gradients(self, gradients, name=None, skip=None):
     """Forwards to TensorFlow's ``apply_gradients``.
 
     Raises:
       RuntimeError: without a ``dequeue`` in this function.
+      ValueError: for ``skip`` (TensorFlow's TPU embedding has none).
     """
+    self._check_no_skip(skip)
     step = self._step
     if (
       step is None

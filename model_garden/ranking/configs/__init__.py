@@ -4,7 +4,8 @@
 ``dcn_criteo``, ``dlrm_dcn_v2_criteo`` with Model Garden's published
 settings, and ``*_cpu_small`` variants that train on a CPU in about a
 minute); ``overrides`` applies YAML files and ``--params_override``
-strings; ``definitions`` holds the dataclasses.
+strings; ``definitions`` holds the dataclasses; ``validate`` checks a
+config (``support``: keys that do not work here are rejected).
 
 Example:
   >>> from model_garden.ranking import configs
@@ -16,12 +17,12 @@ from model_garden.ranking.configs import dcn_v2  # noqa: F401 (registers)
 from model_garden.ranking.configs import dlrm  # noqa: F401 (registers)
 from model_garden.ranking.configs import dlrm_dcnv2  # noqa: F401 (registers)
 from model_garden.ranking.configs.definitions import ExperimentConfig
-from model_garden.ranking.configs.definitions import validate
 from model_garden.ranking.configs.overrides import load_yaml
 from model_garden.ranking.configs.overrides import override
 from model_garden.ranking.configs.overrides import parse_params_override
 from model_garden.ranking.configs.registry import experiments
 from model_garden.ranking.configs.registry import get_config
+from model_garden.ranking.configs.support import validate
 
 __all__ = [
   "ExperimentConfig",

@@ -6,8 +6,8 @@
 (steps, intervals, optimizers), with the same field names and defaults, so
 that Model Garden's YAML files and ``--params_override`` strings apply
 as they are. A few fields are this package's own (marked "Ours" below),
-and a few are accepted for compatibility but have no effect here ("No
-effect here").
+and a few are Model Garden's but not supported here: they accept only their
+default value (``support.check_supported`` rejects any other).
 
 Configs are frozen dataclasses: ``overrides.override`` returns a new one.
 
@@ -130,14 +130,16 @@ class DataConfig:
   """Examples per step over all replicas."""
 
   is_training: bool = True
-  """Training split (repeated) or evaluation split (read once)."""
+  """Not supported: train_data is the training split (repeated),
+  validation_data the evaluation split (read once); only those values."""
 
   dtype: str = "float32"
-  """Dense feature dtype (only float32 here)."""
+  """Dense feature dtype: ``float32``, ``bfloat16`` or ``float16`` (the
+  features are cast to it before the model)."""
 
   shuffle_buffer_size: int = 10000
-  """No effect here (Model Garden's files are pre-shuffled; so is the
-  synthetic data)."""
+  """Not supported: only the default is accepted (the readers keep the
+  files' order)."""
 
   cycle_length: int = 10
   """Files read in parallel."""
@@ -146,10 +148,11 @@ class DataConfig:
   """Each input pipeline reads its own files (multi-worker)."""
 
   num_shards_per_host: int = 8
-  """No effect here."""
+  """Not supported: only the default is accepted."""
 
   use_cached_data: bool = False
-  """No effect here (the synthetic data is always held in memory)."""
+  """Not supported: only the default is accepted (synthetic data is
+  always in memory)."""
 
   on_bad_record: str = "raise"
   """Ours: a malformed record in the files: ``"raise"`` (stop, naming
@@ -222,19 +225,19 @@ class ModelConfig:
   TPU embedding, here: shards every table (``size_threshold`` ignored)."""
 
   max_ids_per_chip_per_sample: int | None = None
-  """TPU SparseCore only."""
+  """TPU SparseCore; not supported: only the default is accepted."""
 
   max_ids_per_table: int | tuple[int, ...] | None = None
-  """TPU SparseCore only."""
+  """TPU SparseCore; not supported: only the default is accepted."""
 
   max_unique_ids_per_table: int | tuple[int, ...] | None = None
-  """TPU SparseCore only."""
+  """TPU SparseCore; not supported: only the default is accepted."""
 
   allow_id_dropping: bool = False
-  """TPU SparseCore only."""
+  """TPU SparseCore; not supported: only the default is accepted."""
 
   initialize_tables_on_host: bool = False
-  """TPU SparseCore only."""
+  """TPU SparseCore; not supported: only the default is accepted."""
 
   def embedding_dims(self) -> tuple[int, ...]:
     """One embedding width per table."""
@@ -335,7 +338,8 @@ class TimeHistoryConfig:
 
 @_frozen
 class CallbacksConfig:
-  """No effect here (Model Garden's Keras ``fit`` callbacks)."""
+  """Not supported: only the defaults are accepted (Model Garden's Keras
+  ``fit`` callbacks)."""
 
   enable_checkpoint_and_export: bool = True
   enable_backup_and_restore: bool = False
@@ -397,17 +401,23 @@ class TrainerConfig:
     default_factory=CallbacksConfig
   )
   use_orbit: bool = True
-  """No effect here (always a custom loop)."""
+  """Not supported: only the default is accepted (always a custom loop)."""
   train_tf_function: bool = True
-  """No effect here (steps are always ``tf.function``\\ s)."""
+  """Not supported: only the default is accepted."""
   train_tf_while_loop: bool = True
-  """No effect here."""
+  """Not supported: only the default is accepted."""
   eval_tf_function: bool = True
-  """No effect here."""
+  """Not supported: only the default is accepted."""
   eval_tf_while_loop: bool = False
-  """No effect here."""
+  """Not supported: only the default is accepted."""
   best_checkpoint_export_subdir: str = ""
-  """No effect here."""
+  """Keep the best evaluated checkpoint in ``model_dir/<this>`` with its
+  metrics in ``info.json`` (Model Garden's ``BestCheckpointExporter``);
+  empty: don't."""
+  best_checkpoint_eval_metric: str = ""
+  """The validation metric that decides which checkpoint is best."""
+  best_checkpoint_metric_comp: str = "higher"
+  """``"higher"`` or ``"lower"``: which values of that metric are better."""
 
 
 @_frozen
@@ -427,10 +437,16 @@ class RuntimeConfig:
   """The TPU address (``TPUClusterResolver(tpu=...)``)."""
 
   num_gpus: int = 0
-  """No effect here (MirroredStrategy uses every GPU)."""
+  """Not supported: only the default is accepted (MirroredStrategy uses
+  every GPU)."""
 
   mixed_precision_dtype: str = "float32"
-  """Only ``float32`` off TPU."""
+  """``float32``, ``mixed_bfloat16`` or ``mixed_float16``: the dense
+  model's Keras dtype policy (the tables stay float32)."""
+
+  loss_scale: str | float | None = None
+  """``mixed_float16`` only: None or ``"dynamic"`` (Keras' dynamic loss
+  scale), or a number (a fixed scale)."""
 
   seed: int | None = None
   """Ours: seeds every initializer (``--seed``); None: random."""

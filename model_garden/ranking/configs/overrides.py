@@ -52,10 +52,13 @@ def _alternatives(kind: Any) -> tuple[Any, ...]:
 def _convert(value: Any, kind: Any, path: str) -> Any:
   """``value`` as a ``kind`` (a field's type), or ValueError."""
   errors = []
-  # Try the exact kind of value first (so 8 stays an int in int | tuple).
+  # Try the exact kind of value first (so 8 stays an int in int | tuple),
+  # text last (so 128 becomes a number in str | float).
   alternatives = sorted(
     _alternatives(kind),
-    key=lambda k: 0 if isinstance(k, type) and type(value) is k else 1,
+    key=lambda k: (
+      0 if isinstance(k, type) and type(value) is k else 2 if k is str else 1
+    ),
   )
   for alternative in alternatives:
     try:
@@ -214,26 +217,40 @@ def parse_params_override(text: str) -> dict[str, Any]:
   """The ``--params_override`` flag as a nested dict.
 
   Args:
-    text: ``"a.b=1,c.d=[1, 2]"``, or a YAML / JSON mapping.
+    text: ``"a.b=1,c.d=[1, 2]"``, a YAML / JSON mapping (block or flow
+      style: ``"{a: {b: 1}}"``, ``"a: {b: 1}"``), or the path of a YAML
+      file (``.yaml``, ``.yml``, ``.json``), as Model Garden's flag takes.
 
   Returns:
     ``{"a": {"b": 1}, "c": {"d": [1, 2]}}``.
 
   Raises:
-    ValueError: for an entry that is not ``key=value``.
+    ValueError: for an entry that is not ``key=value``, or text that is
+      neither that nor a YAML mapping.
 
   Example:
     >>> from model_garden.ranking.configs import overrides
     >>> overrides.parse_params_override("a.b=1,a.c=true,d=[1, 2],e=x")
     {'a': {'b': 1, 'c': True}, 'd': [1, 2], 'e': 'x'}
+    >>> overrides.parse_params_override("a: {b: 1, c: [1, 2]}")
+    {'a': {'b': 1, 'c': [1, 2]}}
   """
   text = text.strip()
   if not text:
     return {}
-  if text.startswith("{") or ("\n" in text and ":" in text):
-    return parse_yaml(text)
+  if _is_yaml_file(text):
+    return load_yaml(text)
+  entries = _split_top_level(text)
+  if text.startswith("{") or "\n" in text or "=" not in entries[0]:
+    try:
+      return parse_yaml(text)
+    except ValueError as e:
+      raise ValueError(
+        f"--params_override must be key=value entries, a YAML mapping or a "
+        f"YAML file; got {text!r} ({e})"
+      ) from None
   changes: dict[str, Any] = {}
-  for entry in _split_top_level(text):
+  for entry in entries:
     key, sep, value = entry.partition("=")
     if not sep or not key.strip():
       raise ValueError(
@@ -275,7 +292,11 @@ def parse_yaml(text: str) -> dict[str, Any]:
 
 
 def load_yaml(path: str) -> dict[str, Any]:
-  """Reads a YAML (or JSON) config file as a dict.
+  """Reads a YAML (or JSON) config file (any TensorFlow filesystem) as a
+  dict.
+
+  Raises:
+    ValueError: if the file does not exist or holds no mapping.
 
   Example:
     >>> import os, tempfile
@@ -285,5 +306,14 @@ def load_yaml(path: str) -> dict[str, Any]:
     >>> overrides.load_yaml(path)
     {'trainer': {'train_steps': 7}}
   """
-  with open(path, encoding="utf-8") as f:
+  import tensorflow as tf  # noqa: PLC0415 (any TensorFlow filesystem)
+
+  if not tf.io.gfile.exists(path):
+    raise ValueError(f"Config file {path!r} does not exist.")
+  with tf.io.gfile.GFile(path, "r") as f:
     return parse_yaml(f.read())
+
+
+def _is_yaml_file(text: str) -> bool:
+  """Whether ``--params_override`` names a file rather than holding text."""
+  return "\n" not in text and text.endswith((".yaml", ".yml", ".json"))

@@ -109,6 +109,7 @@ class CrossNetwork(keras.layers.Layer):
           use_bias=False,
           kernel_initializer=self._initializer(),
           name=f"cross_{i}_u",
+          dtype=self.dtype_policy,
         )
         project.build(shape)
         setattr(self, f"cross_{i}_u", project)
@@ -119,6 +120,7 @@ class CrossNetwork(keras.layers.Layer):
         kernel_initializer=self._initializer(),
         bias_initializer=self.bias_initializer,
         name=name,
+        dtype=self.dtype_policy,
       )
       kernel.build(
         shape if self.projection_dim is None else (None, self.projection_dim)

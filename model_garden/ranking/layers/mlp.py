@@ -63,6 +63,7 @@ class MLP(keras.layers.Layer):
           else final_activation,
           use_bias=use_bias,
           name=f"dense_{i}",
+          dtype=self.dtype_policy,
         ),
       )
 

@@ -1,0 +1,447 @@
+"""Checks a ranking run can start, before anything is built.
+
+``train.main`` runs these after parsing its flags and building the config,
+and turns each ``ValueError`` into one absl ``UsageError`` line:
+
+* ``check_flags``: flags that contradict each other (``--num_replicas``
+  without ``mirrored``, ``--num_ps`` without ``parameter_server``, ...).
+* ``check_cluster``: the cluster a multi-worker strategy needs
+  (``TF_CONFIG``, ``--num_workers``, ``--ps_local_cluster``), read and
+  checked (instead of TensorFlow's "Cluster spec must be non-empty").
+* ``check_checkpoint``: ``--mode eval`` needs a checkpoint, and an
+  experiment that matches the ``params.yaml`` of the run that wrote it.
+* ``check_memory``: the tables and their slots must fit in the memory
+  available (``table_bytes`` estimates them from the config alone).
+* ``check_data``: the model's features must be Criteo's (26 tables).
+* ``validation_steps``: under ``parameter_server``, evaluation needs
+  ``trainer.validation_steps`` (defaulted for synthetic data).
+
+Example:
+  >>> from model_garden.ranking import configs, preflight
+  >>> estimate = preflight.table_bytes(configs.get_config("dlrm_criteo"))
+  >>> round(estimate.total / 2**30, 1)  # 26 tables, 64 wide, SGD: no slots
+  44.8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from model_garden.ranking import optimizers
+from model_garden.ranking.configs import definitions
+
+#: Strategies that run over a cluster of processes.
+CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
+#: Bytes per table element (float32).
+ELEMENT_BYTES = 4
+#: The saved effective config in ``model_dir``.
+PARAMS_FILE = "params.yaml"
+#: Sections of the config a checkpoint's variables depend on.
+CHECKPOINT_SHAPING = (
+  "task.model",
+  "trainer.optimizer_config.embedding_optimizer",
+  "trainer.optimizer_config.dense_optimizer",
+  "runtime.mixed_precision_dtype",
+)
+
+
+def check_flags(
+  *,
+  strategy: str,
+  mode: str,
+  num_replicas: int = 0,
+  num_workers: int = 0,
+  num_ps: int = 0,
+  ps_local_cluster: str | None = None,
+  tpu: str | None = None,
+  kill_at_step: int | None = None,
+  eval_timeout: float | None = None,
+  tf_config: str = "",
+) -> None:
+  """Rejects flags that contradict each other or the strategy.
+
+  Raises:
+    ValueError: naming the flags and what to change.
+
+  Example:
+    >>> from model_garden.ranking import preflight
+    >>> try:
+    ...   preflight.check_flags(strategy="default", mode="train",
+    ...                         num_replicas=2)
+    ... except ValueError as e:
+    ...   print(str(e)[:44])
+    --num_replicas=2 applies to --strategy mirro
+  """
+  if num_replicas and strategy != "mirrored":
+    raise ValueError(
+      f"--num_replicas={num_replicas} applies to --strategy mirrored "
+      f"(logical CPU devices), not {strategy}; remove it or use mirrored."
+    )
+  if num_replicas < 0 or num_workers < 0 or num_ps < 0:
+    raise ValueError(
+      "--num_replicas, --num_workers and --num_ps must not be negative."
+    )
+  if ps_local_cluster and strategy != "parameter_server":
+    raise ValueError(
+      f"--ps_local_cluster applies to --strategy parameter_server, not "
+      f"{strategy}."
+    )
+  if (num_workers or num_ps) and strategy not in CLUSTER_STRATEGIES:
+    raise ValueError(
+      f"--num_workers / --num_ps start a local cluster for --strategy "
+      f"multi_worker_mirrored or parameter_server, not {strategy}."
+    )
+  if num_ps and strategy != "parameter_server":
+    raise ValueError(
+      "--num_ps applies to --strategy parameter_server only "
+      "(multi_worker_mirrored has no parameter servers)."
+    )
+  if strategy == "parameter_server" and (num_workers or num_ps):
+    if not (num_workers and num_ps):
+      raise ValueError(
+        "--strategy parameter_server with a local cluster needs both "
+        f"--num_workers and --num_ps (got {num_workers} and {num_ps})."
+      )
+  if (num_workers or num_ps) and ps_local_cluster:
+    raise ValueError(
+      "Use either --num_workers/--num_ps (separate processes) or "
+      "--ps_local_cluster (servers in this process), not both."
+    )
+  if (num_workers or num_ps or ps_local_cluster) and tf_config:
+    raise ValueError(
+      "TF_CONFIG is set (this process is a task of a cluster), so "
+      "--num_workers, --num_ps and --ps_local_cluster, which start a local "
+      "cluster, do not apply: unset TF_CONFIG or drop those flags."
+    )
+  if tpu and strategy != "tpu":
+    raise ValueError(f"--tpu applies to --strategy tpu, not {strategy}.")
+  if kill_at_step is not None and mode not in ("train", "train_and_eval"):
+    raise ValueError(f"--kill_at_step applies to training, not --mode {mode}.")
+  if eval_timeout is not None and mode != "continuous_eval":
+    raise ValueError(
+      f"--eval_timeout applies to --mode continuous_eval, not --mode {mode}."
+    )
+  if tf_config and strategy not in CLUSTER_STRATEGIES + ("tpu",):
+    raise ValueError(
+      f"TF_CONFIG is set but --strategy {strategy} runs in one process and "
+      "would ignore it: use multi_worker_mirrored or parameter_server, or "
+      "unset TF_CONFIG."
+    )
+
+
+def check_cluster(strategy: str, tf_config: str) -> dict[str, Any] | None:
+  """Reads and checks ``TF_CONFIG`` for a cluster strategy.
+
+  Args:
+    strategy: ``runtime.distribution_strategy``.
+    tf_config: the ``TF_CONFIG`` environment variable ("" if unset), for a
+      run without ``--num_workers`` / ``--ps_local_cluster``.
+
+  Returns:
+    The parsed ``TF_CONFIG`` (None if unset).
+
+  Raises:
+    ValueError: for a ``parameter_server`` run without a cluster, invalid
+      JSON, or a cluster without the tasks the strategy needs.
+
+  Example:
+    >>> from model_garden.ranking import preflight
+    >>> try:
+    ...   preflight.check_cluster("parameter_server", "")
+    ... except ValueError as e:
+    ...   print(str(e)[:48])
+    --strategy parameter_server needs a cluster: set
+  """
+  if not tf_config:
+    if strategy == "parameter_server":
+      raise ValueError(
+        "--strategy parameter_server needs a cluster: set TF_CONFIG (see "
+        "README, 'Multi-worker training'), or start a local one with "
+        "--num_workers N --num_ps M (processes) or --ps_local_cluster W,P "
+        "(in this process)."
+      )
+    return None
+  try:
+    parsed = json.loads(tf_config)
+  except json.JSONDecodeError as e:
+    raise ValueError(
+      f"TF_CONFIG is not valid JSON ({e}): {tf_config!r}."
+    ) from None
+  cluster = parsed.get("cluster") if isinstance(parsed, dict) else None
+  if not isinstance(cluster, dict) or not cluster:
+    raise ValueError(
+      'TF_CONFIG has no "cluster": expected {"cluster": {"worker": '
+      '["host:port", ...], ...}, "task": {"type": "worker", "index": 0}}.'
+    )
+  task = parsed.get("task") or {}
+  kind, index = task.get("type"), task.get("index", 0)
+  if kind not in cluster:
+    raise ValueError(
+      f"TF_CONFIG's task type {kind!r} is not one of its cluster's jobs "
+      f"{sorted(cluster)}."
+    )
+  if not isinstance(index, int) or not 0 <= index < len(cluster[kind]):
+    raise ValueError(
+      f"TF_CONFIG's task index {index!r} is out of range: the cluster has "
+      f"{len(cluster[kind])} {kind} task(s)."
+    )
+  needed = {
+    "parameter_server": ("chief", "worker", "ps"),
+    "multi_worker_mirrored": ("worker",),
+  }.get(strategy, ())
+  missing = [job for job in needed if not cluster.get(job)]
+  if "chief" in cluster and strategy == "multi_worker_mirrored":
+    missing = []
+  if missing:
+    raise ValueError(
+      f"--strategy {strategy}: TF_CONFIG's cluster has no {missing} tasks "
+      f"(it has {sorted(cluster)}); {strategy} needs "
+      f"{', '.join(needed)}."
+    )
+  return parsed
+
+
+def check_data(config: definitions.ExperimentConfig) -> None:
+  """Every data source here is Criteo's: 26 categorical features.
+
+  Raises:
+    ValueError: naming ``task.model.vocab_sizes``.
+  """
+  from model_garden.ranking.data import criteo_schema  # noqa: PLC0415
+
+  try:
+    criteo_schema.check_vocab_sizes(tuple(config.task.model.vocab_sizes))
+  except ValueError as e:
+    raise ValueError(
+      f"task.model.{str(e).rstrip('.')} (one per Criteo categorical feature)."
+    ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TableBytes:
+  """Estimated memory of an experiment's tables and optimizer slots."""
+
+  tables: int
+  slots: int
+  sharded: int
+  largest: int
+
+  @property
+  def total(self) -> int:
+    return self.tables + self.slots
+
+  def per_host(self, hosts: int) -> int:
+    """Bytes on each of ``hosts`` machines: row-sharded tables split, the
+    others whole (an upper bound)."""
+    return self.total - self.sharded + -(-self.sharded // max(1, hosts))
+
+
+def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
+  """Table and slot bytes of ``config``'s model (float32), from its config.
+
+  Example:
+    >>> from model_garden.ranking import configs, preflight
+    >>> config = configs.override(configs.get_config("dlrm_criteo"), {
+    ...   "task.model.vocab_sizes": [1000, 10],
+    ...   "task.model.embedding_dim": 64,
+    ...   "trainer.optimizer_config.embedding_optimizer": "Adagrad"})
+    >>> b = preflight.table_bytes(config)
+    >>> b.tables, b.slots, b.largest
+    (258560, 258560, 512000)
+  """
+  model = config.task.model
+  slots = len(
+    optimizers.embedding_optimizer_class(
+      config.trainer.optimizer_config.embedding_optimizer
+    ).SLOT_NAMES
+  )
+  threshold = model.row_sharding_threshold()
+  tables = sharded = largest = 0
+  for rows, dim in zip(model.vocab_sizes, model.embedding_dims(), strict=True):
+    size = rows * dim * ELEMENT_BYTES
+    tables += size
+    largest = max(largest, size * (1 + slots))
+    if rows > threshold:
+      sharded += size * (1 + slots)
+  return TableBytes(tables, tables * slots, sharded, largest)
+
+
+def available_memory() -> int | None:
+  """``MemAvailable`` of ``/proc/meminfo`` in bytes (None if unknown)."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    return None
+  return None
+
+
+def _gib(size: int) -> str:
+  return f"{size / 2**30:.1f} GiB"
+
+
+def check_memory(
+  config: definitions.ExperimentConfig,
+  experiment: str,
+  *,
+  hosts: int = 1,
+  available: int | None = None,
+) -> TableBytes:
+  """Rejects an experiment whose tables cannot fit in memory.
+
+  Args:
+    config: the experiment.
+    experiment: its name, for the message.
+    hosts: machines the row-sharded tables are spread over (the workers
+      of a real ``multi_worker_mirrored`` cluster, the PS tasks of a
+      ``parameter_server`` one; 1 when every process runs here).
+    available: bytes available on each machine (default: this one's
+      ``MemAvailable``; unknown: no check).
+
+  Returns:
+    The estimate.
+
+  Raises:
+    ValueError: saying how much is needed and what to do.
+  """
+  estimate = table_bytes(config)
+  available = available_memory() if available is None else available
+  # Initializing a table briefly holds its initial value and the variable.
+  needed = estimate.per_host(hosts) + estimate.largest
+  if available is None or needed <= available:
+    return estimate
+  where = "this machine" if hosts == 1 else f"each of {hosts} machines"
+  raise ValueError(
+    f"{experiment}: the {len(config.task.model.vocab_sizes)} embedding "
+    f"tables need about {_gib(needed)} per machine (tables "
+    f"{_gib(estimate.tables)}, optimizer slots {_gib(estimate.slots)}, "
+    f"largest table while initializing {_gib(estimate.largest)}) but "
+    f"{where} has {_gib(available)} available. Use a smaller variant "
+    f"(e.g. --experiment {experiment.removesuffix('_cpu_small')}_cpu_small),"
+    " smaller task.model.vocab_sizes, or spread the tables over more "
+    "machines (multi_worker_mirrored workers or parameter_server PS tasks "
+    "with TF_CONFIG)."
+  )
+
+
+def cluster_hosts(strategy: str, tf_config: Mapping[str, Any] | None) -> int:
+  """Machines a real cluster spreads the row-sharded tables over."""
+  if not tf_config:
+    return 1
+  cluster = tf_config["cluster"]
+  if strategy == "parameter_server":
+    return len(cluster.get("ps", ())) or 1
+  return len(cluster.get("worker", ())) + len(cluster.get("chief", ())) or 1
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+  if isinstance(value, Mapping):
+    flat: dict[str, Any] = {}
+    for key, item in value.items():
+      flat.update(_flatten(item, f"{prefix}.{key}" if prefix else key))
+    return flat
+  if isinstance(value, tuple):
+    return {prefix: list(value)}
+  return {prefix: value}
+
+
+def saved_params(model_dir: str) -> dict[str, Any] | None:
+  """``model_dir/params.yaml`` as a dict (None if absent)."""
+  from model_garden.ranking.configs import overrides  # noqa: PLC0415
+
+  path = os.path.join(model_dir, PARAMS_FILE)
+  if not tf.io.gfile.exists(path):
+    return None
+  return overrides.load_yaml(path)
+
+
+def check_checkpoint(
+  config: definitions.ExperimentConfig, model_dir: str, mode: str
+) -> None:
+  """``--mode eval``: a checkpoint exists and matches the experiment.
+
+  The experiment's model, optimizers and precision (what the checkpoint's
+  variables depend on) must equal those of ``model_dir/params.yaml``, the
+  config of the run that wrote the checkpoints.
+
+  Raises:
+    ValueError: without a checkpoint, or naming the differing fields.
+  """
+  if mode not in ("eval", "continuous_eval"):
+    return
+  if mode == "eval" and not (
+    tf.train.latest_checkpoint(model_dir) or config.task.init_checkpoint
+  ):
+    raise ValueError(
+      f"--mode eval: no checkpoint in {model_dir} (and no "
+      "task.init_checkpoint); train first (--mode train) or point "
+      "--model_dir at a training run's directory."
+    )
+  saved = saved_params(model_dir)
+  if saved is None:
+    return
+  mine = _flatten(dataclasses.asdict(config), "")
+  theirs = _flatten(saved, "")
+  differences = [
+    key
+    for key in sorted(mine)
+    if key.startswith(CHECKPOINT_SHAPING)
+    and key in theirs
+    and mine[key] != theirs[key]
+  ]
+  if differences:
+    shown = "; ".join(
+      f"{key}: {_short(mine[key])} here, {_short(theirs[key])} there"
+      for key in differences[:3]
+    )
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    raise ValueError(
+      f"--mode {mode}: the experiment does not match "
+      f"{os.path.join(model_dir, PARAMS_FILE)}, the config of the run that "
+      f"wrote the checkpoints: {shown}{more}. Evaluate with that config: "
+      f"--config_file={os.path.join(model_dir, PARAMS_FILE)}."
+    )
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validation_steps(
+  config: definitions.ExperimentConfig, mode: str
+) -> int | None:
+  """``trainer.validation_steps`` a parameter-server evaluation needs.
+
+  Returns:
+    None if the config's value is fine; else the default to use (the
+    synthetic validation set's whole global batches).
+
+  Raises:
+    ValueError: under ``parameter_server`` with files and no
+      ``validation_steps``.
+  """
+  if (
+    config.runtime.distribution_strategy != "parameter_server"
+    or mode == "train"
+    or config.trainer.validation_steps > 0
+  ):
+    return None
+  batch = config.task.validation_data.global_batch_size
+  if config.task.use_synthetic_data:
+    steps = config.task.synthetic.num_eval_examples // batch
+    if steps > 0:
+      return steps
+  raise ValueError(
+    "Under --strategy parameter_server, set trainer.validation_steps (> 0): "
+    "workers read the validation data as an endless stream (e.g. "
+    "--params_override=trainer.validation_steps=100)."
+  )
