@@ -188,12 +188,16 @@ def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
   previous = [v._update_uid for v in variables]  # noqa: SLF001
   for variable in variables:  # TensorFlow's restore leaves them alone.
     variable._update_uid = sys.maxsize  # noqa: SLF001
+  status = None
   try:
     with slicing.sliced():
       status = checkpoint.restore(save_path, options=options)
   finally:
-    for variable, uid in zip(variables, previous, strict=True):
-      variable._update_uid = uid  # noqa: SLF001
+    # Restored by this restore (once read below), as TensorFlow records it:
+    # the status's assertions then count them as matched.
+    uid = getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
+    for variable, old in zip(variables, previous, strict=True):
+      variable._update_uid = old if uid is None else uid  # noqa: SLF001
   for key, variable in zip(keys, variables, strict=True):
     variable.read_rows(key, save_path)
   return status

@@ -3,7 +3,7 @@
 ``Trainer(task, inputs, model_dir)`` runs ``train`` / ``evaluate`` /
 ``train_and_evaluate`` / ``continuous_evaluate`` for a ``RankingTask``:
 
-* checkpoints: ``tf.train.CheckpointManager`` over ``task.checkpoint``
+* checkpoints: ``tpe.checkpoints.CheckpointManager`` over ``task.checkpoint``
   (embedding tables and slots, dense model, dense optimizer, global step)
   in ``model_dir``, every ``trainer.checkpoint_interval`` steps and at the
   end. A run restarts from the latest checkpoint (after a crash or a
@@ -65,6 +65,7 @@ from typing import TextIO
 import numpy as np
 import tensorflow as tf
 
+import tpu_embedding as tpe
 from model_garden.ranking import strategies
 from model_garden.ranking.best_checkpoint import BestCheckpointExporter
 from model_garden.ranking.inputs import RankingInputs
@@ -111,7 +112,7 @@ class Trainer:
     task: the task.
     model_dir: the output directory.
     restored: the checkpoint restored on construction, or None.
-    manager: the ``tf.train.CheckpointManager``.
+    manager: the ``tpe.checkpoints.CheckpointManager`` (every worker).
     train_examples_per_second: the training throughput of the last
       ``train`` call (after its first loop), or None.
     skipped_steps: steps with non-finite gradients skipped by this
@@ -153,10 +154,12 @@ class Trainer:
     self._next_batches: tuple[int, Any, Any] | None = None
     self.restored = self.restore()
     self._saved_step = self.step if self.restored else None
-    self._write_dir = model_dir if self._chief else self._worker_dir()
-    self.manager = tf.train.CheckpointManager(
+    # Every worker saves into model_dir: under MultiWorkerMirroredStrategy
+    # each writes its own rows of the sharded tables and the chief merges
+    # them (tpe.checkpoints); elsewhere it is TensorFlow's manager.
+    self.manager = tpe.checkpoints.CheckpointManager(
       task.checkpoint,
-      directory=self._write_dir,
+      directory=model_dir,
       max_to_keep=trainer.max_to_keep,
     )
     self.best_exporter = None
@@ -168,12 +171,6 @@ class Trainer:
       )
 
   # --- helpers -------------------------------------------------------------
-
-  def _worker_dir(self) -> str:
-    resolver = self.strategy.cluster_resolver
-    return os.path.join(
-      self.model_dir, f".worker_{resolver.task_type}_{resolver.task_id}"
-    )
 
   def _writer(self, name: str) -> Any:
     if not self._chief:
@@ -198,8 +195,10 @@ class Trainer:
     """Restores the latest checkpoint of ``model_dir`` (else
     ``task.init_checkpoint``); returns its path, or None (fresh start)."""
     latest = tf.train.latest_checkpoint(self.model_dir)
-    if latest:
-      self.task.checkpoint.restore(latest).assert_existing_objects_matched()
+    if latest:  # (each worker reads only its rows of sharded tables)
+      tpe.checkpoints.restore(
+        self.task.checkpoint, latest
+      ).assert_existing_objects_matched()
       self.log(f"Restored {latest} (step {self.step}).")
       return latest
     init = self.config.task.init_checkpoint
@@ -223,8 +222,6 @@ class Trainer:
     self.task.flush_pipeline()
     path = self.manager.save(checkpoint_number=step, check_interval=False)
     self._saved_step = step
-    if path and not self._chief and tf.io.gfile.exists(self._write_dir):
-      tf.io.gfile.rmtree(self._write_dir)
     return path
 
   # --- training ------------------------------------------------------------

@@ -245,7 +245,9 @@ def check_sliced_checkpoints(
       )
     if build_first:
       fresh.build()
-    tpe.checkpoints.restore(tf.train.Checkpoint(embedding=fresh), path)
+    status = tpe.checkpoints.restore(tf.train.Checkpoint(embedding=fresh), path)
+    if build_first:
+      status.assert_existing_objects_matched()
     if not build_first:
       fresh.build()
     for key, value in full_values(fresh).items():
