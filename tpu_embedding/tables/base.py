@@ -296,7 +296,9 @@ class LockChain:
     graph = tf.compat.v1.get_default_graph()
     previous = self._last.get(graph)
     with tf.control_dependencies([] if previous is None else [previous]):
-      done = lock.execute(fn)
+      # Shared reads (a learning-rate variable) are fine: the writes are
+      # to the block's own variables.
+      done = lock.execute(fn, exclusive_resource_access=False)
     if not tf.executing_eagerly():
       self._last[graph] = done
     return done
