@@ -79,8 +79,20 @@ def test_tpu_embedding_accepts_tensorflow_arguments():
   for method in ("build", "enqueue", "dequeue", "apply_gradients"):
     tf_method = getattr(TF_EMB.TPUEmbedding, method)
     tf_params = [n for n, _ in _parameters(tf_method)]
-    our_params = [n for n, _ in _parameters(getattr(tpe.TPUEmbedding, method))]
-    assert our_params == tf_params, method
+    ours_method = getattr(tpe.TPUEmbedding, method)
+    our_params = [n for n, _ in _parameters(ours_method)]
+    # TensorFlow's parameters, in order, then keyword-only additions
+    # (apply_gradients' skip).
+    assert our_params[: len(tf_params)] == tf_params, method
+    signature = inspect.signature(ours_method).parameters
+    assert all(
+      signature[name].kind is inspect.Parameter.KEYWORD_ONLY
+      for name in our_params[len(tf_params) :]
+    ), method
+  assert (
+    list(inspect.signature(tpe.TPUEmbedding.apply_gradients).parameters)[-1]
+    == "skip"
+  )
 
 
 def _public_objects():

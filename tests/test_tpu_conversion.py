@@ -625,9 +625,11 @@ def _parameter_names(function) -> list[str]:
   "method", ["build", "enqueue", "dequeue", "apply_gradients"]
 )
 def test_forwarded_signatures_match_tensorflow(method):
-  # The engine forwards positionally: the argument lists must agree.
+  # The engine forwards positionally: the argument lists must agree (but
+  # for our own `skip`, refused on TPU).
   ours = _parameter_names(getattr(tpu.TPUEngine, method))
-  assert _parameter_names(getattr(TFE.TPUEmbedding, method)) == ours
+  extra = ["skip"] if method == "apply_gradients" else []
+  assert _parameter_names(getattr(TFE.TPUEmbedding, method)) + extra == ours
   sparse_core = {
     "build": [],
     "enqueue": ["features", "weights", "device"],
@@ -775,6 +777,8 @@ def test_sparse_core_protocol():
     delegate.dequeue()
   delegate.enqueue("features", "weights", training=False, device="d")
   assert delegate.dequeue() == "activations"
+  with pytest.raises(ValueError, match=r"skip=\.\.\.\) is not available under"):
+    delegate.apply_gradients("gradients", skip=True)
   delegate.apply_gradients("gradients")
   assert calls[1:] == [
     ("enqueue", "features", "weights", "d"),

@@ -173,8 +173,10 @@ def launch(
     num_workers: worker processes.
     num_ps: parameter-server processes (``parameter_server``).
     max_restarts: restarts after a failure before giving up.
-    first_attempt_only: extra arguments for the last worker of the first
-      attempt only (testing: ``--kill_at_step=N`` kills one worker once).
+    first_attempt_only: extra arguments for one task of the first attempt
+      only, the one that trains last in line (the last worker of
+      ``multi_worker_mirrored``, the chief of ``parameter_server``):
+      testing, ``--kill_at_step=N`` kills that task once.
     stream: where forwarded lines go (default stdout).
     poll_seconds: how often processes are checked.
 
@@ -194,12 +196,14 @@ def launch(
   for attempt in range(attempts):
     configs = cluster_configs(strategy, num_workers, num_ps)
     processes = []
+    target = (
+      {"type": "chief", "index": 0}
+      if strategy == "parameter_server"
+      else {"type": "worker", "index": num_workers - 1}
+    )
     for tf_config in configs:
       extra = []
-      if attempt == 0 and tf_config["task"] == {
-        "type": "worker",
-        "index": num_workers - 1,
-      }:
+      if attempt == 0 and tf_config["task"] == target:
         extra = list(first_attempt_only)
       processes.append(_Process([*command, *extra], tf_config, stream, lock))
     say(

@@ -155,7 +155,8 @@ def define_flags() -> None:
     "kill_at_step",
     None,
     "Testing fault tolerance: SIGKILL this process after that step (with "
-    "--num_workers: the last worker, in the first attempt only).",
+    "--num_workers: the last worker, or the parameter_server chief, in the "
+    "first attempt only).",
   )
   flags.DEFINE_enum(
     "progress_bar", "auto", ["auto", "on", "off"], "Show a progress bar."

@@ -88,9 +88,48 @@ def _write_scalars(
 
 def _fetch(result: Any) -> Any:
   """A step's result as numpy values (waits for a RemoteValue)."""
-  if hasattr(result, "fetch"):
-    result = result.fetch()
+  if isinstance(result, _Packed):
+    return result.unpack()
   return tf.nest.map_structure(np.asarray, result)
+
+
+class _Packed:
+  """A scheduled step's result: one RemoteValue holding a flat vector.
+
+  Fetching a RemoteValue copies each of its tensors from the worker in a
+  call of its own; a step's loss, verdict and metric statistics travel as
+  one float32 vector instead, and are unpacked on the coordinator.
+  """
+
+  def __init__(self, remote: Any, layout: list[Any]):
+    self.remote = remote
+    self.layout = layout
+
+  def unpack(self) -> Any:
+    structure, shapes = self.layout
+    flat = np.asarray(self.remote.fetch(), np.float64)
+    values, start = [], 0
+    for shape in shapes:
+      size = int(np.prod(shape))
+      values.append(flat[start : start + size].reshape(shape))
+      start += size
+    return tf.nest.pack_sequence_as(structure, values)
+
+
+def _packing(step: Any) -> tuple[Any, list[Any]]:
+  """``step`` returning one flat float32 vector, and (once traced) the
+  ``(structure, shapes)`` to unpack it."""
+  layout: list[Any] = []
+
+  def packed(*args: Any) -> tf.Tensor:
+    result = step(*args)
+    flat = tf.nest.flatten(result)
+    layout[:] = [result, [tuple(t.shape.as_list()) for t in flat]]
+    return tf.concat(
+      [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in flat], axis=0
+    )
+
+  return tf.function(packed), layout
 
 
 class Trainer:
@@ -268,7 +307,7 @@ class Trainer:
     pending: list[Any] = []
     for step in range(start + 1, target + 1):
       if self._is_ps:
-        pending.append(self._coordinator.schedule(step_fn, args=(iterator,)))
+        pending.append(self._schedule(step_fn, iterator))
       else:
         pending.append(step_fn(*next(iterator)))
       if not self._is_boundary(step, target):
@@ -368,7 +407,13 @@ class Trainer:
       return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     dataset = self._coordinator.create_per_worker_dataset(per_worker_dataset_fn)
-    return tf.function(step), iter(dataset)
+    return _packing(step), iter(dataset)
+
+  def _schedule(self, step: tuple[Any, list[Any]], iterator: Any) -> _Packed:
+    """Schedules a packed step (``_ps_step``) on any free worker."""
+    function, layout = step
+    remote = self._coordinator.schedule(function, args=(iterator,))
+    return _Packed(remote, layout)  # the layout is known once traced
 
   # --- evaluation ----------------------------------------------------------
 
@@ -456,10 +501,7 @@ class Trainer:
 
     step_fn, iterator = self._ps_step(dataset_fn, self.task.eval_step_ps)
     # All at once on all workers; statistics add up on the host.
-    pending = [
-      self._coordinator.schedule(step_fn, args=(iterator,))
-      for _ in range(limit)
-    ]
+    pending = [self._schedule(step_fn, iterator) for _ in range(limit)]
     self._coordinator.join()
     for statistics in pending:
       metrics.add(_fetch(statistics))

@@ -64,6 +64,7 @@ def usage_error(run_main, *args, tf_config=None):
     ),
     (["--config_file=/nonexistent/c.yaml"], "'/nonexistent/c.yaml' does not"),
     (["--params_override=trainer.train_steps"], "must be key=value entries"),
+    (["--params_override={trainer: [1,"], "Not valid YAML (while parsing"),
     (
       ["--params_override=runtime.num_gpus=4"],
       "runtime.num_gpus=4 is not supported here: MirroredStrategy uses",

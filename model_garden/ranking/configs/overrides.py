@@ -275,7 +275,12 @@ def parse_yaml(text: str) -> dict[str, Any]:
   except ImportError:
     yaml = None
   if yaml is not None:
-    value = yaml.safe_load(text)
+    try:
+      value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ValueError(
+        f"Not valid YAML ({' '.join(str(e).split())}): {text[:200]!r}"
+      ) from None
   else:
     try:
       value = json.loads(text)

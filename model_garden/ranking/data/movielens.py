@@ -104,7 +104,7 @@ def find_data_dir() -> str:
 def _read_rows(path: str) -> list[list[str]]:
   """Tab-separated rows after the header, checked for width."""
   name = os.path.basename(path)
-  with open(path, encoding="utf-8") as f:
+  with tf.io.gfile.GFile(path, "r") as f:
     header = f.readline().rstrip("\n").split("\t")
     if header != _HEADERS[name]:
       raise ValueError(f"{path}:1: unexpected header {header}.")
@@ -164,7 +164,7 @@ def load(directory: str | None = None) -> MovieLens100K:
   """
   directory = directory or find_data_dir()
   paths = [os.path.join(directory, f) for f in FILES]
-  missing = [p for p in paths if not os.path.isfile(p)]
+  missing = [p for p in paths if not tf.io.gfile.exists(p)]
   if missing:
     raise FileNotFoundError(f"MovieLens 100K files not found: {missing}.")
   inter, users, items = (_read_rows(p) for p in paths)

@@ -359,14 +359,14 @@ class SyntheticCriteo:
     """
     if num_shards < 1:
       raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
-    os.makedirs(directory, exist_ok=True)
+    tf.io.gfile.makedirs(directory)
     bounds = np.linspace(0, num_examples, num_shards + 1).astype(np.int64)
     paths = []
     for s in range(num_shards):
       name = f"{prefix}-{s:05d}-of-{num_shards:05d}.tsv"
       path = os.path.join(directory, name)
       start, stop = int(bounds[s]), int(bounds[s + 1])
-      with open(path, "w", encoding="ascii") as f:
+      with tf.io.gfile.GFile(path, "w") as f:
         for chunk in range(start, stop, 65536):
           lines = self.tsv_lines(chunk, min(65536, stop - chunk))
           f.write("".join(line + "\n" for line in lines))
