@@ -33,10 +33,17 @@ TASK = textwrap.dedent(
   task = config["task"]
   print("task", task["type"], task["index"], "of", sorted(config["cluster"]),
         "extra", sys.argv[2:], flush=True)
-  marker = pathlib.Path(sys.argv[1]) / f"{task['type']}{task['index']}"
-  if task["type"] in ("worker", "ps") and "chief" in config["cluster"]:
+  root = pathlib.Path(sys.argv[1])
+  marker = root / f"{task['type']}{task['index']}"
+  if "chief" in config["cluster"]:
     import time
-    time.sleep(600)  # a server: runs until stopped
+    servers = [f"{job}{i}" for job in ("ps", "worker")
+               for i in range(len(config["cluster"][job]))]
+    if task["type"] != "chief":
+      (root / f"ready-{marker.name}").touch()
+      time.sleep(600)  # a server: runs until stopped
+    while not all((root / f"ready-{s}").exists() for s in servers):
+      time.sleep(0.05)  # the chief: until every server runs
   if task == {"type": "worker", "index": 1} and not marker.exists():
     marker.touch()
     sys.exit(3)  # fails in the first attempt only
