@@ -46,6 +46,9 @@ INITIALIZERS = {
   "tpe_truncated_seeded": lambda: TruncatedNormal(stddev=0.3, seed=7),
   "constant": lambda: tf.constant_initializer(0.25),
   "constant_row": lambda: tf.constant_initializer(np.arange(DIM, dtype=float)),
+  "keras_constant_row": lambda: keras.initializers.Constant(
+    np.linspace(-1, 1, DIM).astype(np.float32)
+  ),
   "row_ids": tpe.RowIdInitializer,
   "user_callable": lambda: whole_table,
 }

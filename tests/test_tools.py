@@ -39,6 +39,7 @@ ARGPARSE_TOOLS = (
   "export.py",
   "pipelining_benchmark.py",
   "sharding_report.py",
+  "memory_report.py",  # run by tests/test_memory.py
 )
 ABSL_TOOLS = ("criteo_to_tfrecord.py", "input_benchmark.py")
 #: A tiny ranking experiment for the tools that take the train flags.
@@ -68,7 +69,10 @@ def _load(name: str):
 
 
 def test_every_tool_and_example_is_covered():
-  helpers = {"_timing.py"}
+  helpers = {"_timing.py", "proc_memory.py"} | {
+    f"memory_{part}.py"
+    for part in ("cluster", "config", "jobs", "runs", "workload")
+  }  # memory_report.py's parts
   assert set(TOOLS) == set(ARGPARSE_TOOLS) | set(ABSL_TOOLS) | helpers
   assert EXAMPLES == ["examples/quickstart.py"]
 

@@ -140,10 +140,11 @@ def _choices(allowed: tuple[str, ...], all_means: tuple[str, ...]):
   return parse
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
     epilog="See the module docstring for what is measured and how.",
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
   parser.add_argument(
     "--rows", type=_positive, default=2_000_000, help="rows of the table"
@@ -226,6 +227,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument(
     "--timeout", type=float, default=3600, help="seconds per job"
   )
+  return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.batch <= 16:
     parser.error("--batch must be > 16 (the probe rows are in every batch)")

@@ -55,6 +55,7 @@ PARAMS = ",".join(
 OVERFLOW = ",".join(
   [
     "task.train_data.global_batch_size=64",
+    "task.validation_data.global_batch_size=64",
     "task.synthetic.num_train_examples=1024",
     "trainer.train_steps=6",
     "trainer.checkpoint_interval=6",

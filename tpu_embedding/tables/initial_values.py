@@ -280,7 +280,9 @@ def row_values(
     if kind in ("Zeros", "Ones"):
       return _Fill(full_shape, 0.0 if kind == "Zeros" else 1.0)
     if kind == "Constant":
-      value = np.asarray(config.get("value", 0.0), dtype=np.float32)
+      # The attribute (Keras' get_config serializes an array as a dict).
+      value = getattr(initializer, "value", config.get("value", 0.0))
+      value = np.asarray(value, dtype=np.float32)
       if value.ndim == 0:
         return _Fill(full_shape, float(value))
       if value.size == full_shape[0] * full_shape[1]:

@@ -130,6 +130,7 @@ IMPLEMENTED = frozenset(
       "dtype",
       "cycle_length",
       "sharding",
+      "on_bad_record",
     )
   }
   | {
