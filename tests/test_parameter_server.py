@@ -20,3 +20,12 @@ SCRIPT = pathlib.Path(__file__).parent / "distributed" / "ps_training.py"
 
 def test_parameter_server_training_equals_one_device(tmp_path):
   cluster.run_script([SCRIPT, tmp_path]).check()
+
+
+KILL = pathlib.Path(__file__).parent / "distributed" / "ps_worker_kill.py"
+
+
+def test_a_killed_workers_steps_are_rerun_and_no_update_is_lost():
+  """Worker processes: one is killed with steps in flight (see the script)."""
+  out = cluster.run_script([KILL]).check()
+  assert "killed worker 1" in out and "40 steps ran" in out, out
