@@ -136,7 +136,18 @@ def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
   Returns:
     ``file_prefix``.
   """
-  variables = _worker_sharded(checkpoint)
+  return _write_parts(
+    checkpoint, _worker_sharded(checkpoint), file_prefix, options
+  )
+
+
+def _write_parts(
+  checkpoint: Any,
+  variables: list[WorkerShardedVariable],
+  file_prefix: str,
+  options: Any,
+) -> str:
+  """``write`` for the multi-worker tables ``variables`` of ``checkpoint``."""
   if not variables:
     return checkpoint.write(file_prefix, options=options)
   workers = _Workers(variables[0])
@@ -217,10 +228,10 @@ class _SlicedWriter:
       getattr(options, "experimental_write_callbacks", None) or []
     )
     variables = _worker_sharded(self._checkpoint)
-    self.chief = not variables or _Workers(variables[0]).chief
+    self.chief = not variables or variables[0].worker_index == 0
     if callbacks:
       options = tf.train.CheckpointOptions()
-    path = write(self._checkpoint, file_prefix, options)
+    path = _write_parts(self._checkpoint, variables, file_prefix, options)
     if self.chief:  # Only the chief records the state file and sweeps.
       for callback in callbacks:
         callback(path)

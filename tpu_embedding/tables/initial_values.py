@@ -83,11 +83,10 @@ class RowValues(metaclass=abc.ABCMeta):
 
   def rows(self, first: int, count: int, dtype: tf.DType) -> tf.Tensor:
     """Rows ``[first, first + count)`` as one tensor."""
-    value = self.start(count, dtype)
-    parts = list(self.pieces(first, count, dtype))
-    if not parts:
-      return value
-    return tf.concat([part for _, part in parts], axis=0)
+    parts = [part for _, part in self.pieces(first, count, dtype)]
+    if not parts:  # ``start`` is the whole value (a fill).
+      return self.start(count, dtype)
+    return tf.concat(parts, axis=0)
 
   def fill(self, variable: tf.Variable, first: int) -> None:
     """Writes rows ``[first, first + rows)`` into ``variable`` in place."""

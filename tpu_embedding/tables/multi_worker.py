@@ -105,7 +105,10 @@ class WorkerShardedVariable(WholeValueVariable):
     )
 
   def _slice_spec(self, local: int) -> str:
-    start, rows = self._rows(local)
+    return self._rows_spec(*self._rows(local))
+
+  def _rows_spec(self, start: int, rows: int) -> str:
+    """The checkpoint slice spec of rows ``[start, start + rows)``."""
     return tf.Variable.SaveSliceInfo(
       full_name="",
       full_shape=self.shape.as_list(),
@@ -145,13 +148,7 @@ class WorkerShardedVariable(WholeValueVariable):
       start, rows = self._rows(local)
       for first in range(0, rows, chunk):
         count = min(chunk, rows - first)
-        spec = tf.Variable.SaveSliceInfo(
-          full_name="",
-          full_shape=self.shape.as_list(),
-          var_offset=[start + first, 0],
-          var_shape=[count, width],
-        ).spec
-        yield local, first, count, spec
+        yield local, first, count, self._rows_spec(start + first, count)
 
   def read_rows(self, key: str, save_path: str) -> None:
     """Reads this worker's rows of checkpoint ``key``, chunk by chunk.
