@@ -37,21 +37,47 @@ import tensorflow as tf  # noqa: E402
 import tpu_embedding as tpe  # noqa: E402
 
 
-def zipf_ids(
+def skewed_ids(
   rng: np.random.Generator, rows: int, size: int, exponent: float
 ) -> np.ndarray:
-  """Skewed ids in ``[0, rows)``: Zipf ranks, shuffled over the table."""
+  """Skewed ids in ``[0, rows)``: unbounded Zipf ranks folded modulo
+  ``rows``, shuffled over the table (this tool's original distribution)."""
   ranks = rng.zipf(exponent, size) - 1
   ranks = ranks % rows
   permutation = rng.permutation(rows)
   return permutation[ranks].astype(np.int64)
 
 
+def zipf_ids(
+  rng: np.random.Generator, rows: int, size: int, exponent: float
+) -> np.ndarray:
+  """Zipf ids in ``[0, rows)``: rank ``r`` (1-based) drawn with probability
+  ``r**-exponent`` normalized over the table, ranks scattered by a random
+  permutation (membench's distribution)."""
+  weights = np.arange(1, rows + 1, dtype=np.float64) ** -exponent
+  cdf = np.cumsum(weights / weights.sum())
+  ranks = np.minimum(np.searchsorted(cdf, rng.random(size)), rows - 1)
+  return rng.permutation(rows)[ranks].astype(np.int64)
+
+
+def uniform_ids(
+  rng: np.random.Generator, rows: int, size: int, exponent: float
+) -> np.ndarray:
+  """Uniform ids in ``[0, rows)`` (``exponent`` is ignored)."""
+  del exponent
+  return rng.integers(0, rows, size, dtype=np.int64)
+
+
+#: ``--dist`` choices: id sampler ``(rng, rows, size, exponent) -> ids``.
+DISTRIBUTIONS = {"uniform": uniform_ids, "zipf": zipf_ids, "skewed": skewed_ids}
+
+
 def make_batches(args: argparse.Namespace) -> list[dict[str, tf.Tensor]]:
   rng = np.random.default_rng(0)
+  sample = DISTRIBUTIONS[args.dist]
   return [
     {
-      f"f{t}": tf.constant(zipf_ids(rng, args.rows, args.batch_size, args.zipf))
+      f"f{t}": tf.constant(sample(rng, args.rows, args.batch_size, args.zipf))
       for t in range(args.tables)
     }
     for _ in range(args.distinct_batches)
@@ -173,7 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     "--batch_size", type=int, default=4096, help="Examples per step."
   )
   parser.add_argument(
-    "--zipf", type=float, default=1.2, help="Zipf exponent of the ids."
+    "--dist",
+    choices=sorted(DISTRIBUTIONS),
+    default="skewed",
+    help="Id distribution: uniform; zipf (truncated Zipf over the table, "
+    "ranks scattered, as membench's floor assumes); skewed (unbounded "
+    "Zipf ranks folded modulo the rows).",
+  )
+  parser.add_argument(
+    "--zipf",
+    type=float,
+    default=1.2,
+    help="Zipf exponent of the ids (zipf and skewed; membench uses 1.05).",
   )
   parser.add_argument(
     "--steps", type=int, default=20, help="Timed steps per repeat."
@@ -209,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def describe_ids(args: argparse.Namespace) -> str:
+  if args.dist == "uniform":
+    return "uniform"
+  return f"{args.dist} Zipf({args.zipf})"
+
+
 def main(argv: list[str] | None = None) -> None:
   args = build_parser().parse_args(argv)
   replica_counts = [int(r) for r in args.replicas.split(",")]
@@ -226,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
   batches = make_batches(args)
   print(
     f"{args.tables} tables x {args.rows:,} rows x {args.dim}, batch "
-    f"{args.batch_size}, Zipf({args.zipf}) ids, Adagrad; "
+    f"{args.batch_size}, {describe_ids(args)} ids, Adagrad; "
     f"{args.steps} timed steps after {args.warmup} warm-up steps, "
     f"{args.repeats} repeats",
     flush=True,
