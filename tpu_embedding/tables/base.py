@@ -204,7 +204,13 @@ class TableStore(metaclass=abc.ABCMeta):
       )
     return tf.group(assigns)
 
-  def update_block(self, block: int, rows: tf.Tensor, grads: tf.Tensor) -> None:
+  def update_block(
+    self,
+    block: int,
+    rows: tf.Tensor,
+    grads: tf.Tensor,
+    index: tf.Tensor | None = None,
+  ) -> None:
     """Applies the table's optimizer to rows of one local block.
 
     After ``lock_blocks()`` the update runs on the block's device, one at a
@@ -213,17 +219,20 @@ class TableStore(metaclass=abc.ABCMeta):
     Args:
       block: the local block index.
       rows: ``[n]`` distinct row indices *within the block*.
-      grads: ``[n, dim]`` summed gradients of those rows.
+      grads: ``[n, dim]`` summed gradients of those rows, or with
+        ``index`` the ``[m, dim]`` gradients of single occurrences.
+      index: None, or ``[m]`` int32 position in ``rows`` of each gradient
+        (see ``updates.apply_rows``).
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
     locks = getattr(self, "_locks", None)
     if locks is None:
-      apply_rows(self.table, variables, rows, grads, size)
+      apply_rows(self.table, variables, rows, grads, size, index)
       return
 
     def locked_update():
-      writes = apply_rows(self.table, variables, rows, grads, size)
+      writes = apply_rows(self.table, variables, rows, grads, size, index)
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)

@@ -34,6 +34,7 @@ def apply_rows(
   ids: tf.Tensor,
   grads: tf.Tensor,
   num_rows: int,
+  index: tf.Tensor | None = None,
 ) -> list[Any]:
   """Applies ``table.optimizer`` to rows ``ids`` of one block of variables.
 
@@ -42,8 +43,12 @@ def apply_rows(
     block: ``{"parameters": var, <slot>: var}`` holding ``num_rows`` rows
       (a whole table or one row block of it).
     ids: ``[n]`` distinct row indices into ``block``.
-    grads: ``[n, dim]`` summed gradients of those rows.
+    grads: ``[n, dim]`` summed gradients of those rows; with ``index``,
+      ``[m, dim]`` gradients of single occurrences instead.
     num_rows: rows in ``block``.
+    index: None, or ``[m]`` int32: the position in ``ids`` of each row of
+      ``grads``. A row's gradient is then the sum of its occurrences, added
+      in occurrence order starting from zero (``unsorted_segment_sum``).
 
   Returns:
     The write operations (in a graph; None entries when eager).
@@ -54,6 +59,8 @@ def apply_rows(
       f"Table '{table.name}' has no optimizer: pass one to "
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
+  if index is not None:
+    grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:
