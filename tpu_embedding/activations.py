@@ -45,6 +45,7 @@ from tpu_embedding.lookup import group_table
 from tpu_embedding.lookup import split_activations
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
+from tpu_embedding.stacking import TableStack
 from tpu_embedding.structure import check_same_structure
 
 #: Reads the rows of several tables at once: ``[(table, unique ids)]`` →
@@ -110,6 +111,7 @@ def look_up(
   config: ResolvedConfig,
   prepared: Sequence[PreparedFeature],
   row_source: RowSource,
+  stacks: Sequence[TableStack] | None = None,
 ) -> tuple[Any, dict[str, TableBatch]]:
   """Activations of prepared features, with rows from ``row_source``.
 
@@ -117,14 +119,55 @@ def look_up(
     config: the resolved feature config (tables and their features).
     prepared: one prepared feature per feature of ``config``.
     row_source: reads the distinct rows of every table at once.
+    stacks: the tables grouped as the row source holds them
+      (``stacking.py``): each stack is deduplicated and read once. None:
+      every table alone.
 
   Returns:
     ``(activations, batches)``: a nest like the feature config, and each
-    table's ``TableBatch`` (what ``row_gradients`` needs for the update).
+    stack's (or table's) ``TableBatch`` keyed by its name (what
+    ``occurrence_gradients`` needs for the update).
   """
-  groups = [(table, config.features_of(table)) for table in config.tables]
-  flat, batches = look_up_groups(groups, prepared, row_source)
+  if stacks is None:
+    groups = [(table, config.features_of(table)) for table in config.tables]
+    flat, batches = look_up_groups(groups, prepared, row_source)
+  else:
+    flat, batches = _look_up_stacks(config, stacks, prepared, row_source)
   return tf.nest.pack_sequence_as(config.structure, flat), batches
+
+
+def stack_features(config: ResolvedConfig, stack: TableStack) -> list[int]:
+  """Flat indices of the features of a stack, member by member."""
+  return [i for table in stack.tables for i in config.features_of(table)]
+
+
+def _look_up_stacks(
+  config: ResolvedConfig,
+  stacks: Sequence[TableStack],
+  prepared: Sequence[PreparedFeature],
+  row_source: RowSource,
+) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
+  flat: list[Any] = [None] * len(prepared)
+  batches = {}
+  for stack in stacks:
+    members = [
+      (table, offset, len(config.features_of(table)))
+      for table, offset in zip(stack.tables, stack.offsets, strict=True)
+    ]
+    batches[stack.name] = group_table(
+      stack.config,
+      [prepared[i] for i in stack_features(config, stack)],
+      members if stack.stacked else None,
+    )
+  all_rows = row_source(
+    [(stack.config, batches[stack.name].unique_ids) for stack in stacks]
+  )
+  for stack, rows in zip(stacks, all_rows, strict=True):
+    batch = batches[stack.name]
+    outputs = split_activations(combine(rows, batch), batch)
+    for i, output in zip(stack_features(config, stack), outputs, strict=True):
+      flat[i] = output
+  return flat, batches
 
 
 def look_up_groups(

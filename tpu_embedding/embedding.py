@@ -40,6 +40,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.base import EngineCheckpointOwner
 from tpu_embedding.engines.selection import select_engine
+from tpu_embedding.stacking import TableStacking
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
@@ -91,6 +92,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     sparse_core_embedding_config: Any = None,
     *,
     row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    table_stacking: TableStacking = "auto",
   ):
     """Creates the embedding object (variables are created by ``build``).
 
@@ -111,6 +113,12 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
         ones are replicated (0 shards every table). A
         ``sharding.RowThreshold`` also fixes the placement of the tables it
         names, whatever their size. See ``sharding.py``.
+      table_stacking: off TPU, which tables are held and updated as one
+        (``stacking.py``): ``"auto"`` (default) stacks tables with the same
+        width, optimizer and placement; None stacks nothing; a list of
+        table-name lists gives the stacks. Checkpoints, ``embedding_tables``
+        and serving are per table either way. Under ``TPUStrategy``,
+        TensorFlow stacks on its own.
 
     Raises:
       ValueError: for an invalid feature config (a leaf that is not a
@@ -125,6 +133,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       pipeline_execution_with_tensor_core,
       sparse_core_embedding_config,
       row_sharding_threshold=row_sharding_threshold,
+      table_stacking=table_stacking,
     )
 
   # --- properties ----------------------------------------------------------

@@ -99,10 +99,32 @@ def _concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def group_table(
-  table: TableConfig, features: Sequence[PreparedFeature]
+  table: TableConfig,
+  features: Sequence[PreparedFeature],
+  members: Sequence[tuple[TableConfig, int, int]] | None = None,
 ) -> TableBatch:
-  """Concatenates and deduplicates all ids one table serves in a step."""
-  ids = _concat([f.ids for f in features])
+  """Concatenates and deduplicates all ids one table serves in a step.
+
+  Args:
+    table: the table (or stack: ``stacking.py``) the ids are rows of.
+    features: the prepared features looked up in it.
+    members: for a stack, ``(member table, row offset, number of
+      features)`` of each member, the features in member order: each
+      member's ids are offset into the stack and combined with the
+      member's combiner. None: every feature is ``table``'s own.
+  """
+  if members is None:
+    members = [(table, 0, len(features))]
+  ids = _concat(
+    [
+      f.ids + offset if offset else f.ids
+      for f, offset in zip(
+        features,
+        [offset for _, offset, count in members for _ in range(count)],
+        strict=True,
+      )
+    ]
+  )
   unique_ids, unique_index = tf.unique(ids, out_idx=tf.int32)
   if len(features) == 1:
     num_segments = features[0].num_segments
@@ -113,6 +135,40 @@ def group_table(
     return TableBatch(
       table, tuple(features), unique_ids, unique_index, None, None, num_segments
     )
+  member_segments, member_scales, start = [], [], 0
+  offset = tf.constant(0, tf.int64)
+  for member, _, count in members:
+    mine = features[start : start + count]
+    start += count
+    segments, scales = _member_segments(member, mine)
+    member_segments.append(segments + offset if start > count else segments)
+    member_scales.append(scales)
+    for f in mine:
+      offset = offset + f.num_segments
+  segments = _concat(member_segments)
+  scales: tf.Tensor | None = None
+  if any(s is not None for s in member_scales):
+    scales = _concat(
+      [
+        tf.ones_like(seg, tf.float32) if s is None else s
+        for seg, s in zip(member_segments, member_scales, strict=True)
+      ]
+    )
+  return TableBatch(
+    table,
+    tuple(features),
+    unique_ids,
+    unique_index,
+    segments,
+    scales,
+    num_segments,
+  )
+
+
+def _member_segments(
+  table: TableConfig, features: Sequence[PreparedFeature]
+) -> tuple[tf.Tensor, tf.Tensor | None]:
+  """Output row of each id (from 0) and its combiner scale, one table."""
   feature_segments = []
   offset = tf.constant(0, tf.int64)
   for f in features:
@@ -122,6 +178,10 @@ def group_table(
     feature_segments.append(rows + offset if len(features) > 1 else rows)
     offset = offset + f.num_segments
   segments = _concat(feature_segments)
+  if len(features) == 1:
+    num_segments = features[0].num_segments
+  else:
+    num_segments = tf.add_n([f.num_segments for f in features])
   weights: tf.Tensor | None = None
   if any(f.weights is not None for f in features):
     weights = _concat(
@@ -130,15 +190,10 @@ def group_table(
         for f in features
       ]
     )
-  scales = combiner_scales(segments, weights, num_segments, table.combiner)
-  return TableBatch(
-    table,
-    tuple(features),
-    unique_ids,
-    unique_index,
-    segments,
-    scales,
-    num_segments,
+  if all(f.segments is None for f in features):
+    return segments, None  # One id per output row: identity.
+  return segments, combiner_scales(
+    segments, weights, num_segments, table.combiner
   )
 
 
@@ -176,10 +231,13 @@ def split_activations(
   return outputs
 
 
-def row_gradients(
+def occurrence_gradients(
   activation_grads: Sequence[tf.Tensor], batch: TableBatch
 ) -> tf.Tensor:
-  """``[u, dim]`` gradients of ``unique_ids`` rows, duplicates summed.
+  """``[n, dim]`` gradient of each id occurrence (``batch.unique_index``).
+
+  A row's gradient is the sum of its occurrences' (``row_gradients``);
+  fused updates (``tables/updates.py``) sum them as they apply them.
 
   Args:
     activation_grads: per feature, the gradient of its activations.
@@ -193,6 +251,20 @@ def row_gradients(
     per_id = tf.gather(per_id, batch.segments)
   if batch.scales is not None:
     per_id = per_id * batch.scales[:, None]
+  return per_id
+
+
+def row_gradients(
+  activation_grads: Sequence[tf.Tensor], batch: TableBatch
+) -> tf.Tensor:
+  """``[u, dim]`` gradients of ``unique_ids`` rows, duplicates summed.
+
+  Args:
+    activation_grads: per feature, the gradient of its activations.
+    batch: the ``TableBatch`` the activations were computed from.
+  """
   return tf.math.unsorted_segment_sum(
-    per_id, batch.unique_index, tf.size(batch.unique_ids)
+    occurrence_gradients(activation_grads, batch),
+    batch.unique_index,
+    tf.size(batch.unique_ids),
   )

@@ -70,27 +70,31 @@ class HeldUpdates:
             table_name(table): (
               _unshaped_variable(tf.zeros([0], tf.int64)),
               _unshaped_variable(tf.zeros([0, table.dim], tf.float32)),
+              _unshaped_variable(tf.zeros([0], tf.int32)),
             )
             for table in self._tables
           }
         )
 
   def hold(self, replica: int, updates: Updates) -> None:
-    """Keeps ``[(table, ids, grads)]`` for the next ``take``."""
-    for table, ids, grads in updates:
-      held_ids, held_grads = self._held[replica][table_name(table)]
+    """Keeps ``[(table, ids, grads, index)]`` for the next ``take``."""
+    for table, ids, grads, index in updates:
+      held_ids, held_grads, held_index = self._held[replica][table_name(table)]
+      if index is None:  # Summed gradients: occurrence i is row i.
+        index = tf.range(tf.size(ids, out_type=tf.int32))
       held_ids.assign(ids)
       held_grads.assign(grads)
+      held_index.assign(index)
 
   def take(self, replica: int) -> list:
-    """The held ``[(table, ids, grads)]``; the holding becomes empty."""
+    """The held ``[(table, ids, grads, index)]``; the holding empties."""
     updates = []
     for table in self._tables:
-      held_ids, held_grads = self._held[replica][table_name(table)]
-      ids, grads = held_ids.read_value(), held_grads.read_value()
-      held_ids.assign(ids[:0])
-      held_grads.assign(grads[:0])
-      updates.append((table, ids, grads))
+      held = self._held[replica][table_name(table)]
+      ids, grads, index = (variable.read_value() for variable in held)
+      for variable, value in zip(held, (ids, grads, index), strict=True):
+        variable.assign(value[:0])
+      updates.append((table, ids, grads, index))
     return updates
 
 

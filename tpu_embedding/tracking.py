@@ -51,9 +51,19 @@ class VariableTracker:
       trainable=trainable,
     )
 
-  def register(self, name: str, variable: Any) -> None:
+  def register(self, name: str, variable: Any, restore: bool = False) -> None:
+    """Tracks ``variable`` as ``name``.
+
+    Args:
+      name: the checkpoint name.
+      variable: a variable or other trackable.
+      restore: also apply a checkpoint restored into the owner before
+        ``variable`` existed (variables made by ``create`` get it anyway).
+    """
     # pylint: disable=protected-access
     self._owner._track_trackable(variable, name=name, overwrite=True)
+    if restore:
+      self._owner._handle_deferred_dependencies(name=name, trackable=variable)
 
   def pending_restore(self, name: str) -> Any:
     """A pending checkpoint value of variable ``name``, or None.
@@ -74,3 +84,38 @@ class VariableTracker:
     # pylint: disable=protected-access
     variable._maybe_initialize_trackable()
     variable._update_uid = restore.restore_uid
+
+
+class PartlyTracked(VariableTracker):
+  """A tracker that leaves the variables of some tables untracked.
+
+  A stack's store is made through it: the stack's own variables are not
+  checkpointed (its member tables' views are, each under its own key).
+  """
+
+  def __init__(self, tracker: VariableTracker, untracked: set[str]):
+    """Wraps ``tracker``; names ``t`` and ``t/<slot>`` of ``untracked``
+    tables are created without tracking."""
+    super().__init__(tracker._owner)  # pylint: disable=protected-access
+    self._untracked = set(untracked)
+
+  def _skips(self, name: str) -> bool:
+    return name.split("/")[0] in self._untracked
+
+  def create(self, name, shape, initializer, getter, trainable):
+    if self._skips(name):
+      return getter(
+        name=name,
+        shape=shape,
+        dtype=tf.float32,
+        initializer=initializer,
+        trainable=trainable,
+      )
+    return super().create(name, shape, initializer, getter, trainable)
+
+  def register(self, name: str, variable: Any, restore: bool = False) -> None:
+    if not self._skips(name):
+      super().register(name, variable, restore)
+
+  def pending_restore(self, name: str) -> Any:
+    return None if self._skips(name) else super().pending_restore(name)

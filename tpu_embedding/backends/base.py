@@ -33,8 +33,17 @@ from tpu_embedding.tables.base import VariableTracker
 #: ``[(table, ids)]``: the distinct ids to gather from each table.
 GatherRequests = Sequence[tuple[TableConfig, tf.Tensor]]
 
-#: ``[(table, ids, grads)]``: distinct ids and their summed gradients.
-Updates = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]
+#: ``[(table, ids, grads, index)]``: distinct ids and their gradients:
+#: summed per id (``index`` None), or ``[m, dim]`` gradients of single
+#: occurrences with ``index`` ``[m]``, the position in ``ids`` of each.
+Updates = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor, tf.Tensor | None]]
+
+
+def summed(ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None):
+  """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
+  if index is None:
+    return grads
+  return tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
 
 
 class Backend(metaclass=abc.ABCMeta):
@@ -82,8 +91,9 @@ class Backend(metaclass=abc.ABCMeta):
     """Applies each table's optimizer to its rows.
 
     Args:
-      updates: ``[(table, ids, grads)]`` with distinct int64 ``ids`` ``[n]``
-        and ``grads`` ``[n, dim]`` summed over duplicates.
+      updates: ``[(table, ids, grads, index)]`` with distinct int64 ``ids``
+        ``[n]`` and ``grads`` ``[n, dim]`` summed over duplicates (``index``
+        None), or the gradients of single occurrences and their ``index``.
     """
 
   def gather_from_stores(self, requests: GatherRequests) -> list[tf.Tensor]:
@@ -110,5 +120,5 @@ class HostBackend(Backend):
     return self.gather_from_stores(requests)
 
   def apply_updates(self, updates: Updates) -> None:
-    for table, ids, grads in updates:
-      self._stores[table_name(table)].update(ids, grads)
+    for table, ids, grads, index in updates:
+      self._stores[table_name(table)].update(ids, grads, index)

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -18,6 +19,8 @@ from tpu_embedding.backends.parameter_server import ParameterServerBackend
 from tpu_embedding.backends.sharded import ShardedBackend
 from tpu_embedding.config import TableConfig
 from tpu_embedding.replicas import strategy_name
+from tpu_embedding.resolved import table_name
+from tpu_embedding.sharding import placement_kind
 
 
 def select_backend(
@@ -48,3 +51,41 @@ def select_backend(
     "and TPUStrategy. Create it outside any strategy scope or under one of "
     "those."
   )
+
+
+def stacking_support(
+  strategy: tf.distribute.Strategy, row_threshold: int
+) -> tuple[bool, Callable[[TableConfig], str], str]:
+  """Whether the backend for ``strategy`` can hold table stacks.
+
+  Returns:
+    ``(can_stack, placement, where)``: the layout kind each table gets
+    alone (tables of different kinds never stack), and a description of
+    the strategy for errors.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> stacking_support(tf.distribute.get_strategy(), 0)[0]
+    True
+  """
+  where = f"under {strategy_name(strategy)}"
+  if isinstance(strategy, tf.distribute.OneDeviceStrategy) or (
+    not tf.distribute.has_strategy()
+  ):
+    return True, lambda table: "whole", where
+  if isinstance(
+    strategy,
+    (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
+  ):
+    replicas = strategy.num_replicas_in_sync
+    local = len(strategy.extended.worker_devices)
+
+    def placement(table: TableConfig) -> str:
+      return placement_kind(
+        table_name(table), table.vocabulary_size, replicas, row_threshold
+      )
+
+    # Tables over several workers save in slices per worker
+    # (tables/multi_worker.py): not stacked.
+    return replicas == local, placement, where + " with several workers"
+  return False, lambda table: "whole", where

@@ -27,12 +27,16 @@ import tensorflow as tf
 from tpu_embedding import errors
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
+from tpu_embedding.activations import stack_features
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.selection import select_backend
+from tpu_embedding.backends.selection import stacking_support
+from tpu_embedding.backends.stacks import create_stacked_tables
+from tpu_embedding.backends.stacks import stack_threshold
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.lookup import TableBatch
-from tpu_embedding.lookup import row_gradients
+from tpu_embedding.lookup import occurrence_gradients
 from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
@@ -43,6 +47,9 @@ from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.stacking import TableStack
+from tpu_embedding.stacking import TableStacking
+from tpu_embedding.stacking import plan_stacks
 from tpu_embedding.steps import Enqueued
 from tpu_embedding.steps import Step
 from tpu_embedding.steps import checked_gradients
@@ -64,16 +71,27 @@ class OffTPUEngine(Engine, Trackable):
     strategy: tf.distribute.Strategy,
     row_sharding_threshold: int,
     pipeline_execution_with_tensor_core: bool = False,
+    table_stacking: TableStacking = "auto",
   ):
-    """Picks the backend for ``strategy``.
+    """Picks the backend for ``strategy`` and the table stacks.
 
     Raises:
-      ValueError: for a strategy without a backend, or pipelining under
-        ParameterServerStrategy.
+      ValueError: for a strategy without a backend, pipelining under
+        ParameterServerStrategy, or invalid ``table_stacking``.
     """
     Engine.__init__(self, config)
     self._strategy = strategy
-    backend = select_backend(strategy, config.tables, row_sharding_threshold)
+    can_stack, placement, where = stacking_support(
+      strategy, row_sharding_threshold
+    )
+    self._stacks = plan_stacks(
+      config.tables, table_stacking, placement, can_stack, where
+    )
+    backend = select_backend(
+      strategy,
+      [stack.config for stack in self._stacks],
+      stack_threshold(self._stacks, row_sharding_threshold, placement),
+    )
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(
@@ -86,6 +104,7 @@ class OffTPUEngine(Engine, Trackable):
       [f.output_shape for f in config.features], list(config.paths)
     )
     self._built = False
+    self._stores: dict[str, TableStore] = {}
     self._steps: dict[int, Step] = {}
     self._enqueued: Enqueued | None = None
 
@@ -104,9 +123,15 @@ class OffTPUEngine(Engine, Trackable):
     return self._backend.plan
 
   @property
+  def stacks(self) -> list[TableStack]:
+    """How the tables are stacked (``stacking.py``); one table per stack
+    when not stacked."""
+    return list(self._stacks)
+
+  @property
   def table_stores(self) -> dict[str, TableStore]:
     self._maybe_build()
-    return self._backend.stores
+    return self._stores
 
   @property
   def embedding_tables(self) -> dict[Any, Any]:
@@ -150,7 +175,9 @@ class OffTPUEngine(Engine, Trackable):
       self._output_shapes.update(incoming)
     with tf.init_scope():
       with self._strategy.scope():
-        self._backend.create_tables(self.config.tables, VariableTracker(self))
+        self._stores = create_stacked_tables(
+          self._backend, self._stacks, VariableTracker(self)
+        )
     self._built = True
 
   def _maybe_build(self, incoming_shapes: list | None = None) -> None:
@@ -276,7 +303,7 @@ class OffTPUEngine(Engine, Trackable):
       if training
       else self._backend.gather_tables
     )
-    return look_up(self.config, prepared, source)
+    return look_up(self.config, prepared, source, self._stacks)
 
   def _apply(
     self, gradients: Any, step: Step, what: str, skip: Any = None
@@ -292,21 +319,23 @@ class OffTPUEngine(Engine, Trackable):
       skip = _checked_skip(skip, self.config.tables)
     batches = step.batches or {}
     updates = []
-    for table in self.config.tables:
-      batch = batches.get(table_name(table))
+    for stack in self._stacks:
+      batch = batches.get(stack.name)
       if batch is None:
         continue
-      if table.optimizer is None:
+      if stack.config.optimizer is None:
         raise ValueError(
-          f"Table '{table.name}' has no optimizer: pass one to "
+          f"Table '{stack.tables[0].name}' has no optimizer: pass one to "
           "TPUEmbedding(optimizer=...) or to its TableConfig."
         )
-      grads = [flat[i] for i in self.config.features_of(table)]
-      ids, row_grads = batch.unique_ids, row_gradients(grads, batch)
+      grads = [flat[i] for i in stack_features(self.config, stack)]
+      ids, index = batch.unique_ids, batch.unique_index
+      occurrences = occurrence_gradients(grads, batch)
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])
-        ids, row_grads = ids[:rows], row_grads[:rows]
-      updates.append((table, ids, row_grads))
+        count = tf.where(skip, 0, tf.shape(index)[0])
+        ids, occurrences, index = ids[:rows], occurrences[:count], index[:count]
+      updates.append((stack.config, ids, occurrences, index))
     self._backend.apply_updates(updates)
 
   def _current_step(self, for_dequeue: bool) -> Step | None:

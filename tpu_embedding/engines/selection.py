@@ -22,6 +22,7 @@ from tpu_embedding.engines.tpu import is_tpu_strategy
 from tpu_embedding.engines.tpu import tpu_engine
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.stacking import TableStacking
 
 
 def select_engine(
@@ -32,6 +33,7 @@ def select_engine(
   sparse_core_embedding_config: Any = None,
   *,
   row_sharding_threshold: int,
+  table_stacking: TableStacking = "auto",
 ) -> Engine:
   """TensorFlow's TPU classes under ``TPUStrategy``; ours elsewhere.
 
@@ -51,4 +53,5 @@ def select_engine(
     strategy,
     row_sharding_threshold,
     pipeline_execution_with_tensor_core,
+    table_stacking,
   )

@@ -257,11 +257,47 @@ class TableStore(metaclass=abc.ABCMeta):
           tf.CriticalSection(name=f"{self.table.name}_block_{index}_lock")
         )
 
-  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+  def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
+    """Writes rows ``[first, first + len(value))`` of ``key`` in place.
+
+    Each local block (or copy) takes the rows it holds, by scatter (no
+    copy of the block).
+    """
+    value = tf.convert_to_tensor(value, tf.float32)
+    count = int(value.shape[0])
+    writes = []
+    for block in range(len(self._blocks)):
+      start, rows = self.block_rows(block)
+      a, b = max(first, start), min(first + count, start + rows)
+      if a >= b:
+        continue
+      writes.append(
+        tf.raw_ops.ResourceScatterUpdate(
+          resource=self._blocks[block][key].handle,
+          indices=tf.range(a - start, b - start, dtype=tf.int64),
+          updates=value[a - first : b - first],
+        )
+      )
+    return tf.group(writes)
+
+  def update(
+    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+  ) -> None:
     """Applies the table's optimizer to rows ``ids`` (distinct, global).
 
     Each local block updates the rows it owns.
+
+    Args:
+      ids: ``[n]`` distinct global row ids.
+      grads: ``[n, dim]`` summed gradients, or with ``index`` the
+        gradients of single occurrences (see ``update_block``).
+      index: None, or the position in ``ids`` of each row of ``grads``.
     """
+    if self.block_rows(0) == (0, self.table.vocabulary_size):
+      self.update_block(0, ids, grads, index)  # One block holds every row.
+      return
+    if index is not None:
+      grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
     for block in range(len(self.blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)

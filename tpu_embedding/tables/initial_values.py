@@ -47,6 +47,8 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import TruncatedNormal
+from tpu_embedding.resolved import table_name
+from tpu_embedding.stacking import StackedInitializer
 
 #: Bytes of one grid block (float32).
 GRID_BYTES = 4 * 2**20
@@ -253,16 +255,56 @@ def _variance_scaling(full_shape, config: dict):
   return _Random(full_shape, "truncated", 0.0, stddev, seed)
 
 
+class _Stacked(RowValues):
+  """A stack's value: each member table's own value at its offset."""
+
+  def __init__(self, full_shape, members: list[tuple[int, RowValues]]):
+    super().__init__(full_shape)
+    self.members = members
+
+  def pieces(self, first, count, dtype):
+    end = first + count
+    for offset, values in self.members:
+      rows = values.full_shape[0]
+      a, b = max(first, offset), min(end, offset + rows)
+      if a >= b:
+        continue
+      parts = values.pieces(a - offset, b - a, dtype)
+      found = False
+      for at, part in parts:
+        found = True
+        yield a - first + at, part
+      if not found:  # A fill: its ``start`` is its whole value.
+        size = grid_rows(self.full_shape[1])
+        for lo in range(a, b, size):
+          yield lo - first, values.start(min(size, b - lo), dtype)
+
+
 def row_values(
   initializer: Any, full_shape: tuple[int, int], name: str = "table"
 ) -> RowValues:
   """The row-wise initial value ``initializer`` gives a full table.
 
   Args:
-    initializer: a table's or slot's initializer.
+    initializer: a table's or slot's initializer (or a stack's).
     full_shape: ``(vocabulary_size, dim)``.
     name: the variable's name, for the large-table warning.
   """
+  if isinstance(initializer, StackedInitializer):
+    return _Stacked(
+      full_shape,
+      [
+        (
+          offset,
+          row_values(
+            table.initializer,
+            (table.vocabulary_size, full_shape[1]),
+            table_name(table),
+          ),
+        )
+        for offset, table in initializer.members
+      ],
+    )
   if isinstance(initializer, RowIdInitializer):
     return _RowIds(full_shape, initializer.offset)
   if isinstance(initializer, TruncatedNormal):

@@ -240,7 +240,9 @@ class MultiWorkerShardedTable(RowShardedTable):
       "(tools/export.py)."
     )
 
-  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+  def update(
+    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+  ) -> None:
     raise RuntimeError(
       f"Table '{self.table.name}' is sharded over several workers: update "
       "it inside strategy.run (apply_gradients), every worker together."

@@ -100,7 +100,12 @@ class ReplicatedTable(TableStore):
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     return tf.gather(self._blocks[0][key], ids)
 
-  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
+  def update(
+    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+  ) -> None:
     """Applies the same update to every copy."""
+    if index is not None and len(self._blocks) > 1:
+      grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+      index = None
     for block in range(len(self._blocks)):
-      self.update_block(block, ids, grads)
+      self.update_block(block, ids, grads, index)

@@ -119,6 +119,3 @@ class WholeTable(TableStore):
 
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     return tf.gather(self._variables[key], ids)
-
-  def update(self, ids: tf.Tensor, grads: tf.Tensor) -> None:
-    self.update_block(0, ids, grads)

@@ -1,0 +1,89 @@
+"""Backends holding table stacks: one store per stack, a view per table.
+
+A backend is given each stack's config as one table (``stacking.py``):
+it plans, creates, gathers and updates stacks exactly as tables. This
+module makes the per-table side: the stack's own variables stay out of
+checkpoints, each member table gets a ``StackMember`` view, tracked under
+its own keys.
+
+Example:
+  >>> import tpu_embedding as tpe
+  >>> tables = [tpe.TableConfig(10, 4, name=n) for n in "ab"]
+  >>> emb = tpe.TPUEmbedding([tpe.FeatureConfig(t) for t in tables],
+  ...                        tpe.Adagrad(0.1))
+  >>> sorted(emb.table_stores), sorted(emb.backend.stores)
+  (['a', 'b'], ['stack_a_b'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+
+from tpu_embedding.backends.base import Backend
+from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
+from tpu_embedding.sharding import REPLICATED
+from tpu_embedding.sharding import ROW_SHARDED
+from tpu_embedding.sharding import RowThreshold
+from tpu_embedding.stacking import TableStack
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.stacked import StackMember
+from tpu_embedding.tracking import PartlyTracked
+from tpu_embedding.tracking import VariableTracker
+
+
+def stack_threshold(
+  stacks: Sequence[TableStack],
+  row_threshold: int,
+  placement: Callable[[TableConfig], str],
+) -> int:
+  """The row threshold planning stacks as their members are planned.
+
+  A stack takes the placement its members have alone (not the one its
+  total size would give); a table alone keeps any placement fixed for it.
+  """
+  if not any(stack.stacked for stack in stacks):
+    return row_threshold
+  forced = dict(getattr(row_threshold, "forced", {}))
+  kept = {
+    name: kind
+    for name, kind in forced.items()
+    if any(stack.names == (name,) for stack in stacks)
+  }
+  for stack in stacks:
+    kind = placement(stack.tables[0])
+    if stack.stacked and kind in (ROW_SHARDED, REPLICATED):
+      kept[stack.name] = kind
+  return RowThreshold(int(row_threshold), kept)
+
+
+def create_stacked_tables(
+  backend: Backend, stacks: Sequence[TableStack], tracker: VariableTracker
+) -> dict[str, TableStore]:
+  """Creates every stack's store in ``backend``; returns the tables' stores.
+
+  Args:
+    backend: the backend, created for the stacks' configs.
+    stacks: the stacks (a table alone is a stack of one).
+    tracker: tracks the tables' variables for checkpoints.
+
+  Returns:
+    ``{table name: store}``: a table alone has its own store; a stacked
+    table a ``StackMember`` view of its stack's store.
+  """
+  stacked = {stack.name for stack in stacks if stack.stacked}
+  stores = backend.create_tables(
+    [stack.config for stack in stacks], PartlyTracked(tracker, stacked)
+  )
+  tables: dict[str, TableStore] = {}
+  for stack in stacks:
+    store = stores[stack.name]
+    if not stack.stacked:
+      tables[stack.name] = store
+      continue
+    for table, offset in zip(stack.tables, stack.offsets, strict=True):
+      member = StackMember(table, store, offset)
+      member.track(tracker)
+      tables[table_name(table)] = member
+  return tables

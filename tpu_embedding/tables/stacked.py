@@ -1,0 +1,126 @@
+"""One table of a stack: a view of its rows in the stack's store.
+
+A stack (``stacking.py``) is held by one store of any layout, made for
+the stack's config; each member table is a ``StackMember`` over it. The
+member's ``variables`` are ``StackSliceVariable`` views: they convert to
+the member's ``[vocabulary_size, dim]`` value (gathered from the stack,
+never a copy of the whole stack), save and restore under TensorFlow's key
+of the member with that value, and write back in place. So checkpoints,
+``embedding_tables``, serving and export see the tables as if unstacked.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> a = tpe.TableConfig(3, 2, name="a", initializer=tpe.RowIdInitializer())
+  >>> b = tpe.TableConfig(2, 2, name="b", initializer=tf.ones_initializer())
+  >>> emb = tpe.TPUEmbedding([tpe.FeatureConfig(a), tpe.FeatureConfig(b)],
+  ...                        tpe.SGD(0.1))
+  >>> store = emb.table_stores["b"]
+  >>> store.layout, store.stack.layout, store.offset
+  ('stacked', 'whole', 3)
+  >>> tf.convert_to_tensor(store.variables["parameters"]).numpy().tolist()
+  [[1.0, 1.0], [1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import TableConfig
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import WholeValueVariable
+from tpu_embedding.tables.base import checkpoint_name
+
+
+class StackSliceVariable(WholeValueVariable):
+  """One member's rows of one stack variable, as a whole variable."""
+
+  def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
+    self.stack = stack
+    self.key = key
+    self.offset = offset
+    self.rows = rows
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    return tf.TensorShape([self.rows, self.stack.table.dim])
+
+  @property
+  def dtype(self) -> tf.DType:
+    return tf.float32
+
+  def read_value(self) -> tf.Tensor:
+    ids = tf.range(self.offset, self.offset + self.rows, dtype=tf.int64)
+    return self.stack.gather(ids, self.key)
+
+  def assign(self, value: Any) -> Any:
+    value = tf.convert_to_tensor(value, tf.float32)
+    if tuple(value.shape) != (self.rows, self.stack.table.dim):
+      raise ValueError(
+        f"Cannot assign a value of shape {list(value.shape)} to a table "
+        f"variable of shape {[self.rows, self.stack.table.dim]}."
+      )
+    return self.stack.write_rows(self.offset, value, self.key)
+
+
+class StackMember(TableStore):
+  """A table held in a stack's store, at ``offset``.
+
+  Attributes:
+    stack: the stack's store (any layout).
+    offset: the member's first row in the stack.
+  """
+
+  layout = "stacked"
+
+  def __init__(self, table: TableConfig, stack: TableStore, offset: int):
+    self.stack = stack
+    self.offset = offset
+    variables = {
+      key: StackSliceVariable(stack, key, offset, table.vocabulary_size)
+      for key in stack.keys
+    }
+    # The member has no blocks of its own: the stack's store holds them.
+    super().__init__(table, variables, [])
+
+  def block_rows(self, block: int) -> tuple[int, int]:
+    raise IndexError(
+      f"Table '{self.table.name}' is stacked: its rows live in the blocks "
+      f"of its stack's store ({self.stack.table.name}), at row "
+      f"{self.offset}."
+    )
+
+  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    return self.stack.gather(ids + self.offset, key)
+
+  def update(
+    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+  ) -> None:
+    self.stack.update(ids + self.offset, grads, index)
+
+  def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
+    return self.stack.write_rows(self.offset + first, value, key)
+
+  def assign(self, value: Any, key: str = "parameters") -> Any:
+    return self._variables[key].assign(value)
+
+  def bytes_per_device(self) -> dict[str, int]:
+    """The member's share of the stack's bytes on each device."""
+    start, end = self.offset, self.offset + self.table.vocabulary_size
+    totals: dict[str, int] = {}
+    for block, variables in enumerate(self.stack.blocks):
+      first, rows = self.stack.block_rows(block)
+      mine = max(0, min(end, first + rows) - max(start, first))
+      for variable in variables.values():
+        size = mine * self.table.dim * variable.dtype.size
+        totals[variable.device] = totals.get(variable.device, 0) + size
+    return totals
+
+  def track(self, tracker: Any) -> None:
+    """Tracks the views (a checkpoint restored earlier fills them now)."""
+    for key, variable in self.variables.items():
+      tracker.register(
+        checkpoint_name(self.table.name or "", key), variable, restore=True
+      )
