@@ -550,16 +550,18 @@ def _saved_model_files(export_dir) -> dict[str, bytes]:
   return files
 
 
+@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
 @pytest.mark.parametrize("replicas", [1, 2], ids=["one_device", "sharded"])
 def test_subset_export_holds_no_value_of_the_excluded_tables(
-  tmp_path, replicas
+  tmp_path, replicas, stacking
 ):
   """The excluded tables' values are nowhere in the SavedModel's bytes.
 
   Not only no variable of theirs (checked by key above): no row of theirs
   in the variables, the graph (constants) or anywhere else, on one device
-  and from 2 replicas with the big tables row-sharded. The kept tables'
-  rows are found (the search works).
+  and from 2 replicas with the big tables row-sharded, with the tables
+  alone and stacked (kept and excluded tables in one variable). The kept
+  tables' rows are found (the search works).
   """
   rng = np.random.default_rng(11)
   values = {
@@ -580,12 +582,24 @@ def test_subset_export_holds_no_value_of_the_excluded_tables(
     mirrored_strategy(2) if replicas == 2 else tf.distribute.get_strategy()
   )
   with strategy.scope():
-    emb = tpe.TPUEmbedding(config, tpe.Adagrad(0.1), row_sharding_threshold=10)
+    emb = tpe.TPUEmbedding(
+      config,
+      tpe.Adagrad(0.1),
+      row_sharding_threshold=10,
+      table_stacking=stacking,
+    )
   emb.build()
+  held_in = {  # the store holding each table's rows (its stack's, if any)
+    name: getattr(store, "stack", store).table.name
+    for name, store in emb.table_stores.items()
+  }
+  if stacking:
+    assert held_in["kept"] == held_in["dropped"] != "kept"
   if replicas == 2:
     placements = emb.backend.plan.placements
-    assert placements["kept"].sharded and placements["dropped"].sharded
-    assert not placements["dropped_small"].sharded
+    assert placements[held_in["kept"]].sharded
+    assert placements[held_in["dropped"]].sharded
+    assert not placements[held_in["dropped_small"]].sharded
   result = export.export_for_serving(
     str(tmp_path / "subset"),
     emb,
@@ -651,7 +665,7 @@ def test_sharded_training_exports_the_single_device_model(exported):
     atol=1e-5,
   )
   # The sharded embedding really was sharded (and genres replicated).
-  plan = exported["sharded"].backend.plan
+  plan = exported["sharded"].sharding_plan
   assert plan.placements["users"].sharded
   assert not plan.placements["genres"].sharded
 

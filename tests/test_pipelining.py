@@ -140,7 +140,7 @@ def test_pipelined_sharded_equals_pipelined_single_device(rng):
 
   strategy = mirrored_strategy(2)
   sharded = make_embedding(True, init, strategy)
-  assert sharded.backend.plan.placements["t"].sharded
+  assert sharded.sharding_plan.placements["t"].sharded
 
   @tf.function
   def step(features):

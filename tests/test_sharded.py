@@ -205,7 +205,7 @@ def test_sharded_tables_hold_a_slice_of_the_rows_per_replica():
     strategy, tpe.Adam(0.1), np.zeros((V_BIG, DIM)), np.zeros((V_SMALL, DIM))
   )
   emb.build()
-  plan = emb.backend.plan
+  plan = emb.sharding_plan
   assert plan.placements["big"].sharded
   assert not plan.placements["small"].sharded
   for slot in ("parameters", "momenta", "velocities"):

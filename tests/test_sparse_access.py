@@ -71,9 +71,10 @@ def _traced_step(strategy, emb):
 
 
 def _table_accesses(graph, emb) -> dict[str, set[str]]:
-  """``{op type: {table/slot}}`` of every op given a table variable."""
+  """``{op type: {store/slot}}`` of every op given a table variable (the
+  backend's stores: stacked tables share one)."""
   handles = {}
-  for name, store in emb.table_stores.items():
+  for name, store in emb.backend.stores.items():
     for block in store.blocks:
       for key, variable in block.items():
         handles[id(variable.handle)] = f"{name}/{key}"
@@ -115,7 +116,7 @@ def test_step_touches_only_looked_up_rows(
   touched = set().union(*accesses.values())
   expected = {
     f"{name}/{key}"
-    for name, store in emb.table_stores.items()
+    for name, store in emb.backend.stores.items()
     for key in store.keys
   }
   assert touched == expected

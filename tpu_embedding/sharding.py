@@ -128,6 +128,9 @@ class TablePlacement:
       replicated).
     dim: the table width.
     num_slots: optimizer slot variables per table.
+    stack: the stack holding the table (``stacking.py``), or None. A
+      stacked table's sizes and offsets are its own rows' share of the
+      stack's blocks.
   """
 
   table: str
@@ -136,6 +139,7 @@ class TablePlacement:
   shard_offsets: tuple[int, ...]
   dim: int
   num_slots: int
+  stack: str | None = None
 
   @property
   def sharded(self) -> bool:
@@ -173,12 +177,12 @@ class ShardingPlan:
       f"{self.num_replicas} replica(s), tables with more than "
       f"{int(self.row_threshold):,} rows are row-sharded{forced}",
       f"{'table':<24} {'placement':<12} {'rows/replica':>14} "
-      f"{'MiB/replica':>12}",
+      f"{'MiB/replica':>12}  stack",
     ]
     for p in self.placements.values():
       lines.append(
         f"{p.table:<24} {p.kind:<12} {max(p.shard_sizes):>14,} "
-        f"{max(p.bytes_per_replica()) / 2**20:>12.2f}"
+        f"{max(p.bytes_per_replica()) / 2**20:>12.2f}  {p.stack or '-'}"
       )
     total = max(self.bytes_per_replica()) / 2**20
     lines.append(f"{'total (largest replica)':<51} {total:>12.2f}")
@@ -241,3 +245,28 @@ def make_plan(
       name, kind, sizes, offsets, table.dim, num_slots
     )
   return ShardingPlan(num_replicas, row_threshold, placements)
+
+
+def member_placement(
+  stack: TablePlacement, table: str, offset: int, rows: int
+) -> TablePlacement:
+  """The placement of a table held at ``offset`` in a stack.
+
+  Example:
+    >>> stack = TablePlacement("s", ROW_SHARDED, (6, 6), (0, 6), 4, 1)
+    >>> p = member_placement(stack, "b", 4, 5)  # rows 4..8 of the stack
+    >>> p.shard_sizes, p.shard_offsets, p.stack
+    ((2, 3), (0, 2), 's')
+  """
+  sizes, offsets = [], []
+  for first, size in zip(stack.shard_offsets, stack.shard_sizes, strict=True):
+    a, b = max(first, offset), min(first + size, offset + rows)
+    sizes.append(max(0, b - a))
+    offsets.append(min(max(0, a - offset), rows))
+  return dataclasses.replace(
+    stack,
+    table=table,
+    shard_sizes=tuple(sizes),
+    shard_offsets=tuple(offsets),
+    stack=stack.table,
+  )

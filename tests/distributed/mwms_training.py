@@ -120,7 +120,7 @@ def train_and_check(
       np.testing.assert_allclose(
         local, expected[key][first * per : (first + 1) * per], atol=1e-5
       )
-  assert emb.backend.plan.placements["big"].sharded
+  assert emb.sharding_plan.placements["big"].sharded
   assert [s.shape[0] for s in emb.backend.shards("big")] == [
     15 if first == 0 else 14
   ]

@@ -102,7 +102,7 @@ def trained(request):
 def test_mirrored_fit_equals_one_device(trained):
   _, one_layer, _, _ = trained["default"]
   _, two_layer, _, _ = trained["mirrored"]
-  placements = mid_level(two_layer).backend.plan.placements
+  placements = mid_level(two_layer).sharding_plan.placements
   assert placements["big"].sharded
   assert "small" not in placements or not placements["small"].sharded
   want = layer_values(one_layer)

@@ -80,7 +80,7 @@ def test_checkpoint_restores_into_another_strategy(tmp_path):
       TPUEmbedding, seed=7, row_sharding_threshold=0
     )
   tf.train.Checkpoint(model=restored).restore(path).expect_partial()
-  placements = restored_layer.mid_level_api.backend.plan.placements
+  placements = restored_layer.mid_level_api.sharding_plan.placements
   assert placements["big"].sharded and placements["small"].sharded
   assert_same(variables_of(restored_layer), variables_of(layer))
 
@@ -118,7 +118,7 @@ def test_keras_file_loads_under_mirrored_strategy(tmp_path):
   with mirrored_strategy(2).scope():
     loaded = keras.models.load_model(path)
   loaded_layer = loaded.get_layer("embedding")
-  assert loaded_layer.mid_level_api.backend.plan.placements["big"].sharded
+  assert loaded_layer.mid_level_api.sharding_plan.placements["big"].sharded
   assert_same(variables_of(loaded_layer), variables_of(layer))
 
 

@@ -39,7 +39,7 @@ GatherRequests = Sequence[tuple[TableConfig, tf.Tensor]]
 Updates = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor, tf.Tensor | None]]
 
 
-def summed(ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None):
+def summed_gradients(ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None):
   """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
   if index is None:
     return grads

@@ -42,7 +42,7 @@ import tensorflow as tf
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
-from tpu_embedding.backends.base import summed
+from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.config import TableConfig
@@ -161,7 +161,7 @@ class ShardedBackend(Backend):
       return
     context = tf.distribute.get_replica_context()
     updates = [
-      (table, ids, summed(ids, grads, index))
+      (table, ids, summed_gradients(ids, grads, index))
       for table, ids, grads, index in updates
     ]
     id_lists = [ids for _, ids, _ in updates]

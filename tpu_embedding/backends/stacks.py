@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -26,6 +27,8 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import REPLICATED
 from tpu_embedding.sharding import ROW_SHARDED
 from tpu_embedding.sharding import RowThreshold
+from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.sharding import member_placement
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.stacked import StackMember
@@ -56,6 +59,25 @@ def stack_threshold(
     if stack.stacked and kind in (ROW_SHARDED, REPLICATED):
       kept[stack.name] = kind
   return RowThreshold(int(row_threshold), kept)
+
+
+def table_plan(
+  plan: ShardingPlan | None, stacks: Sequence[TableStack]
+) -> ShardingPlan | None:
+  """The backend's plan of stacks, told per table (stacked ones marked)."""
+  if plan is None or not any(stack.stacked for stack in stacks):
+    return plan
+  placements = {}
+  for stack in stacks:
+    placement = plan.placements[stack.name]
+    if not stack.stacked:
+      placements[stack.name] = placement
+      continue
+    for table, offset in zip(stack.tables, stack.offsets, strict=True):
+      placements[table_name(table)] = member_placement(
+        placement, table_name(table), offset, table.vocabulary_size
+      )
+  return dataclasses.replace(plan, placements=placements)
 
 
 def create_stacked_tables(

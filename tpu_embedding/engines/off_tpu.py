@@ -33,6 +33,7 @@ from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.backends.selection import stacking_support
 from tpu_embedding.backends.stacks import create_stacked_tables
 from tpu_embedding.backends.stacks import stack_threshold
+from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.lookup import TableBatch
@@ -120,7 +121,7 @@ class OffTPUEngine(Engine, Trackable):
 
   @property
   def sharding_plan(self) -> ShardingPlan | None:
-    return self._backend.plan
+    return table_plan(self._backend.plan, self._stacks)
 
   @property
   def stacks(self) -> list[TableStack]:

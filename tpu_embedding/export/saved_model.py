@@ -195,9 +195,8 @@ def _embedding_variable_ids(stores: Mapping[str, TableStore]) -> dict[int, str]:
   for name, store in stores.items():
     for variable in store.variables.values():
       found[id(variable)] = name
-    for block in store.blocks:
-      for variable in block.values():
-        found[id(variable)] = name
+    for variable in store.held_variables():
+      found[id(variable)] = name
   return found
 
 

@@ -307,6 +307,13 @@ class TableStore(metaclass=abc.ABCMeta):
         tf.boolean_mask(grads, mine),
       )
 
+  def held_variables(self) -> list[Any]:
+    """This host's variables holding the table's rows (and slots).
+
+    The blocks' variables; for a stacked table, its stack's.
+    """
+    return [v for block in self.blocks for v in block.values()]
+
   def bytes_per_device(self) -> dict[str, int]:
     """Bytes of parameters and slots held on each of this host's devices."""
     totals: dict[str, int] = {}
@@ -373,6 +380,12 @@ class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
 
   def numpy(self) -> Any:
     return self.read_value().numpy()
+
+  def value(self) -> tf.Tensor:
+    return self.read_value()
+
+  def __getitem__(self, key: Any) -> tf.Tensor:
+    return self.read_value()[key]
 
   def _serialize_to_tensors(self):
     return {VALUE_KEY: self.read_value()}

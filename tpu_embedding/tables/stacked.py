@@ -106,6 +106,9 @@ class StackMember(TableStore):
   def assign(self, value: Any, key: str = "parameters") -> Any:
     return self._variables[key].assign(value)
 
+  def held_variables(self) -> list[Any]:
+    return self.stack.held_variables()
+
   def bytes_per_device(self) -> dict[str, int]:
     """The member's share of the stack's bytes on each device."""
     start, end = self.offset, self.offset + self.table.vocabulary_size
