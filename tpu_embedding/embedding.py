@@ -40,11 +40,11 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.base import EngineCheckpointOwner
 from tpu_embedding.engines.selection import select_engine
-from tpu_embedding.stacking import TableStacking
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest

@@ -190,7 +190,9 @@ def test_placements_map_to_layouts_under_two_replicas():
     "small": krs_feature("small", krs_table("small_auto", 6)),
   }
   with mirrored_strategy(2).scope():
-    layer = DistributedEmbedding(features, row_sharding_threshold=20)
+    layer = DistributedEmbedding(
+      features, row_sharding_threshold=20, table_stacking=None
+    )
   layouts = {name: s.layout for name, s in layer.table_stores.items()}
   assert layouts == {
     "small_sparsecore": "row_sharded",  # whatever its size

@@ -34,7 +34,10 @@ def make_layer(threshold, seed=0):
 
 def reference(seed=0):
   big, small = builders.tables(seed=seed)
-  return tpe.TPUEmbedding(builders.mixed_features(big, small), tpe.SGD(0.1))
+  # Unstacked: its variables are plain tf.Variables (gradients flow to them).
+  return tpe.TPUEmbedding(
+    builders.mixed_features(big, small), tpe.SGD(0.1), table_stacking=None
+  )
 
 
 @pytest.mark.parametrize("threshold", list(SPLITS), ids=str)

@@ -46,7 +46,6 @@ from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
-from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.stacking import TableStacking

@@ -137,8 +137,10 @@ class DistributedEmbedding(TPUEmbedding):
         ``tpu_embedding`` optimizer or whatever
         ``tpu_embedding.layers.common.embedding_optimizer`` translates;
         this package's tables without one use ``"adam"``, as keras-rs.
-      table_stacking: keras-rs' SparseCore table stacking; kept for the
-        TPU hand-over, and meaningless off TPU (tables are never stacked).
+      table_stacking: as keras-rs: ``"auto"`` stacks tables of the same
+        width, optimizer and placement into one variable each; None stacks
+        nothing; lists of table names give the stacks
+        (``tpu_embedding.stacking``).
       row_sharding_threshold: with several replicas, ``"auto"`` tables with
         more rows are row-sharded, smaller ones replicated.
       placements: ``{table name: "sparsecore" | "default_device" |
@@ -165,9 +167,9 @@ class DistributedEmbedding(TPUEmbedding):
       row_sharding_threshold=keras_rs_configs.row_threshold(
         translated.placements, row_sharding_threshold
       ),
+      table_stacking=table_stacking,
       **kwargs,
     )
-    self._table_stacking = table_stacking
     self._placements = dict(translated.placements)
     self._threshold = int(row_sharding_threshold)
 

@@ -51,6 +51,7 @@ from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
@@ -124,6 +125,7 @@ class TPUEmbedding(Layer):
     embedding_feature: Any = None,
     *,
     row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    table_stacking: TableStacking = "auto",
     **kwargs: Any,
   ):
     """Creates the layer and its tables (under the current strategy).
@@ -151,6 +153,9 @@ class TPUEmbedding(Layer):
         rows are row-sharded over the replicas, smaller ones replicated (a
         ``tpu_embedding.sharding.RowThreshold`` also fixes the placement of
         the tables it names).
+      table_stacking: off TPU, which tables are held and updated as one
+        (``"auto"``, None or lists of table names; see
+        ``tpu_embedding.stacking``).
       **kwargs: Keras layer arguments (``name``, ...).
 
     Raises:
@@ -169,6 +174,7 @@ class TPUEmbedding(Layer):
     )
     self._batch_size = batch_size
     self._row_sharding_threshold = row_sharding_threshold
+    self._table_stacking = table_stacking
     self._strategy = common.creation_strategy()
     self._input_kinds = common.InputKinds()
     self._single_device = not tf.distribute.has_strategy() or isinstance(
@@ -181,6 +187,7 @@ class TPUEmbedding(Layer):
       self._optimizer,
       pipeline_execution_with_tensor_core,
       row_sharding_threshold=row_sharding_threshold,
+      table_stacking=table_stacking,
     )
     self._tpu_embedding.build()
     self._dummy = self.add_weight(
@@ -354,6 +361,7 @@ class TPUEmbedding(Layer):
       row_sharding_threshold=serialization.serialize_row_threshold(
         self._row_sharding_threshold
       ),
+      table_stacking=self._table_stacking,
     )
     return config
 

@@ -16,8 +16,8 @@ Example:
   >>> emb = tpe.TPUEmbedding([tpe.FeatureConfig(a), tpe.FeatureConfig(b)],
   ...                        tpe.SGD(0.1))
   >>> store = emb.table_stores["b"]
-  >>> store.layout, store.stack.layout, store.offset
-  ('stacked', 'whole', 3)
+  >>> type(store).__name__, store.layout, store.offset
+  ('StackMember', 'whole', 3)
   >>> tf.convert_to_tensor(store.variables["parameters"]).numpy().tolist()
   [[1.0, 1.0], [1.0, 1.0]]
 """
@@ -73,8 +73,6 @@ class StackMember(TableStore):
     offset: the member's first row in the stack.
   """
 
-  layout = "stacked"
-
   def __init__(self, table: TableConfig, stack: TableStore, offset: int):
     self.stack = stack
     self.offset = offset
@@ -84,6 +82,11 @@ class StackMember(TableStore):
     }
     # The member has no blocks of its own: the stack's store holds them.
     super().__init__(table, variables, [])
+
+  @property
+  def layout(self) -> str:  # type: ignore[override]
+    """The layout of the stack's store, where the rows live."""
+    return self.stack.layout
 
   def block_rows(self, block: int) -> tuple[int, int]:
     raise IndexError(
