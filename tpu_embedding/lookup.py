@@ -140,9 +140,11 @@ def group_table(
   for member, _, count in members:
     mine = features[start : start + count]
     start += count
-    segments, scales = _member_segments(member, mine)
-    member_segments.append(segments + offset if start > count else segments)
-    member_scales.append(scales)
+    own_segments, own_scales = _member_segments(member, mine)
+    member_segments.append(
+      own_segments + offset if start > count else own_segments
+    )
+    member_scales.append(own_scales)
     for f in mine:
       offset = offset + f.num_segments
   segments = _concat(member_segments)

@@ -62,7 +62,7 @@ class HeldUpdates:
       devices: one device per local replica (None: the default device).
     """
     self._tables = tuple(tables)
-    self._held: list[dict[str, tuple[tf.Variable, tf.Variable]]] = []
+    self._held: list[dict[str, tuple[tf.Variable, ...]]] = []
     for device in devices:
       with tf.init_scope(), tf.device(device):
         self._held.append(

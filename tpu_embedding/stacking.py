@@ -49,6 +49,10 @@ from tpu_embedding.resolved import table_name
 #: What ``table_stacking`` accepts.
 TableStacking = str | Sequence[str] | Sequence[Sequence[str]] | None
 
+_BAD_VALUE = (
+  "table_stacking must be 'auto', None or lists of table names. Received: {!r}"
+)
+
 #: ``placement(table) -> str``: the layout kind a table would get alone.
 PlacementOf = Callable[[TableConfig], str]
 
@@ -191,7 +195,7 @@ def plan_stacks(
     where: what cannot stack, for that error (e.g. the strategy).
 
   Returns:
-    The stacks, in the order of their first table.
+    The stacks, in the config order of their earliest table.
 
   Raises:
     ValueError: for an unknown value, unknown or repeated table names,
@@ -204,10 +208,7 @@ def plan_stacks(
     groups = [[t] for t in tables]
   elif isinstance(table_stacking, str):
     if table_stacking != "auto":
-      raise ValueError(
-        f"table_stacking must be 'auto', None or lists of table names. "
-        f"Received: {table_stacking!r}"
-      )
+      raise ValueError(_BAD_VALUE.format(table_stacking))
     groups = _auto_groups(tables, placement) if can_stack else []
     if not can_stack:
       groups = [[t] for t in tables]
@@ -219,7 +220,7 @@ def plan_stacks(
         f"{where or 'here'}; use table_stacking='auto' or None."
       )
   order = {table_name(t): i for i, t in enumerate(tables)}
-  groups.sort(key=lambda g: order[table_name(g[0])])
+  groups.sort(key=lambda g: min(order[table_name(t)] for t in g))
   return [stack_of(group, i) for i, group in enumerate(groups)]
 
 
@@ -243,6 +244,8 @@ def _explicit_groups(
   table_stacking: Sequence[Any],
   placement: PlacementOf,
 ) -> list[list[TableConfig]]:
+  if not isinstance(table_stacking, Sequence):
+    raise ValueError(_BAD_VALUE.format(table_stacking))
   lists = list(table_stacking)
   if lists and all(isinstance(n, str) for n in lists):
     lists = [lists]  # One stack given as a list of names.
@@ -250,10 +253,7 @@ def _explicit_groups(
   groups = []
   for names in lists:
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-      raise ValueError(
-        f"table_stacking must be 'auto', None or lists of table names. "
-        f"Received: {table_stacking!r}"
-      )
+      raise ValueError(_BAD_VALUE.format(table_stacking))
     if not names:
       raise ValueError("table_stacking has an empty stack ([]).")
     group = []

@@ -160,22 +160,22 @@ class ShardedBackend(Backend):
     if not updates:
       return
     context = tf.distribute.get_replica_context()
-    updates = [
+    summed_updates = [
       (table, ids, summed_gradients(ids, grads, index))
       for table, ids, grads, index in updates
     ]
-    id_lists = [ids for _, ids, _ in updates]
+    id_lists = [ids for _, ids, _ in summed_updates]
     exchange = Exchange(context, id_lists)
     all_ids = exchange.all_gather(id_lists, -1)
-    all_grads: list = [None] * len(updates)
-    for group in group_by_width([table.dim for table, _, _ in updates]):
+    all_grads: list = [None] * len(summed_updates)
+    for group in group_by_width([table.dim for table, _, _ in summed_updates]):
       gathered = exchange.all_gather(
-        [updates[k][2] for k in group], 0.0, tables=group
+        [summed_updates[k][2] for k in group], 0.0, tables=group
       )
       for k, grads in zip(group, gathered, strict=True):
         all_grads[k] = grads
     for (table, _, _), ids, grads in zip(
-      updates, all_ids, all_grads, strict=True
+      summed_updates, all_ids, all_grads, strict=True
     ):
       placement = self._plan.placements[table_name(table)]
       in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)

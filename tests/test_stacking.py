@@ -1,0 +1,408 @@
+"""Table stacking: plans, errors, and training equal to the numpy oracle.
+
+Tables stacked into one store (``tpu_embedding/stacking.py``) must train,
+save and restore exactly as when each is alone: checked against the
+independent numpy oracle (``tests/oracle.py``) for every optimizer, with
+stacking on and off, on 1, 2 and 4 replicas, and through checkpoints in
+both directions and into TensorFlow's own ``TPUEmbeddingForServing``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tpu_embedding.resolved import resolve
+from tpu_embedding.stacking import plan_stacks
+
+
+def _load_oracle():
+  name = "tpu_embedding_test_oracle"
+  if name not in sys.modules:
+    path = pathlib.Path(__file__).with_name("oracle.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
+oracle = _load_oracle()
+
+D, B, STEPS = 3, 4, 3
+ROWS = {"a": 7, "b": 11, "c": 5}
+COMBINERS = {"a": "sum", "b": "mean", "c": "sqrtn"}
+OPTIMIZERS = {
+  "sgd": {"learning_rate": 0.1},
+  "adagrad": {"learning_rate": 0.1, "initial_accumulator_value": 0.2},
+  "adagrad_momentum": {"learning_rate": 0.1, "momentum": 0.9},
+  "adam": {"learning_rate": 0.1, "epsilon": 0.01},
+  "ftrl": {"learning_rate": 0.1, "l1_regularization_strength": 0.01},
+}
+CLASSES = {
+  "sgd": tpe.SGD,
+  "adagrad": tpe.Adagrad,
+  "adagrad_momentum": tpe.AdagradMomentum,
+  "adam": tpe.Adam,
+  "ftrl": tpe.FTRL,
+}
+_RNG = np.random.default_rng(7)
+INIT = {
+  n: _RNG.uniform(-1, 1, (v, D)).astype(np.float32) for n, v in ROWS.items()
+}
+# Features: "a1" (ragged, weighted) and "a2" (dense) share table a; "b"
+# ragged; "c" dense. Ids repeat within and across samples.
+IDS = [
+  {
+    "a1": [[1, 3, 1], [], [6], [5, 1]],
+    "a2": [2, 1, 1, 6],
+    "b": [[10, 0], [3], [], [3, 3, 9]],
+    "c": [4, 4, 0, 2],
+  },
+  {
+    "a1": [[0], [1, 1], [2, 6, 5], []],
+    "a2": [0, 0, 5, 1],
+    "b": [[], [7, 7], [10], [0, 1]],
+    "c": [1, 4, 4, 3],
+  },
+  {
+    "a1": [[6, 6], [4], [], [3]],
+    "a2": [3, 4, 4, 4],
+    "b": [[2], [2, 9], [5, 5, 5], [8]],
+    "c": [0, 0, 0, 0],
+  },
+]
+WEIGHTS = [[[0.5, 2.0, 1.5], [], [3.0], [1.0, 0.25]], None, None]
+FEATURE_TABLE = {"a1": "a", "a2": "a", "b": "b", "c": "c"}
+R = {
+  f: _RNG.normal(size=(STEPS, B, D)).astype(np.float32) for f in FEATURE_TABLE
+}
+
+
+def _config():
+  tables = {
+    n: tpe.TableConfig(
+      ROWS[n],
+      D,
+      initializer=tf.constant_initializer(INIT[n]),
+      combiner=COMBINERS[n],
+      name=n,
+    )
+    for n in ROWS
+  }
+  return {f: tpe.FeatureConfig(tables[t]) for f, t in FEATURE_TABLE.items()}
+
+
+def _inputs(step: int, start: int = 0, end: int = B):
+  ids = IDS[step]
+  features = {
+    f: (
+      tf.ragged.constant(ids[f][start:end], tf.int64, row_splits_dtype=tf.int64)
+      if isinstance(ids[f][0], list)
+      else tf.constant(ids[f][start:end], tf.int64)
+    )
+    for f in FEATURE_TABLE
+  }
+  weights = {f: None for f in FEATURE_TABLE}
+  if step == 0:
+    weights["a1"] = tf.ragged.constant(
+      WEIGHTS[0][start:end], tf.float32, row_splits_dtype=tf.int64
+    )
+    weights["a1"] = tf.RaggedTensor.from_row_splits(
+      weights["a1"].flat_values, features["a1"].row_splits
+    )
+  return features, weights
+
+
+def _oracle_run(opt_name):
+  """Every table trained by the numpy oracle, as if alone."""
+  kwargs = OPTIMIZERS[opt_name]
+  tables = {
+    n: oracle.Table(INIT[n], oracle.Optimizer.create(opt_name, **kwargs))
+    for n in ROWS
+  }
+  for s in range(STEPS):
+    for name, table in tables.items():
+      features = [f for f, t in FEATURE_TABLE.items() if t == name]
+      specs = []
+      for f in features:
+        spec = {"ids": IDS[s][f], "combiner": COMBINERS[name]}
+        if isinstance(IDS[s][f][0], list):
+          if s == 0 and f == "a1":
+            spec["weights"] = WEIGHTS[0]
+        spec["ids"] = (
+          IDS[s][f] if isinstance(IDS[s][f][0], list) else np.array(IDS[s][f])
+        )
+        specs.append(spec)
+      table.step(
+        specs,
+        lambda acts, s=s, features=features: [
+          R[f][s] + act for f, act in zip(features, acts, strict=True)
+        ],
+      )
+  return tables
+
+
+def _train(opt_name, stacking, replicas):
+  strategy = (
+    mirrored_strategy(replicas)
+    if replicas > 1
+    else tf.distribute.get_strategy()
+  )
+  with strategy.scope():
+    emb = tpe.TPUEmbedding(
+      _config(),
+      CLASSES[opt_name](**OPTIMIZERS[opt_name]),
+      row_sharding_threshold=8,
+      table_stacking=stacking,
+    )
+  emb.build()
+  per_replica = B // replicas
+
+  def replica_fn(r):
+    with tf.GradientTape() as tape:
+      acts = emb.dequeue()
+      tape.watch(acts)
+      loss = tf.add_n(
+        [
+          tf.reduce_sum(acts[f] * r[f]) + 0.5 * tf.reduce_sum(acts[f] ** 2)
+          for f in FEATURE_TABLE
+        ]
+      )
+    emb.apply_gradients(tape.gradient(loss, acts))
+
+  @tf.function
+  def local_step(features, weights, r):
+    emb.enqueue(features, weights)
+    replica_fn(r)
+
+  @tf.function
+  def distributed_step(features, weights, r):
+    emb.enqueue(features, weights)
+    strategy.run(replica_fn, args=(r,))
+
+  for s in range(STEPS):
+    r_all = {f: R[f][s] for f in FEATURE_TABLE}
+    if replicas == 1:
+      local_step(*_inputs(s), r_all)
+      continue
+
+    def per_replica_values(ctx, s=s, r_all=r_all):
+      start = ctx.replica_id_in_sync_group * per_replica
+      features, weights = _inputs(s, start, start + per_replica)
+      r = {f: v[start : start + per_replica] for f, v in r_all.items()}
+      return features, weights, r
+
+    distributed_step(
+      *strategy.experimental_distribute_values_from_function(per_replica_values)
+    )
+  return emb
+
+
+# Every optimizer on one device; sharded (2 and 4 replicas) with Adagrad and
+# FTRL (slots, and a rule that is not linear in its slots).
+CASES = [(name, 1) for name in sorted(OPTIMIZERS)] + [
+  (name, replicas) for name in ("adagrad", "ftrl") for replicas in (2, 4)
+]
+
+
+@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
+@pytest.mark.parametrize("opt_name, replicas", CASES)
+def test_training_matches_oracle(opt_name, replicas, stacking):
+  emb = _train(opt_name, stacking, replicas)
+  stacks = {s.names for s in emb._engine.stacks}  # pylint: disable=protected-access
+  if stacking:
+    # b (11 rows) is row-sharded over several replicas, a and c replicated.
+    assert (("a", "b", "c") if replicas == 1 else ("a", "c")) in stacks
+  else:
+    assert stacks == {("a",), ("b",), ("c",)}
+  expected = _oracle_run(opt_name)
+  for name, table in expected.items():
+    got = emb.variables[name]
+    np.testing.assert_allclose(
+      tf.convert_to_tensor(got["parameters"]).numpy(),
+      table.params,
+      rtol=1e-5,
+      atol=1e-5,
+      err_msg=name,
+    )
+    for slot, value in table.slots.items():
+      np.testing.assert_allclose(
+        tf.convert_to_tensor(got[slot]).numpy(),
+        value,
+        rtol=1e-5,
+        atol=1e-5,
+        err_msg=f"{name}/{slot}",
+      )
+
+
+def _values(emb):
+  return {
+    f"{name}/{key}": tf.convert_to_tensor(v).numpy()
+    for name, variables in emb.variables.items()
+    for key, v in variables.items()
+  }
+
+
+@pytest.mark.parametrize("before_build", [True, False], ids=["before", "after"])
+@pytest.mark.parametrize(
+  "saved, restored", [("auto", None), (None, "auto"), ("auto", "auto")]
+)
+def test_checkpoints_move_between_stacked_and_alone(
+  saved, restored, before_build, tmp_path
+):
+  trained = _train("adagrad", saved, 1)
+  path = tf.train.Checkpoint(embedding=trained).save(str(tmp_path / "ckpt"))
+  shapes = dict(tf.train.list_variables(path))
+  for name, rows in ROWS.items():  # TensorFlow's keys, full shapes
+    assert shapes[f"embedding/{name}/.ATTRIBUTES/VARIABLE_VALUE"] == [rows, D]
+    key = f"embedding/{name}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"
+    assert shapes[key] == [rows, D]
+  assert not [k for k in shapes if "stack" in k]
+  fresh = tpe.TPUEmbedding(_config(), tpe.Adagrad(0.5), table_stacking=restored)
+  if not before_build:
+    fresh.build()
+  status = tf.train.Checkpoint(embedding=fresh).restore(path)
+  got = _values(fresh)
+  status.assert_existing_objects_matched()
+  for key, value in _values(trained).items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+  # Training continues from the restored values.
+  assert {s.stacked for s in fresh._engine.stacks} == {restored == "auto"}  # pylint: disable=protected-access
+
+
+def test_stacked_checkpoint_restores_into_tensorflow_serving(tmp_path):
+  ours = _train("adagrad", "auto", 1)
+  path = tf.train.Checkpoint(embedding=ours).save(str(tmp_path / "ckpt"))
+  tf_emb = tf.tpu.experimental.embedding
+  tables = {
+    n: tf_emb.TableConfig(ROWS[n], D, name=n, combiner=COMBINERS[n])
+    for n in ROWS
+  }
+  serving = tf_emb.TPUEmbeddingForServing(
+    {f: tf_emb.FeatureConfig(tables[t]) for f, t in FEATURE_TABLE.items()},
+    tf_emb.Adagrad(0.1),
+  )
+  tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+  features, weights = _inputs(0)
+  theirs = serving(features, weights)
+  mine = ours(features, weights)
+  for key in FEATURE_TABLE:
+    np.testing.assert_allclose(mine[key], theirs[key], atol=1e-6, err_msg=key)
+
+
+def test_stacked_views_read_write_and_report_their_own_rows():
+  strategy = mirrored_strategy(2)
+  with strategy.scope():
+    emb = tpe.TPUEmbedding(
+      _config(), tpe.SGD(0.1), row_sharding_threshold=0, table_stacking="auto"
+    )
+  emb.build()
+  store = emb.table_stores["b"]
+  # a (7 rows) then b (11) then c (5): 23 rows, blocks of 12 and 11, so b
+  # spans both replicas' blocks.
+  assert store.stack.table.vocabulary_size == 23 and store.offset == 7
+  assert [b["parameters"].shape[0] for b in store.stack.blocks] == [12, 11]
+  view = store.variables["parameters"]
+  np.testing.assert_array_equal(view.numpy(), INIT["b"])
+  np.testing.assert_array_equal(view[2].numpy(), INIT["b"][2])
+  new = np.arange(11 * D, dtype=np.float32).reshape(11, D)
+  view.assign(new)
+  np.testing.assert_array_equal(tf.convert_to_tensor(view).numpy(), new)
+  for name in ("a", "c"):  # the neighbours are untouched
+    np.testing.assert_array_equal(
+      emb.variables[name]["parameters"].numpy(), INIT[name]
+    )
+  with pytest.raises(ValueError, match=r"shape \[2, 3\].*\[11, 3\]"):
+    view.assign(np.zeros((2, D), np.float32))
+  plan = emb.sharding_plan
+  assert plan.placements["b"].stack == store.stack.table.name
+  assert plan.placements["b"].shard_sizes == (5, 6)
+  assert plan.placements["a"].shard_sizes == (7, 0)
+  assert sum(store.bytes_per_device().values()) == 11 * D * 4
+  assert "stack_a_b_c" in plan.report()
+
+
+def _tables(*specs):
+  features = [
+    tpe.FeatureConfig(tpe.TableConfig(10, dim, name=name, optimizer=opt))
+    for name, dim, opt in specs
+  ]
+  return resolve(features, tpe.SGD(0.1)).tables
+
+
+def test_auto_stacks_tables_that_update_alike():
+  tables = _tables(
+    ("a", 4, None),
+    ("b", 8, None),
+    ("c", 4, None),
+    ("d", 4, tpe.Adagrad(0.1)),
+    ("e", 4, tpe.Adagrad(0.1)),
+    ("f", 4, tpe.Adagrad(0.2)),
+  )
+  stacks = plan_stacks(tables, "auto")
+  assert [s.names for s in stacks] == [("a", "c"), ("b",), ("d", "e"), ("f",)]
+  assert [s.offsets for s in stacks] == [(0, 10), (0,), (0, 10), (0,)]
+  assert [s.names for s in plan_stacks(tables, None)] == [
+    (n,) for n in "abcdef"
+  ]
+  assert [s.names for s in plan_stacks(tables, "auto", can_stack=False)] == [
+    (n,) for n in "abcdef"
+  ]
+  # Different placements never stack.
+  kinds = {"a": "row_sharded", "c": "replicated"}
+  stacks = plan_stacks(tables, "auto", lambda t: kinds.get(t.name, "x"))
+  assert ("a", "c") not in [s.names for s in stacks]
+
+
+def test_explicit_stacks():
+  tables = _tables(("a", 4, None), ("b", 4, None), ("c", 4, None))
+  assert [s.names for s in plan_stacks(tables, [["c", "a"]])] == [
+    ("c", "a"),
+    ("b",),
+  ]
+  assert [s.names for s in plan_stacks(tables, ["a", "b"])] == [
+    ("a", "b"),
+    ("c",),
+  ]
+
+
+@pytest.mark.parametrize(
+  "stacking, match",
+  [
+    ("yes", "must be 'auto', None or lists of table names"),
+    ([["a", "zz"]], "names table 'zz', which is not among"),
+    ([["a", "b"], ["b", "c"]], "puts table 'b' in more than one stack"),
+    ([["a", "wide"]], "'wide' cannot be stacked with 'a': its dim is 8, not 4"),
+    ([["a", "ada"]], "'ada' cannot be stacked with 'a': its optimizer"),
+    ([[]], "empty stack"),
+    ([[1, 2]], "must be 'auto', None or lists of table names"),
+  ],
+)
+def test_bad_stacking_is_refused_naming_the_tables(stacking, match):
+  tables = _tables(
+    ("a", 4, None),
+    ("b", 4, None),
+    ("c", 4, None),
+    ("wide", 8, None),
+    ("ada", 4, tpe.Adagrad(0.1)),
+  )
+  with pytest.raises(ValueError, match=match):
+    plan_stacks(tables, stacking)
+
+
+def test_explicit_stacks_where_layouts_cannot_hold_them_are_refused():
+  tables = _tables(("a", 4, None), ("b", 4, None))
+  with pytest.raises(ValueError, match="cannot be stacked under X"):
+    plan_stacks(tables, [["a", "b"]], can_stack=False, where="under X")
+  with pytest.raises(ValueError, match="must be 'auto', None"):
+    tpe.TPUEmbedding(
+      [tpe.FeatureConfig(t) for t in tables], tpe.SGD(0.1), table_stacking=3
+    )
