@@ -28,6 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding.backends.stacks import plan_with_stacks  # noqa: E402
+from tpu_embedding.resolved import resolve  # noqa: E402
 from tpu_embedding.sharding import make_plan  # noqa: E402
 
 #: Criteo 1TB vocabulary sizes as published with Model Garden's DLRM.
@@ -77,7 +79,16 @@ def tables_for(args) -> list[tpe.TableConfig]:
   ]
 
 
-def measured_bytes_per_device(tables, replicas: int, threshold: int):
+def stacking_value(text: str):
+  """``--table_stacking``: auto, none, or stacks like ``t0+t1,t2+t3``."""
+  if text in ("auto", "none"):
+    return None if text == "none" else "auto"
+  return [stack.split("+") for stack in text.split(",")]
+
+
+def measured_bytes_per_device(
+  tables, replicas: int, threshold: int, stacking="auto"
+):
   """Bytes of the table and slot variables placed on each device."""
   strategy = tf.distribute.MirroredStrategy(
     [f"/cpu:{i}" for i in range(replicas)]
@@ -86,6 +97,7 @@ def measured_bytes_per_device(tables, replicas: int, threshold: int):
     emb = tpe.TPUEmbedding(
       {t.name: tpe.FeatureConfig(t) for t in tables},
       row_sharding_threshold=threshold,
+      table_stacking=stacking,
     )
   emb.build()
   per_device = collections.Counter()
@@ -126,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     help="Tables with more rows are row-sharded (0: all).",
   )
   parser.add_argument(
+    "--table_stacking",
+    default="auto",
+    help="auto (tables of the same width, optimizer and placement held as "
+    "one), none, or explicit stacks such as t0+t1,t2+t3.",
+  )
+  parser.add_argument(
     "--build",
     action="store_true",
     help="Create the variables on logical CPU devices and measure them.",
@@ -151,17 +169,29 @@ def main(argv: list[str] | None = None) -> None:
     )
   else:
     tables, threshold = tables_for(args), args.row_threshold
-  single = make_plan(tables, 1, threshold).bytes_per_replica()[0]
+  stacking = stacking_value(args.table_stacking)
+  resolved = resolve(
+    [tpe.FeatureConfig(t) for t in tables], tpe.Adagrad(0.1)
+  ).tables
+  single = make_plan(resolved, 1, threshold).bytes_per_replica()[0]
   for replicas in counts:
-    plan = make_plan(tables, replicas, threshold)
+    plan, stacks = plan_with_stacks(resolved, replicas, threshold, stacking)
     print(plan.report())
+    stacked = [s for s in stacks if s.stacked]
+    print(
+      f"{len(stacked)} stack(s) hold {sum(len(s.tables) for s in stacked)} "
+      f"of the {len(tables)} tables; a step deduplicates, gathers and "
+      f"updates {len(stacks)} store(s)"
+    )
     largest = max(plan.bytes_per_replica())
     print(
       f"largest replica holds {largest / single:.3f} of the one-device "
       f"bytes ({1 / replicas:.3f} would be a perfect split)"
     )
     if args.build:
-      measured = measured_bytes_per_device(tables, replicas, threshold)
+      measured = measured_bytes_per_device(
+        tables, replicas, threshold, stacking
+      )
       print(f"measured bytes per device: {measured}")
       assert measured == plan.bytes_per_replica(), "plan and variables differ"
     print()

@@ -171,7 +171,11 @@ class ShardingPlan:
     """A human-readable table of placements and bytes per replica."""
     forced = ""
     if isinstance(self.row_threshold, RowThreshold):
-      fixed = [f"{n} {k}" for n, k in self.row_threshold.forced.items()]
+      fixed = [
+        f"{n} {k}"
+        for n, k in self.row_threshold.forced.items()
+        if n in self.placements  # (a stack's placement is its tables')
+      ]
       forced = f" (placement fixed: {', '.join(fixed)})" if fixed else ""
     lines = [
       f"{self.num_replicas} replica(s), tables with more than "

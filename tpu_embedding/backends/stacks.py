@@ -28,8 +28,12 @@ from tpu_embedding.sharding import REPLICATED
 from tpu_embedding.sharding import ROW_SHARDED
 from tpu_embedding.sharding import RowThreshold
 from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.sharding import make_plan
 from tpu_embedding.sharding import member_placement
+from tpu_embedding.sharding import placement_kind
 from tpu_embedding.stacking import TableStack
+from tpu_embedding.stacking import TableStacking
+from tpu_embedding.stacking import plan_stacks
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.stacked import StackMember
 from tpu_embedding.tracking import PartlyTracked
@@ -78,6 +82,41 @@ def table_plan(
         placement, table_name(table), offset, table.vocabulary_size
       )
   return dataclasses.replace(plan, placements=placements)
+
+
+def plan_with_stacks(
+  tables: Sequence[TableConfig],
+  num_replicas: int,
+  row_threshold: int,
+  table_stacking: TableStacking = "auto",
+) -> tuple[ShardingPlan, list[TableStack]]:
+  """The per-table plan and the stacks of single-worker replicas.
+
+  What ``TPUEmbedding`` under a ``MirroredStrategy`` of ``num_replicas``
+  would hold, known without creating anything (``tools/sharding_report.py``).
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> from tpu_embedding.resolved import resolve
+    >>> tables = resolve([tpe.FeatureConfig(tpe.TableConfig(100, 4, name=n))
+    ...                   for n in "ab"], tpe.SGD(0.1)).tables
+    >>> plan, stacks = plan_with_stacks(tables, 2, 10)
+    >>> [s.names for s in stacks], plan.placements["b"].shard_sizes
+    ([('a', 'b')], (0, 100))
+  """
+
+  def placement(table: TableConfig) -> str:
+    return placement_kind(
+      table_name(table), table.vocabulary_size, num_replicas, row_threshold
+    )
+
+  stacks = plan_stacks(tables, table_stacking, placement)
+  plan = make_plan(
+    [stack.config for stack in stacks],
+    num_replicas,
+    stack_threshold(stacks, row_threshold, placement),
+  )
+  return table_plan(plan, stacks) or plan, stacks
 
 
 def create_stacked_tables(
