@@ -164,14 +164,23 @@ def test_input_benchmark(tmp_path):
 
 def test_sharding_report_of_a_named_experiment():
   out = run_tool(
-    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=1,8"
-  ).stdout
+    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=1,8",
+    "--table_stacking=none",
+  ).stdout  # fmt: skip
   assert "experiment dlrm_criteo: 26 tables (187,767,399 rows), SGD" in out
   # Model Garden's threshold (50,000 rows) on 8 replicas: the biggest
   # table split in 8, the 3-row one replicated.
-  assert re.search(r"embedding_table_00\s+row_sharded\s+4,985,551", out)
+  assert re.search(r"embedding_table_00\s+row_sharded\s+4,985,551\s", out)
   assert re.search(r"embedding_table_05\s+replicated\s+3\s", out)
   assert "more than 50,000 rows are row-sharded" in out
+  stacked = run_tool(
+    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=8"
+  ).stdout
+  # The 12 sharded tables in one stack, the 14 replicated ones in another.
+  assert "2 stack(s) hold 26 of the 26 tables" in stacked
+  assert re.search(
+    r"embedding_table_05\s+replicated\s+3\s+\S+\s+stack_", stacked
+  )
   bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
   assert "'dlrm': not an experiment" in bad.stderr
 
