@@ -31,6 +31,9 @@ setup(
       "model_garden.*",
     ]
   ),
+  # The kernels' C++ sources, compiled against the installed TensorFlow
+  # (python3 -m tpu_embedding.kernels build).
+  package_data={"tpu_embedding.kernels": ["*.cc"]},
   install_requires=[
     "tensorflow>=2.21,<2.22",
     "numpy",

@@ -104,5 +104,9 @@ class Adagrad(Optimizer):
     lr: tf.Tensor,
   ) -> tuple[tf.Tensor, AdagradSlots]:
     accumulators = slots.accumulators + tf.square(grads)
-    params = params - lr * grads / tf.sqrt(accumulators)
+    # divide_no_nan (the accumulators are > 0): a plain division by a
+    # square root is rewritten in graphs into a multiplication by rsqrt,
+    # whose rounding differs; this keeps the IEEE quotient everywhere, as
+    # the fused kernel (tpu_embedding/kernels) computes it.
+    params = params - tf.math.divide_no_nan(lr * grads, tf.sqrt(accumulators))
     return params, AdagradSlots(accumulators)

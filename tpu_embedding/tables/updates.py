@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.fused_update import fused_apply
 
 
 def apply_rows(
@@ -60,6 +61,9 @@ def apply_rows(
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
   if index is not None:
+    fused = fused_apply(table, block, ids, grads, index)
+    if fused is not None:  # One kernel: sum and update (same numbers).
+      return fused
     grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES

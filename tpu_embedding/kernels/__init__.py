@@ -1,0 +1,53 @@
+"""Fused C++ kernels for the sparse update, with a pure TensorFlow fallback.
+
+``TpeFusedSparseApply`` (``fused_update.cc``) sums each distinct row's
+gradients and applies SGD or Adagrad (with gradient clipping, weight decay
+and weight clipping) in one pass, reading and writing every row and slot
+row once, on all CPU threads; large table buffers are backed by huge pages.
+Its numbers are identical to the TensorFlow ops path (``tables/updates.py``),
+which remains for everything else and wherever the kernels cannot build.
+
+The library is compiled against the installed TensorFlow on first use (or
+ahead of time: ``python3 -m tpu_embedding.kernels build``) and cached
+(``build.py``). If the compiler is missing or the build fails, a warning is
+logged once and the TensorFlow path is used.
+
+Example:
+  >>> from tpu_embedding import kernels
+  >>> kernels.load() is None or hasattr(kernels.load(), "tpe_fused_sparse_apply")
+  True
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tpu_embedding.kernels import build as builder
+
+
+@functools.cache
+def load() -> Any:
+  """The loaded kernel module, or None (disabled, or cannot build/load)."""
+  if not builder.enabled():
+    return None
+  import os  # noqa: PLC0415
+
+  try:
+    if not os.path.exists(builder.library_path()):
+      logging.info(
+        "Building tpu_embedding's kernels (once, about 15 s): %s",
+        builder.library_path(),
+      )
+    return tf.load_op_library(builder.build())
+  except (builder.BuildError, tf.errors.NotFoundError, OSError) as e:
+    logging.warning(
+      "tpu_embedding's fused kernels are not available (%s); using the "
+      "TensorFlow ops path (same numbers, slower). Build them with "
+      "`python3 -m tpu_embedding.kernels build`.",
+      str(e).splitlines()[0] if str(e) else type(e).__name__,
+    )
+    return None

@@ -1,0 +1,265 @@
+// TpeFusedSparseApply: the backward segment sum and an optimizer's sparse
+// update in one pass over the distinct rows of a step.
+//
+// For each distinct row u (rows[u] into the variables), its gradient is the
+// sum of the gradient rows i with index[i] == u, added in increasing i from
+// zero (what tf.math.unsorted_segment_sum computes); then, in this order and
+// with the same float32 operations as tpu_embedding's TensorFlow path
+// (optimizers/base.py):
+//   g = min(max(g, clip_gradient_min), clip_gradient_max)
+//   w = w - decay * w                       (decoupled weight decay)
+//   sgd:      w = w - lr * g
+//   adagrad:  a = a + g * g;  w = w - (lr * g) / sqrt(a)
+//   w = min(max(w, clip_weight_min), clip_weight_max)
+// Each distinct row and its slot rows are read and written once; rows are
+// spread over the CPU worker threads. Every input is checked before any
+// variable is written.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Rows prefetched this many distinct rows ahead.
+constexpr int64_t kAhead = 8;
+
+inline void Prefetch(const float* row, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
+    __builtin_prefetch(p + offset, 1, 0);
+  }
+}
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+
+// Backs a large buffer with transparent huge pages (once per buffer): random
+// rows then cost one TLB entry per 2 MiB instead of per 4 KiB. Only the
+// physical backing changes; where the kernel refuses, nothing happens.
+void AdviseHugePages(const void* data, size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < 4 * kHuge) return;
+  static std::mutex mu;
+  static std::unordered_set<const void*>* seen = new std::unordered_set<const void*>;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen->insert(data).second) return;
+  }
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end <= begin) return;
+  void* start = reinterpret_cast<void*>(begin);
+  if (madvise(start, end - begin, MADV_HUGEPAGE) == 0) {
+    madvise(start, end - begin, MADV_COLLAPSE);
+  }
+}
+
+// x = min(max(x, low), high), as tf.maximum then tf.minimum.
+inline void Clip(float* x, int64_t n, float low, float high) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::min(std::max(x[i], low), high);
+}
+
+REGISTER_OP("TpeFusedSparseApply")
+    .Input("variables: num_variables * resource")
+    .Input("rows: int64")
+    .Input("index: int32")
+    .Input("grads: float")
+    .Input("lr: float")
+    .Attr("num_variables: int >= 1")
+    .Attr("rule: {'sgd', 'adagrad'}")
+    .Attr("clip_gradient_min: float")
+    .Attr("clip_gradient_max: float")
+    .Attr("weight_decay: float")
+    .Attr("decay_by_lr: bool")
+    .Attr("clip_weight_min: float")
+    .Attr("clip_weight_max: float")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+class FusedSparseApplyOp : public OpKernel {
+ public:
+  explicit FusedSparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string rule;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
+    adagrad_ = rule == "adagrad";
+    OP_REQUIRES(ctx, num_variables_ == (adagrad_ ? 2 : 1),
+                errors::InvalidArgument("rule ", rule, " takes ",
+                                        adagrad_ ? 2 : 1, " variables, got ",
+                                        num_variables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_gradient_min", &clip_gmin_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_gradient_max", &clip_gmax_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("weight_decay", &decay_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("decay_by_lr", &decay_by_lr_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_min", &clip_wmin_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_max", &clip_wmax_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(num_variables_);
+    const Tensor& index = ctx->input(num_variables_ + 1);
+    const Tensor& grads = ctx->input(num_variables_ + 2);
+    const Tensor& lr_tensor = ctx->input(num_variables_ + 3);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
+                errors::InvalidArgument("rows must be a vector, got shape ",
+                                        rows.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(index.shape()),
+                errors::InvalidArgument("index must be a vector, got shape ",
+                                        index.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr_tensor.shape()),
+                errors::InvalidArgument("lr must be a scalar"));
+    OP_REQUIRES(ctx,
+                grads.dims() == 2 && grads.dim_size(0) == index.dim_size(0),
+                errors::InvalidArgument(
+                    "grads must be [len(index), dim], got ",
+                    grads.shape().DebugString(), " for ",
+                    index.dim_size(0), " index entries"));
+
+    std::vector<core::RefCountPtr<Var>> vars(num_variables_);
+    for (int v = 0; v < num_variables_; ++v) {
+      OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, v), &vars[v]));
+    }
+    // Lock in address order (as TensorFlow's training ops do).
+    std::vector<Var*> order;
+    for (auto& v : vars) order.push_back(v.get());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<tsl::mutex_lock> locks;
+    locks.reserve(order.size());
+    for (Var* v : order) locks.emplace_back(*v->mu());
+
+    const int64_t num_unique = rows.dim_size(0);
+    const int64_t num_grads = index.dim_size(0);
+    const int64_t dim = grads.dim_size(1);
+    int64_t num_rows = -1;
+    for (int v = 0; v < num_variables_; ++v) {
+      Tensor* t = vars[v]->tensor();
+      OP_REQUIRES(ctx, vars[v]->is_initialized && t->dtype() == DT_FLOAT &&
+                           t->dims() == 2 && t->dim_size(1) == dim,
+                  errors::InvalidArgument(
+                      "variable ", v, " must be an initialized float32 [rows, ",
+                      dim, "] variable, got ", t->shape().DebugString()));
+      if (v == 0) num_rows = t->dim_size(0);
+      OP_REQUIRES(ctx, t->dim_size(0) == num_rows,
+                  errors::InvalidArgument("variables differ in rows: ",
+                                          t->dim_size(0), " vs ", num_rows));
+    }
+    auto row_ids = rows.flat<int64_t>();
+    for (int64_t u = 0; u < num_unique; ++u) {
+      OP_REQUIRES(ctx, row_ids(u) >= 0 && row_ids(u) < num_rows,
+                  errors::InvalidArgument("rows[", u, "] = ", row_ids(u),
+                                          " is not in [0, ", num_rows, ")"));
+    }
+    auto positions = index.flat<int32_t>();
+    // Occurrences of each distinct row, in increasing order (a CSR).
+    std::vector<int64_t> start(num_unique + 1, 0);
+    for (int64_t i = 0; i < num_grads; ++i) {
+      const int32_t u = positions(i);
+      OP_REQUIRES(ctx, u >= 0 && u < num_unique,
+                  errors::InvalidArgument("index[", i, "] = ", u,
+                                          " is not in [0, ", num_unique, ")"));
+      ++start[u + 1];
+    }
+    if (num_unique == 0) return;
+    for (int64_t u = 0; u < num_unique; ++u) start[u + 1] += start[u];
+    std::vector<int64_t> occurrences(num_grads);
+    {
+      std::vector<int64_t> next(start.begin(), start.end() - 1);
+      for (int64_t i = 0; i < num_grads; ++i) occurrences[next[positions(i)]++] = i;
+    }
+    // Copy-on-write, as TensorFlow's sparse updates: never write a buffer
+    // that a dense read still holds.
+    for (Var* v : order) {
+      if (v->copy_on_read_mode.load()) continue;
+      if (!v->tensor()->RefCountIsOne()) {
+        Tensor copy;
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, v->tensor()->shape(), &copy));
+        std::memcpy(copy.flat<float>().data(), v->tensor()->flat<float>().data(),
+                    v->tensor()->TotalBytes());
+        *v->tensor() = copy;
+      }
+      v->copy_on_read_mode.store(true);
+    }
+
+    for (Var* v : order) {
+      AdviseHugePages(v->tensor()->flat<float>().data(), v->tensor()->TotalBytes());
+    }
+    float* params = vars[0]->tensor()->flat<float>().data();
+    float* accum = adagrad_ ? vars[1]->tensor()->flat<float>().data() : nullptr;
+    const float* g_data = grads.flat<float>().data();
+    const float lr = lr_tensor.scalar<float>()();
+    const float decay = decay_by_lr_ ? decay_ * lr : decay_;
+    const bool has_decay = decay_ != 0.0f;
+
+    const bool clip_gradients = clip_gmin_ > -kInf || clip_gmax_ < kInf;
+    const bool clip_weights = clip_wmin_ > -kInf || clip_wmax_ < kInf;
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> sum(dim);
+      float* g = sum.data();
+      const int64_t row_bytes = dim * sizeof(float);
+      for (int64_t u = begin; u < end; ++u) {
+        if (u + kAhead < end) {  // Random rows: ask for them early.
+          const int64_t ahead = u + kAhead;
+          Prefetch(params + row_ids(ahead) * dim, row_bytes);
+          if (accum != nullptr) Prefetch(accum + row_ids(ahead) * dim, row_bytes);
+          for (int64_t k = start[ahead]; k < start[ahead + 1]; ++k) {
+            Prefetch(g_data + occurrences[k] * dim, row_bytes);
+          }
+        }
+        std::fill(g, g + dim, 0.0f);
+        for (int64_t k = start[u]; k < start[u + 1]; ++k) {
+          const float* src = g_data + occurrences[k] * dim;
+          for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+        }
+        float* w = params + row_ids(u) * dim;
+        if (clip_gradients) Clip(g, dim, clip_gmin_, clip_gmax_);
+        if (has_decay) {
+          for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - decay * w[d];
+        }
+        if (accum != nullptr) {
+          float* a = accum + row_ids(u) * dim;
+          for (int64_t d = 0; d < dim; ++d) {
+            a[d] = a[d] + g[d] * g[d];
+            w[d] = w[d] - (lr * g[d]) / std::sqrt(a[d]);
+          }
+        } else {
+          for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - lr * g[d];
+        }
+        if (clip_weights) Clip(w, dim, clip_wmin_, clip_wmax_);
+      }
+    };
+    auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t cost = std::max<int64_t>(
+        1, dim * (4 + 2 * (num_grads / std::max<int64_t>(num_unique, 1))));
+    threads->workers->ParallelFor(num_unique, cost, work);
+  }
+
+ private:
+  int num_variables_;
+  bool adagrad_;
+  float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
+  bool decay_by_lr_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TpeFusedSparseApply").Device(DEVICE_CPU),
+                        FusedSparseApplyOp);
+
+}  // namespace
+}  // namespace tensorflow

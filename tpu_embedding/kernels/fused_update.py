@@ -1,0 +1,83 @@
+"""The fused sparse update: segment sum and optimizer in one kernel.
+
+``fused_apply`` is what ``tables/updates.apply_rows`` calls first for
+per-occurrence gradients; it returns None where the kernel does not apply
+(another optimizer, or no kernel library), and the TensorFlow path runs.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.resolved import resolve
+  >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(3, 1, name="t")),
+  ...                 tpe.SGD(0.5)).tables[0]
+  >>> block = {"parameters": tf.Variable(tf.zeros([3, 1]))}
+  >>> _ = fused_apply(table, block, tf.constant([2], tf.int64),
+  ...                 tf.constant([[1.0], [2.0]]), tf.constant([0, 0]))
+  >>> block["parameters"].numpy().ravel().tolist()  # (either path)
+  [0.0, 0.0, -1.5]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels import load
+from tpu_embedding.optimizers.adagrad import Adagrad
+from tpu_embedding.optimizers.sgd import SGD
+
+#: The optimizers the kernel implements, by rule name.
+RULES = {SGD: "sgd", Adagrad: "adagrad"}
+
+
+def _bound(value: float | None, default: float) -> float:
+  return default if value is None else float(value)
+
+
+def fused_apply(
+  table: TableConfig,
+  block: dict[str, Any],
+  ids: tf.Tensor,
+  grads: tf.Tensor,
+  index: tf.Tensor,
+) -> list[Any] | None:
+  """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
+
+  Args:
+    table: the table (its optimizer must be ``SGD`` or ``Adagrad``).
+    block: ``{"parameters": var, <slot>: var}``.
+    ids: ``[n]`` distinct int64 row indices into ``block``.
+    grads: ``[m, dim]`` gradients of single occurrences.
+    index: ``[m]`` int32 position in ``ids`` of each gradient row.
+
+  Returns:
+    The kernel op in a list (``[None]`` when eager), or None when the
+    kernel does not apply (then nothing was done).
+  """
+  optimizer = table.optimizer
+  rule = RULES.get(type(optimizer))
+  module = load()
+  if rule is None or module is None:
+    return None
+  names = ("parameters", *optimizer.SLOT_NAMES)
+  variables = [block[name] for name in names]
+  if any(not hasattr(v, "handle") for v in variables):
+    return None  # Not plain resource variables (e.g. user-made slots).
+  op = module.tpe_fused_sparse_apply(
+    variables=[v.handle for v in variables],
+    rows=tf.cast(ids, tf.int64),
+    index=tf.cast(index, tf.int32),
+    grads=tf.cast(grads, tf.float32),
+    lr=optimizer.learning_rate_tensor(),
+    rule=rule,
+    clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),
+    clip_gradient_max=_bound(optimizer.clip_gradient_max, math.inf),
+    weight_decay=float(optimizer.weight_decay_factor or 0.0),
+    decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate),
+    clip_weight_min=_bound(optimizer.clip_weight_min, -math.inf),
+    clip_weight_max=_bound(optimizer.clip_weight_max, math.inf),
+  )
+  return [op]
