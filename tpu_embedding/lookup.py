@@ -235,8 +235,8 @@ def split_activations(
 
 def occurrence_gradients(
   activation_grads: Sequence[tf.Tensor], batch: TableBatch
-) -> tf.Tensor:
-  """``[n, dim]`` gradient of each id occurrence (``batch.unique_index``).
+) -> list[tf.Tensor]:
+  """The gradient of each id occurrence (``batch.unique_index``), in pieces.
 
   A row's gradient is the sum of its occurrences' (``row_gradients``);
   fused updates (``tables/updates.py``) sum them as they apply them.
@@ -244,16 +244,24 @@ def occurrence_gradients(
   Args:
     activation_grads: per feature, the gradient of its activations.
     batch: the ``TableBatch`` the activations were computed from.
+
+  Returns:
+    ``[n_k, dim]`` tensors whose concatenation is the ``[n, dim]``
+    gradients: one per feature when each id is its own output row (read
+    in place, never copied into one tensor), else one.
   """
   dim = batch.table.dim
-  per_id = _concat(
-    [tf.reshape(tf.cast(g, tf.float32), [-1, dim]) for g in activation_grads]
-  )
+  pieces = [
+    tf.reshape(tf.cast(g, tf.float32), [-1, dim]) for g in activation_grads
+  ]
+  if batch.segments is None and batch.scales is None:
+    return pieces
+  per_id = _concat(pieces)
   if batch.segments is not None:
     per_id = tf.gather(per_id, batch.segments)
   if batch.scales is not None:
     per_id = per_id * batch.scales[:, None]
-  return per_id
+  return [per_id]
 
 
 def row_gradients(
@@ -266,7 +274,7 @@ def row_gradients(
     batch: the ``TableBatch`` the activations were computed from.
   """
   return tf.math.unsorted_segment_sum(
-    occurrence_gradients(activation_grads, batch),
+    _concat(occurrence_gradients(activation_grads, batch)),
     batch.unique_index,
     tf.size(batch.unique_ids),
   )

@@ -49,6 +49,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.tables.updates import concat_pieces
 
 
 class HeldUpdates:
@@ -83,7 +84,7 @@ class HeldUpdates:
       if index is None:  # Summed gradients: occurrence i is row i.
         index = tf.range(tf.size(ids, out_type=tf.int32))
       held_ids.assign(ids)
-      held_grads.assign(grads)
+      held_grads.assign(concat_pieces(grads))
       held_index.assign(index)
 
   def take(self, replica: int) -> list:

@@ -29,6 +29,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tables.updates import concat_pieces
 
 #: ``[(table, ids)]``: the distinct ids to gather from each table.
 GatherRequests = Sequence[tuple[TableConfig, tf.Tensor]]
@@ -43,7 +44,7 @@ def summed_gradients(ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None):
   """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
   if index is None:
     return grads
-  return tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+  return tf.math.unsorted_segment_sum(concat_pieces(grads), index, tf.size(ids))
 
 
 class Backend(metaclass=abc.ABCMeta):

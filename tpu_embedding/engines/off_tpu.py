@@ -59,6 +59,7 @@ from tpu_embedding.structure import check_same_structure
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import variables_by_name
+from tpu_embedding.tables.updates import concat_pieces
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -334,7 +335,8 @@ class OffTPUEngine(Engine, Trackable):
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])
         count = tf.where(skip, 0, tf.shape(index)[0])
-        ids, occurrences, index = ids[:rows], occurrences[:count], index[:count]
+        ids, index = ids[:rows], index[:count]
+        occurrences = concat_pieces(occurrences)[:count]
       updates.append((stack.config, ids, occurrences, index))
     self._backend.apply_updates(updates)
 

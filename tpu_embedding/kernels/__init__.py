@@ -14,7 +14,8 @@ logged once and the TensorFlow path is used.
 
 Example:
   >>> from tpu_embedding import kernels
-  >>> kernels.load() is None or hasattr(kernels.load(), "tpe_fused_sparse_apply")
+  >>> module = kernels.load()  # None where the kernels cannot build
+  >>> module is None or hasattr(module, "tpe_fused_sparse_apply")
   True
 """
 

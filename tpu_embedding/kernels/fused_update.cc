@@ -80,9 +80,10 @@ REGISTER_OP("TpeFusedSparseApply")
     .Input("variables: num_variables * resource")
     .Input("rows: int64")
     .Input("index: int32")
-    .Input("grads: float")
+    .Input("grads: num_pieces * float")
     .Input("lr: float")
     .Attr("num_variables: int >= 1")
+    .Attr("num_pieces: int >= 1")
     .Attr("rule: {'sgd', 'adagrad'}")
     .Attr("clip_gradient_min: float")
     .Attr("clip_gradient_max: float")
@@ -98,6 +99,7 @@ class FusedSparseApplyOp : public OpKernel {
   explicit FusedSparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string rule;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
     adagrad_ = rule == "adagrad";
     OP_REQUIRES(ctx, num_variables_ == (adagrad_ ? 2 : 1),
@@ -115,8 +117,7 @@ class FusedSparseApplyOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(num_variables_);
     const Tensor& index = ctx->input(num_variables_ + 1);
-    const Tensor& grads = ctx->input(num_variables_ + 2);
-    const Tensor& lr_tensor = ctx->input(num_variables_ + 3);
+    const Tensor& lr_tensor = ctx->input(num_variables_ + 2 + num_pieces_);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
                 errors::InvalidArgument("rows must be a vector, got shape ",
                                         rows.shape().DebugString()));
@@ -125,12 +126,30 @@ class FusedSparseApplyOp : public OpKernel {
                                         index.shape().DebugString()));
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr_tensor.shape()),
                 errors::InvalidArgument("lr must be a scalar"));
-    OP_REQUIRES(ctx,
-                grads.dims() == 2 && grads.dim_size(0) == index.dim_size(0),
-                errors::InvalidArgument(
-                    "grads must be [len(index), dim], got ",
-                    grads.shape().DebugString(), " for ",
-                    index.dim_size(0), " index entries"));
+    // The gradient rows: the concatenation of the pieces' rows.
+    const int64_t num_grads = index.dim_size(0);
+    const Tensor& first_piece = ctx->input(num_variables_ + 2);
+    OP_REQUIRES(ctx, first_piece.dims() == 2,
+                errors::InvalidArgument("grads must be [rows, dim], got ",
+                                        first_piece.shape().DebugString()));
+    const int64_t dim = first_piece.dim_size(1);
+    std::vector<const float*> grad_rows;
+    grad_rows.reserve(num_grads);
+    for (int p = 0; p < num_pieces_; ++p) {
+      const Tensor& piece = ctx->input(num_variables_ + 2 + p);
+      OP_REQUIRES(ctx, piece.dims() == 2 && piece.dim_size(1) == dim,
+                  errors::InvalidArgument(
+                      "every grads piece must be [rows, ", dim, "], got ",
+                      piece.shape().DebugString()));
+      const float* data = piece.flat<float>().data();
+      for (int64_t r = 0; r < piece.dim_size(0); ++r) {
+        grad_rows.push_back(data + r * dim);
+      }
+    }
+    OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
+                errors::InvalidArgument("grads have ", grad_rows.size(),
+                                        " rows for ", num_grads,
+                                        " index entries"));
 
     std::vector<core::RefCountPtr<Var>> vars(num_variables_);
     for (int v = 0; v < num_variables_; ++v) {
@@ -146,8 +165,6 @@ class FusedSparseApplyOp : public OpKernel {
     for (Var* v : order) locks.emplace_back(*v->mu());
 
     const int64_t num_unique = rows.dim_size(0);
-    const int64_t num_grads = index.dim_size(0);
-    const int64_t dim = grads.dim_size(1);
     int64_t num_rows = -1;
     for (int v = 0; v < num_variables_; ++v) {
       Tensor* t = vars[v]->tensor();
@@ -203,7 +220,6 @@ class FusedSparseApplyOp : public OpKernel {
     }
     float* params = vars[0]->tensor()->flat<float>().data();
     float* accum = adagrad_ ? vars[1]->tensor()->flat<float>().data() : nullptr;
-    const float* g_data = grads.flat<float>().data();
     const float lr = lr_tensor.scalar<float>()();
     const float decay = decay_by_lr_ ? decay_ * lr : decay_;
     const bool has_decay = decay_ != 0.0f;
@@ -220,12 +236,12 @@ class FusedSparseApplyOp : public OpKernel {
           Prefetch(params + row_ids(ahead) * dim, row_bytes);
           if (accum != nullptr) Prefetch(accum + row_ids(ahead) * dim, row_bytes);
           for (int64_t k = start[ahead]; k < start[ahead + 1]; ++k) {
-            Prefetch(g_data + occurrences[k] * dim, row_bytes);
+            Prefetch(grad_rows[occurrences[k]], row_bytes);
           }
         }
         std::fill(g, g + dim, 0.0f);
         for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-          const float* src = g_data + occurrences[k] * dim;
+          const float* src = grad_rows[occurrences[k]];
           for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
         }
         float* w = params + row_ids(u) * dim;
@@ -253,6 +269,7 @@ class FusedSparseApplyOp : public OpKernel {
 
  private:
   int num_variables_;
+  int num_pieces_;
   bool adagrad_;
   float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
   bool decay_by_lr_;

@@ -37,11 +37,16 @@ def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
 
 
+def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
+  """``grads`` as a list of ``[rows, dim]`` pieces."""
+  return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+
+
 def fused_apply(
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
-  grads: tf.Tensor,
+  grads: tf.Tensor | list[tf.Tensor],
   index: tf.Tensor,
 ) -> list[Any] | None:
   """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
@@ -50,7 +55,8 @@ def fused_apply(
     table: the table (its optimizer must be ``SGD`` or ``Adagrad``).
     block: ``{"parameters": var, <slot>: var}``.
     ids: ``[n]`` distinct int64 row indices into ``block``.
-    grads: ``[m, dim]`` gradients of single occurrences.
+    grads: ``[m, dim]`` gradients of single occurrences, or pieces whose
+      concatenation they are (read in place, never concatenated).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
 
   Returns:
@@ -58,9 +64,10 @@ def fused_apply(
     kernel does not apply (then nothing was done).
   """
   optimizer = table.optimizer
-  rule = RULES.get(type(optimizer))
-  module = load()
-  if rule is None or module is None:
+  if optimizer is None or type(optimizer) not in RULES:
+    return None
+  rule, module = RULES[type(optimizer)], load()
+  if module is None:
     return None
   names = ("parameters", *optimizer.SLOT_NAMES)
   variables = [block[name] for name in names]
@@ -70,7 +77,7 @@ def fused_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
     index=tf.cast(index, tf.int32),
-    grads=tf.cast(grads, tf.float32),
+    grads=[tf.cast(g, tf.float32) for g in pieces(grads)],
     lr=optimizer.learning_rate_tensor(),
     rule=rule,
     clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),

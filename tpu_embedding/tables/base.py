@@ -53,6 +53,7 @@ from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.updates import apply_rows
+from tpu_embedding.tables.updates import concat_pieces
 from tpu_embedding.tracking import VariableTracker
 
 #: The variables of one row block: ``{"parameters": var, <slot>: var}``.
@@ -297,7 +298,9 @@ class TableStore(metaclass=abc.ABCMeta):
       self.update_block(0, ids, grads, index)  # One block holds every row.
       return
     if index is not None:
-      grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+      grads = tf.math.unsorted_segment_sum(
+        concat_pieces(grads), index, tf.size(ids)
+      )
     for block in range(len(self.blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)

@@ -30,6 +30,7 @@ from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.updates import concat_pieces
 
 
 class ReplicatedVariable(WholeValueVariable):
@@ -105,7 +106,9 @@ class ReplicatedTable(TableStore):
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
-      grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+      grads = tf.math.unsorted_segment_sum(
+        concat_pieces(grads), index, tf.size(ids)
+      )
       index = None
     for block in range(len(self._blocks)):
       self.update_block(block, ids, grads, index)

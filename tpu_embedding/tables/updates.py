@@ -28,12 +28,23 @@ import tensorflow as tf
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.fused_update import fused_apply
 
+#: Gradients of single occurrences: one ``[m, dim]`` tensor, or pieces
+#: whose concatenation it is (the fused kernel reads pieces in place).
+Gradients = Any
+
+
+def concat_pieces(grads: Gradients) -> tf.Tensor:
+  """``grads`` as one tensor (pieces concatenated)."""
+  if not isinstance(grads, (list, tuple)):
+    return grads
+  return grads[0] if len(grads) == 1 else tf.concat(list(grads), axis=0)
+
 
 def apply_rows(
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
-  grads: tf.Tensor,
+  grads: Gradients,
   num_rows: int,
   index: tf.Tensor | None = None,
 ) -> list[Any]:
@@ -45,7 +56,8 @@ def apply_rows(
       (a whole table or one row block of it).
     ids: ``[n]`` distinct row indices into ``block``.
     grads: ``[n, dim]`` summed gradients of those rows; with ``index``,
-      ``[m, dim]`` gradients of single occurrences instead.
+      ``[m, dim]`` gradients of single occurrences instead (or pieces
+      whose concatenation they are).
     num_rows: rows in ``block``.
     index: None, or ``[m]`` int32: the position in ``ids`` of each row of
       ``grads``. A row's gradient is then the sum of its occurrences, added
@@ -64,7 +76,9 @@ def apply_rows(
     fused = fused_apply(table, block, ids, grads, index)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
-    grads = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+    grads = tf.math.unsorted_segment_sum(
+      concat_pieces(grads), index, tf.size(ids)
+    )
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:
