@@ -85,8 +85,17 @@ def make_batches(args: argparse.Namespace) -> list[dict[str, tf.Tensor]]:
 
 
 def head_loss(activations: list[tf.Tensor], head: tf.Tensor) -> tf.Tensor:
-  """The shared dense part: a linear head and a squared loss."""
-  logits = tf.concat(activations, axis=1) @ head
+  """The shared dense part: a linear head and a squared loss.
+
+  ``concat(activations) @ head`` computed as the sum of each feature's
+  activations times its slice of ``head``: the same function, without
+  copying every activation (and its gradient) into one wide tensor, so
+  the step measures the embedding rather than that copy.
+  """
+  dim = activations[0].shape[-1]
+  logits = tf.add_n(
+    [a @ head[i * dim : (i + 1) * dim] for i, a in enumerate(activations)]
+  )
   return tf.reduce_mean(tf.square(logits - 1.0))
 
 

@@ -1,0 +1,255 @@
+"""The fused update kernel: identical numbers to the TensorFlow path.
+
+``tpu_embedding/kernels`` compiles ``TpeFusedSparseApply`` against the
+installed TensorFlow. Each case applies the same update twice, once with
+the kernel and once with the TensorFlow ops (``TPU_EMBEDDING_KERNELS=0``'s
+path: ``unsorted_segment_sum`` then the optimizer's rule), and requires
+bit-identical parameters and slots; bad inputs must fail and change
+nothing; the build works from an empty cache and falls back cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tpu_embedding import kernels
+from tpu_embedding.kernels import build as builder
+from tpu_embedding.kernels.fused_update import fused_apply
+from tpu_embedding.resolved import resolve
+from tpu_embedding.tables import updates
+
+pytestmark = pytest.mark.skipif(
+  kernels.load() is None, reason="the kernels did not build here"
+)
+
+ROWS, DIM = 50, 8
+
+OPTIMIZERS = {
+  "sgd": lambda: tpe.SGD(0.3),
+  "adagrad": lambda: tpe.Adagrad(0.3, initial_accumulator_value=0.2),
+  "sgd_clip_decay": lambda: tpe.SGD(
+    0.3,
+    clipvalue=(-0.5, 0.25),
+    weight_decay_factor=0.1,
+    clip_weight_min=-0.6,
+    clip_weight_max=0.7,
+  ),
+  "adagrad_all": lambda: tpe.Adagrad(
+    0.3,
+    clipvalue=0.4,
+    weight_decay_factor=0.05,
+    multiply_weight_decay_factor_by_learning_rate=True,
+    clip_weight_min=-0.8,
+    clip_weight_max=0.9,
+  ),
+  "adagrad_dynamic_lr": lambda: tpe.Adagrad(lambda: tf.constant(0.05) * 3.0),
+}
+
+
+def _table(optimizer):
+  return resolve(
+    tpe.FeatureConfig(tpe.TableConfig(ROWS, DIM, name="t")), optimizer
+  ).tables[0]
+
+
+def _block(table, rng):
+  block = {
+    "parameters": tf.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32))
+  }
+  for slot in table.optimizer.SLOT_NAMES:
+    block[slot] = tf.Variable(
+      rng.uniform(0.1, 1.0, (ROWS, DIM)).astype(np.float32)
+    )
+  return block
+
+
+def _update(rng, occurrences=60, unique=17):
+  ids = rng.choice(ROWS, unique, replace=False).astype(np.int64)
+  index = np.concatenate(
+    [np.arange(unique), rng.integers(0, unique, occurrences - unique)]
+  )
+  rng.shuffle(index)
+  grads = rng.normal(size=(occurrences, DIM)).astype(np.float32)
+  grads[0, :3] = [0.0, -0.0, 1e-30]  # signed zeros and tiny values
+  return ids, index.astype(np.int32), grads
+
+
+def _values(block):
+  return {k: v.numpy() for k, v in block.items()}
+
+
+def _tensorflow_path(table, block, ids, grads, index):
+  summed = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
+  return updates.apply_rows(table, block, ids, summed, ROWS)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fused_update_equals_the_tensorflow_path(name, traced):
+  rng = np.random.default_rng(3)
+  table = _table(OPTIMIZERS[name]())
+  fused, reference = _block(table, rng), None
+  reference = {k: tf.Variable(v) for k, v in fused.items()}
+  steps = [_update(rng) for _ in range(3)]
+
+  def fused_step(ids, grads, index):
+    assert fused_apply(table, fused, ids, grads, index) is not None
+
+  def tf_step(ids, grads, index):
+    _tensorflow_path(table, reference, ids, grads, index)
+
+  if traced:
+    fused_step, tf_step = tf.function(fused_step), tf.function(tf_step)
+  for ids, index, grads in steps:
+    fused_step(tf.constant(ids), tf.constant(grads), tf.constant(index))
+    tf_step(tf.constant(ids), tf.constant(grads), tf.constant(index))
+  want, got = _values(reference), _values(fused)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  # Rows never updated are untouched.
+  touched = np.unique(np.concatenate([s[0] for s in steps]))
+  untouched = np.setdiff1d(np.arange(ROWS), touched)
+  assert not np.array_equal(got["parameters"][touched], 0)
+  assert untouched.size
+
+
+def test_pieces_are_read_as_their_concatenation():
+  rng = np.random.default_rng(4)
+  table = _table(tpe.Adagrad(0.2))
+  one, split = _block(table, rng), None
+  split = {k: tf.Variable(v) for k, v in one.items()}
+  ids, index, grads = _update(rng)
+  fused_apply(table, one, tf.constant(ids), tf.constant(grads), index)
+  pieces = [tf.constant(p) for p in np.split(grads, [7, 7, 30])]
+  fused_apply(table, split, tf.constant(ids), pieces, index)
+  for key in one:
+    np.testing.assert_array_equal(one[key].numpy(), split[key].numpy())
+
+
+def test_empty_update_changes_nothing():
+  rng = np.random.default_rng(5)
+  table = _table(tpe.Adagrad(0.2))
+  block = _block(table, rng)
+  before = _values(block)
+  fused_apply(
+    table,
+    block,
+    tf.zeros([0], tf.int64),
+    tf.zeros([0, DIM]),
+    tf.zeros([0], tf.int32),
+  )
+  for key, value in _values(block).items():
+    np.testing.assert_array_equal(value, before[key])
+
+
+@pytest.mark.parametrize(
+  "ids, index, rows, match",
+  [
+    ([3, ROWS], [0, 1], 2, r"rows\[1\] = 50 is not in \[0, 50\)"),
+    ([3, -1], [0, 1], 2, r"rows\[1\] = -1 is not in"),
+    ([3, 4], [0, 2], 2, r"index\[1\] = 2 is not in \[0, 2\)"),
+    ([3, 4], [0, 1], 3, "grads have 3 rows for 2 index entries"),
+  ],
+)
+def test_bad_inputs_fail_and_change_nothing(ids, index, rows, match):
+  rng = np.random.default_rng(6)
+  table = _table(tpe.Adagrad(0.2))
+  block = _block(table, rng)
+  before = _values(block)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+    fused_apply(
+      table,
+      block,
+      tf.constant(ids, tf.int64),
+      tf.constant(rng.normal(size=(rows, DIM)).astype(np.float32)),
+      tf.constant(index, tf.int32),
+    )
+  for key, value in _values(block).items():
+    np.testing.assert_array_equal(value, before[key])
+
+
+def test_a_held_dense_read_is_not_mutated():
+  rng = np.random.default_rng(7)
+  table = _table(tpe.SGD(1.0))
+  block = _block(table, rng)
+  held = block["parameters"].read_value()  # shares the buffer until a write
+  before = held.numpy().copy()
+  ids, index, grads = _update(rng)
+  fused_apply(table, block, tf.constant(ids), tf.constant(grads), index)
+  np.testing.assert_array_equal(held.numpy(), before)
+  assert not np.array_equal(block["parameters"].numpy(), before)
+
+
+def test_optimizers_without_a_kernel_take_the_tensorflow_path():
+  table = _table(tpe.Adam(0.1))
+  assert fused_apply(table, {}, None, None, None) is None
+
+
+def _run(code: str, env: dict) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, "-c", code],
+    env={**os.environ, **env},
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+
+
+def test_build_command_from_an_empty_cache(tmp_path):
+  env = {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path)}
+  result = subprocess.run(
+    [sys.executable, "-m", "tpu_embedding.kernels", "build"],
+    env={**os.environ, **env},
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr
+  assert str(tmp_path) in result.stdout
+  built = [f for _, _, files in os.walk(tmp_path) for f in files]
+  assert "libtpu_embedding_kernels.so" in built
+
+
+_TRAIN = """
+import numpy as np, tensorflow as tf, tpu_embedding as tpe
+from tpu_embedding import kernels
+emb = tpe.TPUEmbedding(tpe.FeatureConfig(tpe.TableConfig(
+    20, 4, name="t", initializer=tpe.RowIdInitializer())), tpe.Adagrad(0.5))
+@tf.function
+def step(ids):
+  emb.enqueue(ids)
+  emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
+for _ in range(3):
+  step(tf.constant([1, 3, 3, 7], tf.int64))
+print("KERNEL", kernels.load() is not None)
+np.save({path!r}, emb.variables["t"]["parameters"].numpy())
+"""
+
+
+def test_no_compiler_falls_back_with_a_warning_and_the_same_numbers(tmp_path):
+  fused = _run(_TRAIN.format(path=str(tmp_path / "fused.npy")), {})
+  assert "KERNEL True" in fused.stdout, fused.stderr
+  broken = _run(
+    _TRAIN.format(path=str(tmp_path / "tf.npy")),
+    {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path / "cache"), "CXX": "false"},
+  )
+  assert "KERNEL False" in broken.stdout, broken.stderr
+  assert "fused kernels are not available" in broken.stderr
+  np.testing.assert_array_equal(
+    np.load(tmp_path / "fused.npy"), np.load(tmp_path / "tf.npy")
+  )
+
+
+def test_library_path_follows_tensorflow_and_sources():
+  path = builder.library_path()
+  assert f"tf{tf.__version__}-" in path
+  assert path.startswith(builder.cache_dir())
