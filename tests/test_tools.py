@@ -118,17 +118,49 @@ def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
     f"--json={tmp_path / 'b.json'}",
   ).stdout  # fmt: skip
   assert re.search(
-    r"tpu_embedding TPUEmbedding : [\d,]+ examples/s \(median of 2; "
+    r"tpu_embedding: [\d,]+ examples/s \(median of 2; "
     r"[\d,]+-[\d,]+, spread [\d.]+%\)",
     out,
   ), out
-  assert "ratio (tpu_embedding / keras)" in out
+  assert re.search(r"tpu_embedding / keras [\d.]+x", out), out
+  assert re.search(r"peak resident [\d,]+ MiB = [\d.]+x", out), out
   assert re.search(r"2 replicas .* step [\d.]+x", out), out
   result = _json(tmp_path / "b.json")
   assert result["settings"]["repeats"] == 2
   _check_measurements(
     result, ["tpu_embedding", "keras", "sharded_2_replicas"], 2
   )
+
+
+def test_benchmark_sweeps_floor_and_plot(tmp_path):
+  # A membench JSON with made-up rates: 10M gather, 2M Adagrad rows/s.
+  rates = [
+    {"impl": "c", "pages": "4k", "threads": 2, "dim": 4, "dist": dist,
+     "bench": bench, "mrows": mrows, **extra}
+    for dist in ("uniform", "zipf")
+    for bench, mrows, extra in (("gather", 10.0, {}),
+                                ("opt", 2.0, {"op": "adagrad"}))
+  ]  # fmt: skip
+  membench = tmp_path / "m.json"
+  membench.write_text(json.dumps({"results": rates}))
+  out = run_tool(
+    "benchmark.py",
+    "--tables=2", "--rows=300", "--dim=4", "--batch_size=32", "--steps=1",
+    "--warmup=1", "--repeats=1", "--sweep=all", "--sweep_rows=100,400",
+    "--sweep_tables=2", f"--membench={membench}",
+    f"--plot={tmp_path / 'b.png'}", f"--json={tmp_path / 'b.json'}",
+  ).stdout  # fmt: skip
+  # uniform: 32 draws over 300 rows, 2 tables: U = 2 * 30.4 distinct rows.
+  unique = 2 * 300 * -np.expm1(32 * np.log1p(-1 / 300))
+  floor = 32 / (unique / 10e6 + unique / 2e6)
+  assert f"uniform                  memory floor {floor:,.0f} examples/s" in out
+  assert "step time of tpu_embedding vs 100 rows" in out
+  assert re.search(r"\s+400 rows: [\d.]+x   keras [\d.]+x", out), out
+  assert (tmp_path / "b.png").stat().st_size > 10_000
+  figures = _json(tmp_path / "b.json")["settings"]["figures"]
+  assert [r["label"] for r in figures["rows"]] == ["100 rows", "400 rows"]
+  assert [round(r["floor"]) for r in figures["dists"]][0] == round(floor)
+  assert all(r["ours"] > 0 and r["keras"] > 0 for r in figures["dists"])
 
 
 def test_pipelining_benchmark(tmp_path):

@@ -2,7 +2,7 @@
 
 Both sides train the same model in the same process on the same batches:
 ``--tables`` tables of ``--rows`` x ``--dim``, one feature per table with
-Zipf-skewed ids, batch ``--batch_size``, a small shared dense head, and
+ids of ``--dist``, batch ``--batch_size``, a small shared dense head, and
 Adagrad on the tables. The baseline is the plain Keras way: one
 ``keras.layers.Embedding`` per feature and ``keras.optimizers.Adagrad``.
 The script prints examples/s for both and their ratio.
@@ -11,9 +11,17 @@ With ``--replicas 1,2,4`` it also trains the tables sharded over that many
 logical CPU devices (``MirroredStrategy``, same global batch) and prints
 examples/s and the step-time ratio to one replica for each count.
 
+With ``--membench FILE`` (a JSON of ``../shared/membench/membench.py``,
+measured just before on the same machine) it prints each setting's memory
+floor and our fraction of it (``_floor.py``); every setting also reports the
+peak resident growth of our step against the tables' state. ``--sweep``
+runs several id distributions and/or table sizes; ``--plot`` draws them.
+
 Run:
   python3 tools/benchmark.py                       # the issue's setting
   python3 tools/benchmark.py --rows 20000 --steps 5  # a quick look
+  python3 tools/benchmark.py --dist zipf --zipf 1.05 --membench m.json
+  python3 tools/benchmark.py --sweep all --membench m.json --plot b.png
   python3 tools/benchmark.py --replicas 1,2,4 --skip_keras
   python3 tools/benchmark.py --repeats 5 --json /tmp/benchmark.json
 
@@ -24,14 +32,18 @@ the median is printed with the range and the spread (range / median).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import _timing  # noqa: E402  (tools/_timing.py, next to this script)
+import _floor  # noqa: E402  (tools/_floor.py, next to this script)
+import _plots  # noqa: E402
+import _timing  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import proc_memory  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
@@ -105,7 +117,11 @@ def make_embedding(args):
     for t in range(args.tables)
   ]
   config = {f"f{t}": tpe.FeatureConfig(tables[t]) for t in range(args.tables)}
-  embedding = tpe.TPUEmbedding(config, tpe.Adagrad(learning_rate=0.05))
+  embedding = tpe.TPUEmbedding(
+    config,
+    tpe.Adagrad(learning_rate=0.05),
+    table_stacking=None if args.table_stacking == "none" else "auto",
+  )
   embedding.build()
   return embedding
 
@@ -252,6 +268,40 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--json", default=None, help="Also write every timing to this file."
   )
+  parser.add_argument(
+    "--table_stacking",
+    choices=["auto", "none"],
+    default="auto",
+    help="Stack the tables (one store, one update per stack) or not.",
+  )
+  parser.add_argument(
+    "--membench",
+    default=None,
+    help="A membench.py JSON (../shared/membench, measured just before on "
+    "this machine): also print the memory floor of each setting and our "
+    "fraction of it.",
+  )
+  parser.add_argument(
+    "--sweep",
+    choices=["none", "dist", "rows", "all"],
+    default="none",
+    help="dist: uniform, zipf 1.05 and skewed 1.2 ids; rows: "
+    "--sweep_tables tables of each --sweep_rows size; all: both.",
+  )
+  parser.add_argument(
+    "--sweep_rows",
+    default="100000,250000,500000,1000000,2000000",
+    help="Rows per table of the rows sweep.",
+  )
+  parser.add_argument(
+    "--sweep_tables", type=int, default=8, help="Tables of the rows sweep."
+  )
+  parser.add_argument(
+    "--plot",
+    default=None,
+    help="Draw examples/s (ours, Keras, the floor) across the sweeps to "
+    "this PNG.",
+  )
   return parser
 
 
@@ -261,6 +311,147 @@ def describe_ids(args: argparse.Namespace) -> str:
   return f"{args.dist} Zipf({args.zipf})"
 
 
+def _head(args) -> tf.Tensor:
+  return tf.constant(
+    np.random.default_rng(1)
+    .normal(size=(args.tables * args.dim, 1))
+    .astype(np.float32)
+    * 0.01
+  )
+
+
+def _measure(name: str, step, batches, args) -> _timing.Measurement:
+  return _timing.repeat(
+    name,
+    "examples/s",
+    lambda: examples_per_second(step, batches, args),
+    args.repeats,
+  )
+
+
+def _unique_rows(batches, args) -> float:
+  """Distinct ids of a step (all tables), measured or expected."""
+  if args.dist == "skewed":
+    return float(
+      np.mean(
+        [
+          sum(len(np.unique(ids.numpy())) for ids in batch.values())
+          for batch in batches
+        ]
+      )
+    )
+  return args.tables * _floor.expected_unique(
+    args.dist, args.rows, args.batch_size, args.zipf
+  )
+
+
+#: Labels of the settings whose peak memory was measured (the first one).
+_MEASURED_MEMORY: list[str] = []
+
+
+def measure_setting(args, label: str, key: str | None = None) -> dict:
+  """Ours (with peak memory) and Keras for one setting; prints as it goes.
+
+  Measurements are named ``tpu_embedding[key]`` and ``keras[key]`` (plain
+  ``tpu_embedding`` and ``keras`` without a key).
+  """
+  suffix = "" if key is None else f"[{key}]"
+  batches = make_batches(args)
+  head = _head(args)
+  result: dict = {"label": label, "rows": args.rows, "tables": args.tables}
+  gc.collect()
+  baseline = proc_memory.resident()
+  try:
+    proc_memory.reset_peak()
+  except OSError:  # /proc/self/clear_refs not writable: no memory figure
+    baseline = None
+  ours = _measure(f"tpu_embedding{suffix}", tpu_embedding_step(args, head),
+                  batches, args)  # fmt: skip
+  result["ours"] = ours
+  print(f"  {label:<24} tpu_embedding: {ours.describe()}", flush=True)
+  state = args.tables * args.rows * args.dim * 4 * 2  # table + accumulator
+  if baseline is not None and not _MEASURED_MEMORY:
+    # The first setting of the process only: later ones start from memory
+    # that earlier ones freed but the allocator kept.
+    _MEASURED_MEMORY.append(label)
+    peak = proc_memory.peak()
+    result.update(peak_bytes=peak, baseline_bytes=baseline, state_bytes=state)
+    print(
+      f"  {label:<24} peak resident {peak / 2**20:,.0f} MiB = "
+      f"{peak / (state + baseline):.3f}x (tables and slots "
+      f"{state / 2**20:,.0f} MiB + the process before them "
+      f"{baseline / 2**20:,.0f} MiB); a transient copy of a table would "
+      "exceed 1.10x",
+      flush=True,
+    )
+  if args.membench:
+    result["floor"] = _floor.floor(
+      args.membench,
+      args.batch_size,
+      _unique_rows(batches, args),
+      args.dim,
+      args.dist,
+    )
+    print(
+      f"  {label:<24} memory floor {result['floor']:,.0f} examples/s: "
+      f"tpu_embedding at {ours.median / result['floor']:.0%} of it",
+      flush=True,
+    )
+  gc.collect()
+  if not args.skip_keras:
+    keras_rate = _measure(f"keras{suffix}", keras_step(args, head), batches,
+                          args)  # fmt: skip
+    result["keras"] = keras_rate
+    print(
+      f"  {label:<24} keras: {keras_rate.describe()}; tpu_embedding / "
+      f"keras {ours.median / keras_rate.median:.1f}x",
+      flush=True,
+    )
+  gc.collect()
+  return result
+
+
+def dist_sweep(args) -> list[dict]:
+  settings = [("uniform", 1.05), ("zipf", 1.05), ("skewed", 1.2)]
+  results = []
+  for dist, exponent in settings:
+    variant = argparse.Namespace(
+      **{**vars(args), "dist": dist, "zipf": exponent}
+    )
+    results.append(measure_setting(variant, describe_ids(variant), dist))
+  return results
+
+
+def rows_sweep(args) -> list[dict]:
+  results = []
+  sizes = [int(r) for r in args.sweep_rows.split(",")]
+  for rows in sizes:
+    variant = argparse.Namespace(
+      **{**vars(args), "rows": rows, "tables": args.sweep_tables}
+    )
+    results.append(measure_setting(variant, f"{rows:,} rows", f"{rows}_rows"))
+  base = results[0]["ours"].median
+  print(
+    f"step time of tpu_embedding vs {sizes[0]:,} rows (target <= 1.5x at "
+    f"{sizes[-1]:,}):"
+  )
+  for r in results:
+    line = f"  {r['rows']:>11,} rows: {base / r['ours'].median:.2f}x"
+    if "keras" in r:
+      line += f"   keras {results[0]['keras'].median / r['keras'].median:.2f}x"
+    print(line)
+  return results
+
+
+def _record(results: list[dict]) -> list[_timing.Measurement]:
+  measurements = []
+  for r in results:
+    measurements.append(r["ours"])
+    if "keras" in r:
+      measurements.append(r["keras"])
+  return measurements
+
+
 def main(argv: list[str] | None = None) -> None:
   args = build_parser().parse_args(argv)
   replica_counts = [int(r) for r in args.replicas.split(",")]
@@ -268,59 +459,76 @@ def main(argv: list[str] | None = None) -> None:
   tf.config.set_logical_device_configuration(
     cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(replica_counts)
   )
-
-  head = tf.constant(
-    np.random.default_rng(1)
-    .normal(size=(args.tables * args.dim, 1))
-    .astype(np.float32)
-    * 0.01
-  )
-  batches = make_batches(args)
   print(
     f"{args.tables} tables x {args.rows:,} rows x {args.dim}, batch "
-    f"{args.batch_size}, {describe_ids(args)} ids, Adagrad; "
-    f"{args.steps} timed steps after {args.warmup} warm-up steps, "
-    f"{args.repeats} repeats",
+    f"{args.batch_size}, {describe_ids(args)} ids, Adagrad, stacking "
+    f"{args.table_stacking}; {args.steps} timed steps after {args.warmup} "
+    f"warm-up steps, {args.repeats} repeats",
     flush=True,
   )
-
-  def measure(name: str, step) -> _timing.Measurement:
-    return _timing.repeat(
-      name,
-      "examples/s",
-      lambda: examples_per_second(step, batches, args),
-      args.repeats,
-    )
-
-  results = [measure("tpu_embedding", tpu_embedding_step(args, head))]
-  ours = results[0]
-  print(f"tpu_embedding TPUEmbedding : {ours.describe()}", flush=True)
-  if not args.skip_keras:
-    baseline = measure("keras", keras_step(args, head))
-    results.append(baseline)
-    print(f"keras Embedding + Adagrad  : {baseline.describe()}", flush=True)
-    print(
-      f"ratio (tpu_embedding / keras): {ours.median / baseline.median:.1f}x "
-      "(medians)",
-      flush=True,
-    )
-  sharded = [r for r in replica_counts if r > 1]
-  if sharded:
-    print("sharded tables (MirroredStrategy over logical CPUs):")
-    print(f"  1 replica  (one device) : {ours.describe()}  step 1.00x")
-    for replicas in sharded:
-      rate = measure(
-        f"sharded_{replicas}_replicas", sharded_step(args, head, replicas)
-      )
-      results.append(rate)
-      print(
-        f"  {replicas} replicas             : {rate.describe()}  "
-        f"step {ours.median / rate.median:.2f}x",
-        flush=True,
-      )
+  extra: dict = {}
+  if args.sweep in ("dist", "all"):
+    print("across id distributions:")
+    extra["dists"] = dist_sweep(args)
+  if args.sweep in ("rows", "all"):
+    print(f"across table sizes ({args.sweep_tables} tables):")
+    extra["rows"] = rows_sweep(args)
+  results: list[_timing.Measurement] = []
+  for found in extra.values():
+    results += _record(found)
+  if args.sweep == "none":
+    base = measure_setting(args, describe_ids(args))
+    results += _record([base])
+    ours = base["ours"]
+    sharded = [r for r in replica_counts if r > 1]
+    if sharded:
+      head, batches = _head(args), make_batches(args)
+      print("sharded tables (MirroredStrategy over logical CPUs):")
+      print(f"  1 replica  (one device) : {ours.describe()}  step 1.00x")
+      for replicas in sharded:
+        rate = _measure(
+          f"sharded_{replicas}_replicas",
+          sharded_step(args, head, replicas),
+          batches,
+          args,
+        )
+        results.append(rate)
+        print(
+          f"  {replicas} replicas             : {rate.describe()}  "
+          f"step {ours.median / rate.median:.2f}x",
+          flush=True,
+        )
+    extra["base"] = [base]
+  if args.plot:
+    _plots.benchmark_figure(args.plot, extra.get("dists"), extra.get("rows"),
+                            title=_plots.title(args))  # fmt: skip
+    print(f"wrote {args.plot}")
   if args.json:
-    _timing.write_json(args.json, vars(args), results)
+    _timing.write_json(
+      args.json, {**vars(args), "figures": _figures(extra)}, results
+    )
     print(f"wrote {args.json}")
+
+
+def _figures(extra: dict) -> dict:
+  """Medians and floors of every setting, for --json."""
+  return {
+    kind: [
+      {
+        "label": r["label"],
+        "rows": r["rows"],
+        "tables": r["tables"],
+        "ours": r["ours"].median,
+        "keras": r["keras"].median if "keras" in r else None,
+        "floor": r.get("floor"),
+        "peak_bytes": r.get("peak_bytes"),
+        "baseline_bytes": r.get("baseline_bytes"),
+        "state_bytes": r.get("state_bytes"),
+      }
+      for r in found
+    ]
+    for kind, found in extra.items()
+  }
 
 
 if __name__ == "__main__":
