@@ -362,16 +362,28 @@ class RowWiseInitializer:
   """An initializer ``(shape, dtype) -> value`` made of ``row_values``.
 
   For whole tables, so that one device gets the same values as any
-  sharded layout.
+  sharded layout. Called, it gives only ``values.start`` (a fill); the
+  variable made from it must then be passed to ``fill_in_place``, which
+  writes the other rows grid block by grid block. So no whole second copy
+  of a table is ever made (a concatenation would leave its pieces in the
+  allocator's heap: a table's size of resident memory for good).
   """
 
   def __init__(self, initializer: Any, full_shape: tuple[int, int], name: str):
     self.initializer = initializer
     self.values = row_values(initializer, full_shape, name)
+    self.called = False
 
   def __call__(self, shape: Any, dtype: tf.DType = tf.float32, **kwargs: Any):
     del kwargs
-    return self.values.rows(0, int(shape[0]), tf.as_dtype(dtype))
+    self.called = True
+    return self.values.start(int(shape[0]), tf.as_dtype(dtype))
+
+  def fill_in_place(self, variable: tf.Variable) -> None:
+    """Writes the rows ``start`` left out (if this made the variable's
+    value; a variable restored from a checkpoint is left alone)."""
+    if self.called:
+      self.values.fill(variable, 0)
 
   def __repr__(self) -> str:
     return f"RowWise({self.initializer!r})"

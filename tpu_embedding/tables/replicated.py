@@ -19,7 +19,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
@@ -29,6 +28,7 @@ from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
+from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
 from tpu_embedding.tables.updates import concat_pieces
 
@@ -79,15 +79,16 @@ class ReplicatedTable(TableStore):
     for key, initializer, trainable in variable_specs(table):
       name = checkpoint_name(table_name(table), key)
       values = row_values(initializer, shape, name)
-      value = None
       for local, device in enumerate(devices):
+        # Each copy filled in place, block by block (the values are
+        # deterministic: the copies are equal).
         with tf.device(device):
-          if value is None:  # One initial value: the copies are equal.
-            value = values.rows(0, table.vocabulary_size, tf.float32)
-          blocks[local][key] = compat.ResourceVariable(
-            tf.identity(value),
-            name=f"{name}/replica_{local}",
-            trainable=trainable,
+          blocks[local][key] = create_variable(
+            values,
+            0,
+            table.vocabulary_size,
+            f"{name}/replica_{local}",
+            trainable,
           )
     for block in blocks:
       user_slots(table, block)

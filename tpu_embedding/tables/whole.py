@@ -85,26 +85,19 @@ class WholeTable(TableStore):
           trainable=trainable,
         )
 
-    parameters = tracker.create(
-      table_name(table),
-      shape,
-      RowWiseInitializer(table.initializer, shape, table_name(table)),
-      getter,
-      True,
-    )
+    initial = RowWiseInitializer(table.initializer, shape, table_name(table))
+    parameters = tracker.create(table_name(table), shape, initial, getter, True)
+    initial.fill_in_place(parameters)
     variables = {"parameters": parameters}
     optimizer = table.optimizer
     if optimizer is not None:
 
       def slot_creator(slot, initializer):
         name = checkpoint_name(table_name(table), slot)
-        return tracker.create(
-          name,
-          shape,
-          RowWiseInitializer(initializer, shape, name),
-          getter,
-          False,
-        )
+        initial = RowWiseInitializer(initializer, shape, name)
+        variable = tracker.create(name, shape, initial, getter, False)
+        initial.fill_in_place(variable)
+        return variable
 
       slots = optimizer.create_slots(parameters, slot_creator)
       if optimizer.slot_variable_creation_fn is not None:
