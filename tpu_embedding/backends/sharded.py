@@ -180,13 +180,13 @@ class ShardedBackend(Backend):
       placement = self._plan.placements[table_name(table)]
       in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)
       rows, index = tf.unique(tf.boolean_mask(in_block, mine), out_idx=tf.int32)
-      summed = tf.math.unsorted_segment_sum(
+      # Every replica's gradients of the rows this one owns, summed as they
+      # are applied (the fused kernel where it applies).
+      self._stores[table_name(table)].update_block(
+        replica - self._first,
+        rows,
         tf.boolean_mask(tf.reshape(grads, [-1, table.dim]), mine),
         index,
-        tf.size(rows),
-      )
-      self._stores[table_name(table)].update_block(
-        replica - self._first, rows, summed
       )
 
 
