@@ -14,7 +14,8 @@ on a CPU and the two steps take about the same time.
 
 Run:
   python3 tools/pipelining_benchmark.py
-  python3 tools/pipelining_benchmark.py --intra_op_threads 0 --inter_op_threads 0
+  python3 tools/pipelining_benchmark.py --intra_op_threads 0 \
+    --inter_op_threads 0  # every core on each op
   python3 tools/pipelining_benchmark.py --hidden 1024 --steps 30
   python3 tools/pipelining_benchmark.py --repeats 5 --json /tmp/pipe.json
 
