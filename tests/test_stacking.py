@@ -9,32 +9,15 @@ both directions and into TensorFlow's own ``TPUEmbeddingForServing``.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import oracle
 from tests.conftest import mirrored_strategy
 from tpu_embedding.resolved import resolve
 from tpu_embedding.stacking import plan_stacks
-
-
-def _load_oracle():
-  name = "tpu_embedding_test_oracle"
-  if name not in sys.modules:
-    path = pathlib.Path(__file__).with_name("oracle.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
-
-
-oracle = _load_oracle()
 
 D, B, STEPS = 3, 4, 3
 ROWS = {"a": 7, "b": 11, "c": 5}
