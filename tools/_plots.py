@@ -71,9 +71,7 @@ def benchmark_figure(
     ax.set_yscale("log")
     ax.set_xlabel("rows per table")
     ax.set_ylabel("examples / s")
-    ax.set_title(
-      f"by table size ({rows[0]['tables']} tables, {rows[0]['label']}...)"
-    )
+    ax.set_title(f"by table size ({rows[0]['tables']} tables)")
     ax.legend()
   fig.suptitle(title)
   fig.tight_layout()
