@@ -550,7 +550,9 @@ def _saved_model_files(export_dir) -> dict[str, bytes]:
   return files
 
 
-@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
+@pytest.mark.parametrize(
+  "stacking", [[["kept", "dropped"]], None], ids=["stacked", "alone"]
+)
 @pytest.mark.parametrize("replicas", [1, 2], ids=["one_device", "sharded"])
 def test_subset_export_holds_no_value_of_the_excluded_tables(
   tmp_path, replicas, stacking

@@ -152,6 +152,15 @@ def _oracle_run(opt_name, pipelined=False):
   return tables
 
 
+def _stacking(stacking, replicas):
+  """``"stacked"``: the tables that can stack on ``replicas`` replicas (b,
+  11 rows, is row-sharded over several; a and c are replicated). On CPUs
+  ``"auto"`` stacks nothing (see stacking.py), so stacks are explicit."""
+  if stacking != "stacked":
+    return stacking
+  return [["a", "b", "c"]] if replicas == 1 else [["a", "c"]]
+
+
 def _train(opt_name, stacking, replicas, pipelined=False):
   strategy = (
     mirrored_strategy(replicas)
@@ -163,7 +172,7 @@ def _train(opt_name, stacking, replicas, pipelined=False):
       _config(),
       CLASSES[opt_name](**OPTIMIZERS[opt_name]),
       row_sharding_threshold=8,
-      table_stacking=stacking,
+      table_stacking=_stacking(stacking, replicas),
       pipeline_execution_with_tensor_core=pipelined,
     )
   emb.build()
@@ -221,13 +230,14 @@ CASES = [(name, 1) for name in sorted(OPTIMIZERS)] + [
 ]
 
 
-@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
+@pytest.mark.parametrize(
+  "stacking", ["stacked", None], ids=["stacked", "alone"]
+)
 @pytest.mark.parametrize("opt_name, replicas", CASES)
 def test_training_matches_oracle(opt_name, replicas, stacking):
   emb = _train(opt_name, stacking, replicas)
   stacks = {s.names for s in emb._engine.stacks}  # pylint: disable=protected-access
   if stacking:
-    # b (11 rows) is row-sharded over several replicas, a and c replicated.
     assert (("a", "b", "c") if replicas == 1 else ("a", "c")) in stacks
   else:
     assert stacks == {("a",), ("b",), ("c",)}
@@ -270,7 +280,7 @@ def test_pipelined_training_is_one_step_stale(replicas):
   so a lookup that saw the previous step's update would give other
   numbers: the tables and Adagrad's accumulators must follow the stale
   schedule of the oracle, and differ from the unpipelined one."""
-  emb = _train("adagrad", "auto", replicas, pipelined=True)
+  emb = _train("adagrad", "stacked", replicas, pipelined=True)
   _assert_matches(emb, _oracle_run("adagrad", pipelined=True))
   fresh = _oracle_run("adagrad")["b"].params
   got = tf.convert_to_tensor(emb.variables["b"]["parameters"]).numpy()
@@ -287,7 +297,8 @@ def _values(emb):
 
 @pytest.mark.parametrize("before_build", [True, False], ids=["before", "after"])
 @pytest.mark.parametrize(
-  "saved, restored", [("auto", None), (None, "auto"), ("auto", "auto")]
+  "saved, restored",
+  [("stacked", None), (None, "stacked"), ("stacked", "stacked")],
 )
 def test_checkpoints_move_between_stacked_and_alone(
   saved, restored, before_build, tmp_path
@@ -300,7 +311,9 @@ def test_checkpoints_move_between_stacked_and_alone(
     key = f"embedding/{name}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"
     assert shapes[key] == [rows, D]
   assert not [k for k in shapes if "stack" in k]
-  fresh = tpe.TPUEmbedding(_config(), tpe.Adagrad(0.5), table_stacking=restored)
+  fresh = tpe.TPUEmbedding(
+    _config(), tpe.Adagrad(0.5), table_stacking=_stacking(restored, 1)
+  )
   if not before_build:
     fresh.build()
   status = tf.train.Checkpoint(embedding=fresh).restore(path)
@@ -309,11 +322,11 @@ def test_checkpoints_move_between_stacked_and_alone(
   for key, value in _values(trained).items():
     np.testing.assert_array_equal(got[key], value, err_msg=key)
   # Training continues from the restored values.
-  assert {s.stacked for s in fresh._engine.stacks} == {restored == "auto"}  # pylint: disable=protected-access
+  assert {s.stacked for s in fresh._engine.stacks} == {restored == "stacked"}  # pylint: disable=protected-access
 
 
 def test_stacked_checkpoint_restores_into_tensorflow_serving(tmp_path):
-  ours = _train("adagrad", "auto", 1)
+  ours = _train("adagrad", "stacked", 1)
   path = tf.train.Checkpoint(embedding=ours).save(str(tmp_path / "ckpt"))
   tf_emb = tf.tpu.experimental.embedding
   tables = {
@@ -336,7 +349,10 @@ def test_stacked_views_read_write_and_report_their_own_rows():
   strategy = mirrored_strategy(2)
   with strategy.scope():
     emb = tpe.TPUEmbedding(
-      _config(), tpe.SGD(0.1), row_sharding_threshold=0, table_stacking="auto"
+      _config(),
+      tpe.SGD(0.1),
+      row_sharding_threshold=0,
+      table_stacking=[["a", "b", "c"]],
     )
   emb.build()
   store = emb.table_stores["b"]
@@ -390,6 +406,12 @@ def test_auto_stacks_tables_that_update_alike():
   assert [s.names for s in plan_stacks(tables, "auto", can_stack=False)] == [
     (n,) for n in "abcdef"
   ]
+  # "auto" where it does not pay (CPUs): every table alone.
+  assert [s.names for s in plan_stacks(tables, "auto", auto=False)] == [
+    (n,) for n in "abcdef"
+  ]
+  emb = tpe.TPUEmbedding([tpe.FeatureConfig(t) for t in tables], tpe.SGD(0.1))
+  assert all(not s.stacked for s in emb._engine.stacks)  # pylint: disable=protected-access
   # Different placements never stack.
   kinds = {"a": "row_sharded", "c": "replicated"}
   stacks = plan_stacks(tables, "auto", lambda t: kinds.get(t.name, "x"))

@@ -69,7 +69,7 @@ def _load(name: str):
 
 
 def test_every_tool_and_example_is_covered():
-  helpers = {"_timing.py", "proc_memory.py"} | {
+  helpers = {"_timing.py", "_floor.py", "_plots.py", "proc_memory.py"} | {
     f"memory_{part}.py"
     for part in ("cluster", "config", "jobs", "runs", "workload")
   }  # memory_report.py's parts
@@ -206,12 +206,12 @@ def test_sharding_report_of_a_named_experiment():
   assert re.search(r"embedding_table_05\s+replicated\s+3\s", out)
   assert "more than 50,000 rows are row-sharded" in out
   stacked = run_tool(
-    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=8"
-  ).stdout
-  # The 12 sharded tables in one stack, the 14 replicated ones in another.
-  assert "2 stack(s) hold 26 of the 26 tables" in stacked
+    "sharding_report.py", "--tables=4", "--rows=100000", "--replicas=2",
+    "--table_stacking=t0+t1+t2,t3",
+  ).stdout  # fmt: skip
+  assert "1 stack(s) hold 3 of the 4 tables" in stacked
   assert re.search(
-    r"embedding_table_05\s+replicated\s+3\s+\S+\s+stack_", stacked
+    r"t1\s+row_sharded\s+100,000\s+\S+\s+stack_t0_t1_t2", stacked
   )
   bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
   assert "'dlrm': not an experiment" in bad.stderr

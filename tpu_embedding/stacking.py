@@ -13,11 +13,15 @@ checkpoints (each table under its own key with its full
 
 ``table_stacking`` (as keras-rs names it):
 
-* ``"auto"`` (default): tables are grouped by (width, optimizer, placement,
-  quantization); a group of one is not a stack. Tables whose optimizer
-  has a ``slot_variable_creation_fn`` stay alone. Layouts that cannot
-  stack (tables over several workers or parameter servers) keep every
-  table alone.
+* ``"auto"`` (default): on accelerators (GPUs), tables are grouped by
+  (width, optimizer, placement, quantization); a group of one is not a
+  stack, and tables whose optimizer has a ``slot_variable_creation_fn``
+  stay alone. On CPUs ``"auto"`` keeps every table alone: measured on 2
+  cores (``tools/benchmark.py --table_stacking``), the tables' independent
+  steps run concurrently on the cores while a stack runs as one chain, and
+  stacking lost 26 x 200,000 x 64 (Zipf ids: 188k vs 313k examples/s) and
+  26 x 2,000 (303k vs 462k). Layouts that cannot stack (tables over
+  several workers or parameter servers) keep every table alone.
 * ``None``: no stacking.
 * a list of table-name lists (or one list of names): exactly those
   stacks; the members must be compatible.
@@ -182,6 +186,7 @@ def plan_stacks(
   placement: PlacementOf = _same_kind,
   can_stack: bool = True,
   where: str = "",
+  auto: bool = True,
 ) -> list[TableStack]:
   """Groups ``tables`` into stacks (every table in exactly one).
 
@@ -193,6 +198,8 @@ def plan_stacks(
     can_stack: whether the layouts in use can hold stacks; if not,
       ``"auto"`` stacks nothing and explicit stacks are an error.
     where: what cannot stack, for that error (e.g. the strategy).
+    auto: whether ``"auto"`` stacks (on the devices in use it pays off);
+      if not, ``"auto"`` keeps every table alone.
 
   Returns:
     The stacks, in the config order of their earliest table.
@@ -209,8 +216,9 @@ def plan_stacks(
   elif isinstance(table_stacking, str):
     if table_stacking != "auto":
       raise ValueError(_BAD_VALUE.format(table_stacking))
-    groups = _auto_groups(tables, placement) if can_stack else []
-    if not can_stack:
+    if can_stack and auto:
+      groups = _auto_groups(tables, placement)
+    else:
       groups = [[t] for t in tables]
   else:
     groups = _explicit_groups(tables, by_name, table_stacking, placement)

@@ -55,13 +55,14 @@ def select_backend(
 
 def stacking_support(
   strategy: tf.distribute.Strategy, row_threshold: int
-) -> tuple[bool, Callable[[TableConfig], str], str]:
+) -> tuple[bool, Callable[[TableConfig], str], str, bool]:
   """Whether the backend for ``strategy`` can hold table stacks.
 
   Returns:
-    ``(can_stack, placement, where)``: the layout kind each table gets
-    alone (tables of different kinds never stack), and a description of
-    the strategy for errors.
+    ``(can_stack, placement, where, auto)``: the layout kind each table
+    gets alone (tables of different kinds never stack), a description of
+    the strategy for errors, and whether ``table_stacking="auto"`` stacks
+    (on accelerators; see ``stacking.py`` for the CPU measurements).
 
   Example:
     >>> import tensorflow as tf
@@ -69,10 +70,15 @@ def stacking_support(
     True
   """
   where = f"under {strategy_name(strategy)}"
+  if tf.distribute.has_strategy():
+    devices = list(strategy.extended.worker_devices)
+  else:  # The default strategy: the default device (a GPU if any).
+    devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
+  auto = any("GPU" in str(device).upper() for device in devices)
   if isinstance(strategy, tf.distribute.OneDeviceStrategy) or (
     not tf.distribute.has_strategy()
   ):
-    return True, lambda table: "whole", where
+    return True, lambda table: "whole", where, auto
   if isinstance(
     strategy,
     (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
@@ -87,5 +93,10 @@ def stacking_support(
 
     # Tables over several workers save in slices per worker
     # (tables/multi_worker.py): not stacked.
-    return replicas == local, placement, where + " with several workers"
-  return False, lambda table: "whole", where
+    return (
+      replicas == local,
+      placement,
+      where + " with several workers",
+      auto,
+    )
+  return False, lambda table: "whole", where, False

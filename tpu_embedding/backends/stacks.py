@@ -10,7 +10,7 @@ Example:
   >>> import tpu_embedding as tpe
   >>> tables = [tpe.TableConfig(10, 4, name=n) for n in "ab"]
   >>> emb = tpe.TPUEmbedding([tpe.FeatureConfig(t) for t in tables],
-  ...                        tpe.Adagrad(0.1))
+  ...                        tpe.Adagrad(0.1), table_stacking=[["a", "b"]])
   >>> sorted(emb.table_stores), sorted(emb.backend.stores)
   (['a', 'b'], ['stack_a_b'])
 """
@@ -89,18 +89,20 @@ def plan_with_stacks(
   num_replicas: int,
   row_threshold: int,
   table_stacking: TableStacking = "auto",
+  auto: bool = False,
 ) -> tuple[ShardingPlan, list[TableStack]]:
   """The per-table plan and the stacks of single-worker replicas.
 
   What ``TPUEmbedding`` under a ``MirroredStrategy`` of ``num_replicas``
-  would hold, known without creating anything (``tools/sharding_report.py``).
+  would hold, known without creating anything (``tools/sharding_report.py``);
+  ``auto``: whether ``"auto"`` stacks (on GPUs; not on CPUs).
 
   Example:
     >>> import tpu_embedding as tpe
     >>> from tpu_embedding.resolved import resolve
     >>> tables = resolve([tpe.FeatureConfig(tpe.TableConfig(100, 4, name=n))
     ...                   for n in "ab"], tpe.SGD(0.1)).tables
-    >>> plan, stacks = plan_with_stacks(tables, 2, 10)
+    >>> plan, stacks = plan_with_stacks(tables, 2, 10, [["a", "b"]])
     >>> [s.names for s in stacks], plan.placements["b"].shard_sizes
     ([('a', 'b')], (0, 100))
   """
@@ -110,7 +112,7 @@ def plan_with_stacks(
       table_name(table), table.vocabulary_size, num_replicas, row_threshold
     )
 
-  stacks = plan_stacks(tables, table_stacking, placement)
+  stacks = plan_stacks(tables, table_stacking, placement, auto=auto)
   plan = make_plan(
     [stack.config for stack in stacks],
     num_replicas,

@@ -82,11 +82,11 @@ class OffTPUEngine(Engine, Trackable):
     """
     Engine.__init__(self, config)
     self._strategy = strategy
-    can_stack, placement, where = stacking_support(
+    can_stack, placement, where, auto = stacking_support(
       strategy, row_sharding_threshold
     )
     self._stacks = plan_stacks(
-      config.tables, table_stacking, placement, can_stack, where
+      config.tables, table_stacking, placement, can_stack, where, auto
     )
     backend = select_backend(
       strategy,

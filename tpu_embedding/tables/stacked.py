@@ -14,7 +14,7 @@ Example:
   >>> a = tpe.TableConfig(3, 2, name="a", initializer=tpe.RowIdInitializer())
   >>> b = tpe.TableConfig(2, 2, name="b", initializer=tf.ones_initializer())
   >>> emb = tpe.TPUEmbedding([tpe.FeatureConfig(a), tpe.FeatureConfig(b)],
-  ...                        tpe.SGD(0.1))
+  ...                        tpe.SGD(0.1), table_stacking=[["a", "b"]])
   >>> store = emb.table_stores["b"]
   >>> type(store).__name__, store.layout, store.offset
   ('StackMember', 'whole', 3)
