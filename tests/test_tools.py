@@ -210,9 +210,11 @@ def test_sharding_report_of_a_named_experiment():
     "--table_stacking=t0+t1+t2,t3",
   ).stdout  # fmt: skip
   assert "1 stack(s) hold 3 of the 4 tables" in stacked
+  # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved.
   assert re.search(
-    r"t1\s+row_sharded\s+100,000\s+\S+\s+stack_t0_t1_t2", stacked
+    r"t0\s+row_sharded\s+100,000\s+\S+\s+stack_t0_t1_t2", stacked
   )
+  assert re.search(r"t1\s+row_sharded\s+50,000\s", stacked)
   bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
   assert "'dlrm': not an experiment" in bad.stderr
 
