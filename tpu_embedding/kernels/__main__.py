@@ -2,6 +2,11 @@
 
 Prints where the library is and how long it took; exits 1 if the build
 fails (the package then runs on its pure TensorFlow path).
+
+Example:
+  >>> main(["path"])  # doctest: +ELLIPSIS
+  /.../libtpu_embedding_kernels.so
+  0
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from tpu_embedding.kernels import load
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Runs ``build`` (compile if needed) or ``path`` (print the library's).
+
+  Returns:
+    The exit status: 0, or 1 when the build or the load fails.
+  """
   parser = argparse.ArgumentParser(
     prog="python3 -m tpu_embedding.kernels",
     description="Compile tpu_embedding's TensorFlow kernels (C++) against "

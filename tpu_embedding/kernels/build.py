@@ -55,6 +55,7 @@ class BuildError(RuntimeError):
 
 
 def source_path(name: str = SOURCES[0]) -> str:
+  """The path of one of the kernels' C++ sources (shipped as package data)."""
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
 
 

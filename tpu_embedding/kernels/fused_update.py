@@ -73,6 +73,10 @@ def fused_apply(
   variables = [block[name] for name in names]
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
+  if any("/job:ps" in str(v.device) for v in variables):
+    # Parameter servers are plain TensorFlow servers: the kernel library
+    # is not loaded there.
+    return None
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
