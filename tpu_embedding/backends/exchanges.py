@@ -1,0 +1,254 @@
+"""How the replicas of sharded tables exchange ids, rows and gradients.
+
+A step on row-sharded tables has two exchanges: each replica's distinct
+ids must reach the replicas owning their rows and the rows must come back
+(lookup); each replica's summed gradients must reach the owners of their
+rows (update). ``ShardedBackend`` picks one implementation when it is
+built:
+
+* ``AllToAll`` — every replica in this process (``MirroredStrategy``, or a
+  one-worker ``MultiWorkerMirroredStrategy``). Each replica splits its ids
+  by owner and sends each owner only that owner's ids; the owner gathers
+  them from its block and sends each replica only its rows. A step touches
+  every row once whatever the replica count: ``R`` replicas each handle
+  ``1/R`` of the work instead of all of it. The routing is a
+  ``merge_call`` handing each replica's per-owner lists to the owners:
+  tensors move between the devices of one process, no collective op.
+* ``AllGather`` — replicas on several workers. Every replica all-gathers
+  all replicas' ids (and gradients) and keeps those it owns; rows come back
+  through an all-reduce that adds only zeros to each owned row. The
+  collectives span the workers (``collectives.py``); every replica
+  handles every replica's rows.
+
+Both give the rows and updates of one device exactly: a row's gradient is
+the sum over replicas (in replica order) of each replica's sum of its
+occurrences.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  >>> with strategy.scope():
+  ...   emb = tpe.TPUEmbedding(
+  ...       tpe.FeatureConfig(tpe.TableConfig(10, 2, name="t")),
+  ...       tpe.SGD(0.1), row_sharding_threshold=0)
+  >>> emb.build()
+  >>> type(emb.backend.exchange).__name__
+  'AllToAll'
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tpu_embedding.backends.collectives import Exchange
+from tpu_embedding.backends.collectives import group_by_width
+from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.tables.base import TableStore
+
+#: ``[(placement, store, ids)]``: this replica's distinct ids per table.
+RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor]]
+
+#: ``[(placement, store, ids, grads)]``: this replica's distinct ids per
+#: table and their ``[n, dim]`` gradients (summed over its occurrences).
+GradientUpdates = Sequence[
+  tuple[TablePlacement, TableStore, tf.Tensor, tf.Tensor]
+]
+
+
+class RowExchange(metaclass=abc.ABCMeta):
+  """Moves ids, rows and gradients between the replicas of one step.
+
+  Called inside ``strategy.run`` (replica context) by every replica.
+
+  Args:
+    first_local: global id of this process's first replica.
+  """
+
+  def __init__(self, first_local: int):
+    self._first = first_local
+
+  @abc.abstractmethod
+  def gather(self, replica: int, requests: RowRequests) -> list[tf.Tensor]:
+    """Per request, the ``[n, dim]`` rows of its ids (their owners' rows)."""
+
+  @abc.abstractmethod
+  def update(self, replica: int, updates: GradientUpdates) -> None:
+    """Applies every replica's gradients on the rows ``replica`` holds."""
+
+  def _apply_owned(
+    self, replica: int, store: TableStore, rows: tf.Tensor, grads
+  ) -> None:
+    """Applies ``grads`` (pieces, in replica order) to ``rows`` of
+    ``replica``'s block.
+
+    Duplicates (the same row from several replicas) are summed by the
+    update in the order given, from zero (the fused kernel where it
+    applies).
+    """
+    rows, index = tf.unique(rows, out_idx=tf.int32)
+    store.update_block(replica - self._first, rows, grads, index)
+
+
+class AllToAll(RowExchange):
+  """Each replica sends each owner only its ids and gets only its rows.
+
+  Args:
+    first_local: global id of this process's first replica (0: every
+      replica of the strategy runs in this process).
+    num_replicas: replicas in sync.
+  """
+
+  def __init__(self, first_local: int, num_replicas: int):
+    super().__init__(first_local)
+    self._num_replicas = num_replicas
+
+  def gather(self, replica, requests):
+    n = self._num_replicas
+    parts, positions = [], []
+    for placement, _, ids in requests:
+      owner = owners(ids, placement)
+      parts.append(tf.dynamic_partition(ids, owner, n))
+      positions.append(tf.dynamic_partition(tf.range(tf.size(ids)), owner, n))
+    replies = []
+    for (placement, store, _), received in zip(
+      requests, self._route(parts), strict=True
+    ):
+      local_ids = tf.concat(received, 0) - placement.shard_offsets[replica]
+      block = store.blocks[replica - self._first]["parameters"]
+      rows = tf.gather(block, local_ids)
+      sizes = tf.stack([tf.shape(r)[0] for r in received])
+      replies.append(tf.split(rows, sizes, num=n, axis=0))
+    return [
+      tf.dynamic_stitch(where, rows)
+      for where, rows in zip(positions, self._route(replies), strict=True)
+    ]
+
+  def update(self, replica, updates):
+    n = self._num_replicas
+    parts = []
+    for placement, _, ids, grads in updates:
+      if placement.sharded:
+        owner = owners(ids, placement)
+        parts.append(tf.dynamic_partition(ids, owner, n))
+        parts.append(tf.dynamic_partition(grads, owner, n))
+      else:  # A replicated table: every copy applies every gradient.
+        parts.extend([[ids] * n, [grads] * n])
+    received = self._route(parts)
+    for k, (placement, store, _, _) in enumerate(updates):
+      ids, grads = received[2 * k], received[2 * k + 1]
+      rows = tf.concat(ids, 0) - placement.shard_offsets[replica]
+      self._apply_owned(replica, store, rows, grads)
+
+  def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
+    """Hands each replica's per-destination lists to the destinations.
+
+    Args:
+      lists: lists of ``num_replicas`` tensors, the one at ``[d]`` bound
+        for replica ``d``.
+
+    Returns:
+      Per list, ``num_replicas`` tensors: at ``[s]`` the one replica ``s``
+      sent here.
+    """
+    if self._num_replicas == 1:
+      return lists
+    context = tf.distribute.get_replica_context()
+    here = int(tf.get_static_value(context.replica_id_in_sync_group))
+    return context.merge_call(_transpose, args=(lists,))[here]
+
+
+def _transpose(strategy: tf.distribute.Strategy, lists) -> list:
+  """In cross-replica context: per destination, what every source sent.
+
+  ``lists[k][d]`` is a per-replica value (one tensor per source); the
+  result's ``[d][k][s]`` is source ``s``'s tensor of list ``k`` for ``d``.
+  """
+  num = strategy.num_replicas_in_sync
+
+  def by_source(value) -> tuple:
+    values = strategy.experimental_local_results(value)
+    return values if len(values) == num else tuple(values) * num
+
+  sent = [[by_source(value) for value in dests] for dests in lists]
+  return [
+    [[dests[dest][s] for s in range(num)] for dests in sent]
+    for dest in range(num)
+  ]
+
+
+class AllGather(RowExchange):
+  """Every replica sees every replica's ids and gradients (collectives).
+
+  Works across workers: the all-gathers and all-reduces are
+  ``ReplicaContext`` collectives, batched over tables (``Exchange``).
+  """
+
+  def gather(self, replica, requests):
+    context = tf.distribute.get_replica_context()
+    id_lists = [ids for _, _, ids in requests]
+    exchange = Exchange(context, id_lists)
+    rows = []
+    for (placement, store, _), all_ids in zip(
+      requests, exchange.all_gather(id_lists, -1), strict=True
+    ):
+      in_block, mine = owned_rows(tf.reshape(all_ids, [-1]), placement, replica)
+      block = store.blocks[replica - self._first]["parameters"]
+      found = tf.gather(block, in_block)
+      rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
+    results: list = [None] * len(requests)
+    # Each row is non-zero on its owner only: the sum is exact.
+    for group in group_by_width([p.dim for p, _, _ in requests]):
+      summed = exchange.all_reduce_rows([rows[k] for k in group], group)
+      for k, value in zip(group, summed, strict=True):
+        results[k] = value
+    return results
+
+  def update(self, replica, updates):
+    context = tf.distribute.get_replica_context()
+    id_lists = [ids for _, _, ids, _ in updates]
+    exchange = Exchange(context, id_lists)
+    all_ids = exchange.all_gather(id_lists, -1)
+    all_grads: list = [None] * len(updates)
+    for group in group_by_width([p.dim for p, _, _, _ in updates]):
+      gathered = exchange.all_gather(
+        [updates[k][3] for k in group], 0.0, tables=group
+      )
+      for k, grads in zip(group, gathered, strict=True):
+        all_grads[k] = grads
+    for (placement, store, _, _), ids, grads in zip(
+      updates, all_ids, all_grads, strict=True
+    ):
+      in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)
+      self._apply_owned(
+        replica,
+        store,
+        tf.boolean_mask(in_block, mine),
+        tf.boolean_mask(tf.reshape(grads, [-1, placement.dim]), mine),
+      )
+
+
+def owners(ids: tf.Tensor, placement: TablePlacement) -> tf.Tensor:
+  """``[n]`` int32: the replica holding each id's row (blocks are
+  contiguous and in replica order)."""
+  if len(placement.shard_offsets) == 1:
+    return tf.zeros_like(ids, dtype=tf.int32)
+  boundaries = tf.constant(placement.shard_offsets[1:], dtype=ids.dtype)
+  return tf.searchsorted(boundaries, ids, side="right", out_type=tf.int32)
+
+
+def owned_rows(ids: tf.Tensor, placement: TablePlacement, replica: int):
+  """``(row index within the block, mask)`` of the ``ids`` ``replica`` holds.
+
+  Padding ids (-1) are never held.
+  """
+  valid = ids >= 0
+  if not placement.sharded:
+    return tf.where(valid, ids, tf.zeros_like(ids)), valid
+  offset = placement.shard_offsets[replica]
+  size = placement.shard_sizes[replica]
+  mine = tf.logical_and(ids >= offset, ids < offset + size)
+  return tf.where(mine, ids - offset, tf.zeros_like(ids)), mine
