@@ -111,6 +111,14 @@ def head_loss(activations: list[tf.Tensor], head: tf.Tensor) -> tf.Tensor:
   return tf.reduce_mean(tf.square(logits - 1.0))
 
 
+#: ``--table_stacking`` values: the layer's argument for the tables.
+STACKING = {
+  "auto": lambda tables: "auto",
+  "none": lambda tables: None,
+  "all": lambda tables: [[t.name for t in tables]],
+}
+
+
 def make_embedding(args):
   tables = [
     tpe.TableConfig(args.rows, args.dim, name=f"t{t}")
@@ -120,7 +128,7 @@ def make_embedding(args):
   embedding = tpe.TPUEmbedding(
     config,
     tpe.Adagrad(learning_rate=0.05),
-    table_stacking=None if args.table_stacking == "none" else "auto",
+    table_stacking=STACKING[args.table_stacking](tables),
   )
   embedding.build()
   return embedding
@@ -270,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--table_stacking",
-    choices=["auto", "none"],
+    choices=sorted(STACKING),
     default="auto",
-    help="Stack the tables (one store, one update per stack) or not.",
+    help="Stack the tables (one store, one update per stack): the "
+    "platform's choice (auto), never (none) or all in one stack (all).",
   )
   parser.add_argument(
     "--membench",

@@ -44,18 +44,22 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.updates import Gradients
+from tpu_embedding.tables.updates import concat_pieces
 
 #: ``[(placement, store, ids)]``: this replica's distinct ids per table.
 RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor]]
 
-#: ``[(placement, store, ids, grads)]``: this replica's distinct ids per
-#: table and their ``[n, dim]`` gradients (summed over its occurrences).
+#: ``[(placement, store, ids, grads, index)]``: this replica's distinct ids
+#: per table and their gradients, as in ``backends.base.Updates``: summed
+#: per id (``index`` None) or one per occurrence with its position in ids.
 GradientUpdates = Sequence[
-  tuple[TablePlacement, TableStore, tf.Tensor, tf.Tensor]
+  tuple[TablePlacement, TableStore, tf.Tensor, Gradients, tf.Tensor | None]
 ]
 
 
@@ -129,19 +133,27 @@ class AllToAll(RowExchange):
 
   def update(self, replica, updates):
     n = self._num_replicas
-    parts = []
-    for placement, _, ids, grads in updates:
+    lists = []
+    for placement, _, ids, grads, index in updates:
+      # One id per gradient row: each occurrence travels with its id.
+      occurrences = ids if index is None else tf.gather(ids, index)
+      grads = concat_pieces(grads)
       if placement.sharded:
-        owner = owners(ids, placement)
-        parts.append(tf.dynamic_partition(ids, owner, n))
-        parts.append(tf.dynamic_partition(grads, owner, n))
+        owner = owners(occurrences, placement)
+        lists.append(tf.dynamic_partition(occurrences, owner, n))
+        lists.append(tf.dynamic_partition(grads, owner, n))
       else:  # A replicated table: every copy applies every gradient.
-        parts.extend([[ids] * n, [grads] * n])
-    received = self._route(parts)
-    for k, (placement, store, _, _) in enumerate(updates):
-      ids, grads = received[2 * k], received[2 * k + 1]
-      rows = tf.concat(ids, 0) - placement.shard_offsets[replica]
-      self._apply_owned(replica, store, rows, grads)
+        lists += [[occurrences] * n, [grads] * n]
+    received = self._route(lists)
+    for k, (placement, store, _, _, _) in enumerate(updates):
+      occurrences, grads = received[2 * k], received[2 * k + 1]
+      # Sources in replica order: the occurrences of the global batch in
+      # order, each pointing at its distinct row.
+      rows, index = tf.unique(
+        tf.concat(occurrences, 0) - placement.shard_offsets[replica],
+        out_idx=tf.int32,
+      )
+      store.update_block(replica - self._first, rows, grads, index)
 
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
     """Hands each replica's per-destination lists to the destinations.
@@ -209,6 +221,11 @@ class AllGather(RowExchange):
 
   def update(self, replica, updates):
     context = tf.distribute.get_replica_context()
+    # Each replica's gradients summed per id before they travel.
+    updates = [
+      (placement, store, ids, summed_gradients(ids, grads, index))
+      for placement, store, ids, grads, index in updates
+    ]
     id_lists = [ids for _, _, ids, _ in updates]
     exchange = Exchange(context, id_lists)
     all_ids = exchange.all_gather(id_lists, -1)

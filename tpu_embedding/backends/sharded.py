@@ -8,9 +8,9 @@ smaller table is replicated (``ReplicatedTable``). Inside ``strategy.run``:
 * **lookup**: each replica's distinct ids go to the replicas owning their
   rows, which send the rows back; a replicated table is read from the
   replica's own copy.
-* **update**: each replica sums its gradients per id and sends them to the
-  owners of the rows (to every copy of a replicated table); each owner
-  sums what it received and applies the optimizer to its block. A row's
+* **update**: each replica sends its gradients to the owners of their
+  rows (to every copy of a replicated table); each owner sums what it
+  received per row and applies the optimizer to its block. A row's
   gradient is therefore its sum over the global batch, as on TPU.
 
 The exchange is an all-to-all when every replica runs in this process,
@@ -41,7 +41,6 @@ import tensorflow as tf
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
-from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
 from tpu_embedding.backends.exchanges import RowExchange
@@ -158,7 +157,8 @@ class ShardedBackend(Backend):
           self._plan.placements[table_name(table)],
           self._stores[table_name(table)],
           ids,
-          summed_gradients(ids, grads, index),
+          grads,
+          index,
         )
         for table, ids, grads, index in updates
       ],
