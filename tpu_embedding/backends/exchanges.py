@@ -121,11 +121,9 @@ class AllToAll(RowExchange):
     for (placement, store, _), received in zip(
       requests, self._route(parts), strict=True
     ):
-      local_ids = tf.concat(received, 0) - placement.shard_offsets[replica]
       block = store.blocks[replica - self._first]["parameters"]
-      rows = tf.gather(block, local_ids)
-      sizes = tf.stack([tf.shape(r)[0] for r in received])
-      replies.append(tf.split(rows, sizes, num=n, axis=0))
+      offset = placement.shard_offsets[replica]
+      replies.append([tf.gather(block, ids - offset) for ids in received])
     return [
       tf.dynamic_stitch(where, rows)
       for where, rows in zip(positions, self._route(replies), strict=True)
