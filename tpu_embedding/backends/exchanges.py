@@ -2,7 +2,7 @@
 
 A step on row-sharded tables has two exchanges: each replica's distinct
 ids must reach the replicas owning their rows and the rows must come back
-(lookup); each replica's summed gradients must reach the owners of their
+(lookup); each replica's gradients must reach the owners of their
 rows (update). ``ShardedBackend`` picks one implementation when it is
 built:
 
@@ -20,9 +20,11 @@ built:
   collectives span the workers (``collectives.py``); every replica
   handles every replica's rows.
 
-Both give the rows and updates of one device exactly: a row's gradient is
-the sum over replicas (in replica order) of each replica's sum of its
-occurrences.
+Rows are those of one device exactly. Updates: ``AllToAll`` sends each
+occurrence's gradient with its id, so an owner sums a row's occurrences in
+the global batch's order from zero, as one device does (bit for bit when a
+table's occurrences come from one feature); ``AllGather`` adds the
+replicas' per-id sums in replica order (equal up to float rounding).
 
 Example:
   >>> import tensorflow as tf

@@ -1,0 +1,196 @@
+"""The replicas of sharded tables exchange only what each one needs.
+
+In one process the exchange is an all-to-all (``backends/exchanges.py``):
+each owner receives only ids of its own rows, each id reaches exactly one
+owner, no collective op is in the step, and because every occurrence's
+gradient reaches its owner in the global batch's order, training equals
+one device bit for bit when each table has one feature.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tpu_embedding.backends.exchanges import AllToAll
+
+ROWS, DIM, BATCH, TABLES = 1_000, 4, 64, 3
+
+
+def make_embedding(strategy, optimizer, init):
+  with strategy.scope():
+    tables = [
+      tpe.TableConfig(
+        ROWS,
+        DIM,
+        name=f"t{t}",
+        initializer=tf.constant_initializer(init[t]),
+      )
+      for t in range(TABLES)
+    ]
+    embedding = tpe.TPUEmbedding(
+      {f"f{t}": tpe.FeatureConfig(tables[t]) for t in range(TABLES)},
+      optimizer,
+      row_sharding_threshold=0,
+    )
+    embedding.build()
+  return embedding
+
+
+def make_batches(rng, steps=3):
+  """Skewed ids: duplicates within and across replicas."""
+  return [
+    {
+      f"f{t}": tf.constant((rng.zipf(1.3, BATCH) * 37 % ROWS).astype(np.int64))
+      for t in range(TABLES)
+    }
+    for _ in range(steps)
+  ]
+
+
+def train(embedding, strategy, batches, weights):
+  replicas = strategy.num_replicas_in_sync
+  per = BATCH // replicas
+
+  def loss_fn(activations, w):
+    # Gradients that depend on the activations.
+    return sum(tf.reduce_sum(a * w + 0.5 * a * a) for a in activations.values())
+
+  @tf.function
+  def step(features):
+    embedding.enqueue(
+      strategy.experimental_distribute_values_from_function(
+        lambda ctx: {
+          k: v[ctx.replica_id_in_sync_group * per :][:per]
+          for k, v in features.items()
+        }
+      ),
+      training=True,
+    )
+
+    def replica_fn():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      with tf.GradientTape() as tape:
+        activations = embedding.dequeue()
+        tape.watch(activations)
+        loss = loss_fn(activations, weights[replica * per :][:per])
+      embedding.apply_gradients(tape.gradient(loss, activations))
+      return loss
+
+    return strategy.run(replica_fn)
+
+  for batch in batches:
+    step(batch)
+  return step
+
+
+def full_values(embedding):
+  return {
+    (table, slot): np.asarray(tf.convert_to_tensor(variable))
+    for table, slots in embedding.variables.items()
+    for slot, variable in slots.items()
+  }
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize(
+  "optimizer",
+  [lambda: tpe.SGD(0.3), lambda: tpe.Adagrad(0.2)],
+  ids=["sgd", "adagrad"],
+)
+def test_sharded_training_equals_one_device_bit_for_bit(
+  optimizer, replicas, rng
+):
+  init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
+  weights = tf.constant(rng.normal(size=(BATCH, DIM)).astype(np.float32))
+  batches = make_batches(rng)
+  one = make_embedding(tf.distribute.get_strategy(), optimizer(), init)
+  train(one, tf.distribute.get_strategy(), batches, weights)
+  strategy = mirrored_strategy(replicas)
+  sharded = make_embedding(strategy, optimizer(), init)
+  assert isinstance(sharded.backend.exchange, AllToAll)
+  train(sharded, strategy, batches, weights)
+  want, got = full_values(one), full_values(sharded)
+  assert want.keys() == got.keys()
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=str(key))
+
+
+def test_the_step_has_no_collective_op(rng):
+  strategy = mirrored_strategy(2)
+  init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
+  embedding = make_embedding(strategy, tpe.Adagrad(0.1), init)
+  batches = make_batches(rng, steps=1)
+  weights = tf.constant(rng.normal(size=(BATCH, DIM)).astype(np.float32))
+  step = train(embedding, strategy, batches, weights)
+  graph = step.get_concrete_function(batches[0]).graph
+  types = {op.type for op in graph.get_operations()}
+  for function in graph._functions.values():
+    types |= {node.op for node in function.definition.node_def}
+  assert not {t for t in types if "Collective" in t or "Nccl" in t}, types
+  assert "DynamicPartition" in types  # ids are split by owner
+
+
+class RecordingAllToAll(AllToAll):
+  """The real exchange, also keeping what each replica received."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.received = {}
+
+  def _route(self, lists):
+    received = super()._route(lists)
+    context = tf.distribute.get_replica_context()
+    here = int(tf.get_static_value(context.replica_id_in_sync_group))
+    self.received.setdefault(here, []).append(received)
+    return received
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_owner_receives_only_its_own_ids(replicas, rng):
+  strategy = mirrored_strategy(replicas)
+  init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
+  embedding = make_embedding(strategy, tpe.SGD(0.1), init)
+  backend = embedding.backend
+  recorder = RecordingAllToAll(0, replicas)
+  backend._exchange = recorder
+  placement = backend.plan.placements["t0"]
+  store = backend.stores["t0"]
+  ids_per_replica = [
+    rng.choice(ROWS, size=20 + 5 * r, replace=False).astype(np.int64)
+    for r in range(replicas)
+  ]
+
+  def replica_fn():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    ids = tf.gather(
+      tf.ragged.constant(ids_per_replica, dtype=tf.int64), replica
+    )
+    here = int(tf.get_static_value(replica))
+    (rows,) = recorder.gather(here, [(placement, store, ids)])
+    # The rows of ids from several owners come back in the ids' order.
+    return rows
+
+  result = strategy.run(replica_fn)
+  for r, rows in enumerate(strategy.experimental_local_results(result)):
+    np.testing.assert_array_equal(rows.numpy(), init[0][ids_per_replica[r]])
+  sent = np.concatenate(ids_per_replica)
+  got = []
+  for owner in range(replicas):
+    lo = placement.shard_offsets[owner]
+    hi = lo + placement.shard_sizes[owner]
+    ids_in = recorder.received[owner][0][0]  # the ids, one list per source
+    assert len(ids_in) == replicas
+    for source, part in enumerate(ids_in):
+      part = part.numpy()
+      assert ((part >= lo) & (part < hi)).all(), (owner, source, part)
+      np.testing.assert_array_equal(
+        part,
+        [i for i in ids_per_replica[source] if lo <= i < hi],
+      )
+      got.append(part)
+  # Every id went to exactly one owner: nothing all-gathered.
+  assert sorted(np.concatenate(got).tolist()) == sorted(sent.tolist())
