@@ -124,11 +124,23 @@ def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
   ), out
   assert re.search(r"tpu_embedding / keras [\d.]+x", out), out
   assert re.search(r"peak resident [\d,]+ MiB = [\d.]+x", out), out
-  assert re.search(r"2 replicas .* step [\d.]+x", out), out
+  assert re.search(
+    r"2 replicas .*\n    step vs one device, per repeat: [\d.]+ x "
+    r"\(median of 2",
+    out,
+  ), out
   result = _json(tmp_path / "b.json")
   assert result["settings"]["repeats"] == 2
   _check_measurements(
-    result, ["tpu_embedding", "keras", "sharded_2_replicas"], 2
+    result,
+    [
+      "tpu_embedding",
+      "keras",
+      "one_device",
+      "sharded_2_replicas",
+      "step_ratio_2_replicas",
+    ],
+    2,
   )
 
 

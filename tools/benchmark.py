@@ -488,25 +488,9 @@ def main(argv: list[str] | None = None) -> None:
   if args.sweep == "none":
     base = measure_setting(args, describe_ids(args))
     results += _record([base])
-    ours = base["ours"]
     sharded = [r for r in replica_counts if r > 1]
     if sharded:
-      head, batches = _head(args), make_batches(args)
-      print("sharded tables (MirroredStrategy over logical CPUs):")
-      print(f"  1 replica  (one device) : {ours.describe()}  step 1.00x")
-      for replicas in sharded:
-        rate = _measure(
-          f"sharded_{replicas}_replicas",
-          sharded_step(args, head, replicas),
-          batches,
-          args,
-        )
-        results.append(rate)
-        print(
-          f"  {replicas} replicas             : {rate.describe()}  "
-          f"step {ours.median / rate.median:.2f}x",
-          flush=True,
-        )
+      results += replica_scaling(args, sharded)
     extra["base"] = [base]
   if args.plot:
     _plots.benchmark_figure(args.plot, extra.get("dists"), extra.get("rows"),
@@ -517,6 +501,43 @@ def main(argv: list[str] | None = None) -> None:
       args.json, {**vars(args), "figures": _figures(extra)}, results
     )
     print(f"wrote {args.json}")
+
+
+def replica_scaling(args, counts: list[int]) -> list[_timing.Measurement]:
+  """Sharded steps against one device, timed in turn (paired ratios).
+
+  The machine's speed drifts: each repeat times one device and then every
+  replica count, and the step-time ratio is taken within the repeat.
+  """
+  head, batches = _head(args), make_batches(args)
+  steps = {1: tpu_embedding_step(args, head)}
+  for replicas in counts:
+    steps[replicas] = sharded_step(args, head, replicas)
+  rates: dict[int, list[float]] = {r: [] for r in steps}
+  for _ in range(args.repeats):
+    for replicas, step in steps.items():
+      rates[replicas].append(examples_per_second(step, batches, args))
+  results = [
+    _timing.Measurement(
+      "one_device" if r == 1 else f"sharded_{r}_replicas", "examples/s", v
+    )
+    for r, v in rates.items()
+  ]
+  print("sharded tables (MirroredStrategy over logical CPUs), timed in turn:")
+  print(f"  1 replica  (one device) : {results[0].describe()}")
+  for replicas, rate in zip(counts, results[1:], strict=True):
+    ratio = _timing.Measurement(
+      f"step_ratio_{replicas}_replicas",
+      "x",
+      [one / r for one, r in zip(rates[1], rates[replicas], strict=True)],
+    )
+    results.append(ratio)
+    print(
+      f"  {replicas} replicas             : {rate.describe()}\n"
+      f"    step vs one device, per repeat: {ratio.describe('{:.2f}')}",
+      flush=True,
+    )
+  return results
 
 
 def _figures(extra: dict) -> dict:

@@ -158,6 +158,12 @@ class AllToAll(RowExchange):
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
     """Hands each replica's per-destination lists to the destinations.
 
+    Id lists of one kind bound for one other replica travel as one tensor
+    (concatenated here, split there): a step moves a few id tensors
+    between each pair of replicas however many tables there are. Rows and
+    gradients move as they are (between devices of one process a tensor
+    is handed over, not copied; concatenating them would copy).
+
     Args:
       lists: lists of ``num_replicas`` tensors, the one at ``[d]`` bound
         for replica ``d``.
@@ -166,11 +172,48 @@ class AllToAll(RowExchange):
       Per list, ``num_replicas`` tensors: at ``[s]`` the one replica ``s``
       sent here.
     """
-    if self._num_replicas == 1:
+    n = self._num_replicas
+    if n == 1:
       return lists
     context = tf.distribute.get_replica_context()
     here = int(tf.get_static_value(context.replica_id_in_sync_group))
-    return context.merge_call(_transpose, args=(lists,))[here]
+    kinds: dict[tuple, list[int]] = {}
+    for k, dests in enumerate(lists):
+      if dests[0].dtype.is_integer:
+        key: tuple = (dests[0].dtype, tuple(dests[0].shape[1:].as_list()))
+      else:  # Rows and gradients: passed as they are, never copied.
+        key = (k,)
+      kinds.setdefault(key, []).append(k)
+    groups = list(kinds.values())
+    packed, sizes = [], []
+    for group in groups:
+      packed.append([])
+      sizes.append([])
+      for dest in range(n):
+        parts = [lists[k][dest] for k in group]
+        if dest == here:  # Stays here: an empty stand-in travels.
+          parts = [parts[0][:0]]
+        packed[-1].append(_concat(parts))
+        sizes[-1].append(tf.stack([tf.shape(p)[0] for p in parts]))
+    got = context.merge_call(_transpose, args=(packed + sizes,))[here]
+    received: list[list] = [[None] * n for _ in lists]
+    for g, group in enumerate(groups):
+      for source in range(n):
+        if source == here:
+          pieces = [lists[k][here] for k in group]
+        elif len(group) == 1:
+          pieces = [got[g][source]]
+        else:
+          pieces = tf.split(
+            got[g][source], got[len(groups) + g][source], num=len(group)
+          )
+        for k, piece in zip(group, pieces, strict=True):
+          received[k][source] = piece
+    return received
+
+
+def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
+  return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
 def _transpose(strategy: tf.distribute.Strategy, lists) -> list:
