@@ -26,17 +26,13 @@ the global batch's order from zero, as one device does (bit for bit when a
 table's occurrences come from one feature); ``AllGather`` adds the
 replicas' per-id sums in replica order (equal up to float rounding).
 
-Example:
+Example (which rows of a table cut 3 + 2 replica 1 owns):
   >>> import tensorflow as tf
-  >>> import tpu_embedding as tpe
-  >>> strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-  >>> with strategy.scope():
-  ...   emb = tpe.TPUEmbedding(
-  ...       tpe.FeatureConfig(tpe.TableConfig(10, 2, name="t")),
-  ...       tpe.SGD(0.1), row_sharding_threshold=0)
-  >>> emb.build()
-  >>> type(emb.backend.exchange).__name__
-  'AllToAll'
+  >>> from tpu_embedding.sharding import TablePlacement
+  >>> placement = TablePlacement("t", "row_sharded", (3, 2), (0, 3), 4, 0)
+  >>> rows, mine = owned_rows(tf.constant([4, 0, -1], tf.int64), placement, 1)
+  >>> rows.numpy().tolist(), mine.numpy().tolist()
+  ([1, 0, 0], [True, False, False])
 """
 
 from __future__ import annotations
