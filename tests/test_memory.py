@@ -21,6 +21,7 @@ for that to be more than the fixed costs: here 0.1x is 146 MiB.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -95,3 +96,35 @@ def test_each_worker_holds_at_most_0_6_of_the_state(report):
   ]
   assert not over, f"peak growth above {LIMIT}x of the state: {over}\n{table}"
   assert returncode == 0, table
+
+
+_TUNING = """
+import tpu_embedding
+from tpu_embedding import allocator
+print("APPLIED", allocator.return_large_buffers())
+"""
+
+
+@pytest.mark.parametrize(
+  "env, applied",
+  [
+    ({}, True),
+    ({"MALLOC_MMAP_THRESHOLD_": "1048576"}, False),  # the user's own
+    ({"TPU_EMBEDDING_MALLOC_TUNING": "0"}, False),
+  ],
+)
+def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
+  base = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("MALLOC_MMAP_THRESHOLD_", "TPU_EMBEDDING_MALLOC_TUNING")
+  }
+  finished = subprocess.run(
+    [sys.executable, "-c", _TUNING],
+    env={**base, **env},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert finished.returncode == 0, finished.stderr
+  assert f"APPLIED {applied}" in finished.stdout

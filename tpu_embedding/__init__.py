@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tpu_embedding import allocator
 from tpu_embedding import checkpoints
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
@@ -32,6 +33,8 @@ from tpu_embedding.optimizers import AdagradMomentum
 from tpu_embedding.optimizers import Adam
 from tpu_embedding.serving import TPUEmbeddingForServing
 from tpu_embedding.serving import serving_embedding_lookup
+
+allocator.return_large_buffers()
 
 if TYPE_CHECKING:
   from types import ModuleType
