@@ -131,7 +131,8 @@ def test_the_step_has_no_collective_op(rng):
   for function in graph._functions.values():
     types |= {node.op for node in function.definition.node_def}
   assert not {t for t in types if "Collective" in t or "Nccl" in t}, types
-  assert "DynamicPartition" in types  # ids are split by owner
+  # Ids are split by owner (the kernel, or TensorFlow's partition).
+  assert {"TpeSplitByOwner", "DynamicPartition"} & types
 
 
 class RecordingAllToAll(AllToAll):

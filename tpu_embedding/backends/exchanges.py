@@ -45,6 +45,7 @@ import tensorflow as tf
 from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
+from tpu_embedding.kernels.split_by_owner import split_by_owner
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.updates import Gradients
@@ -109,12 +110,13 @@ class AllToAll(RowExchange):
     self._num_replicas = num_replicas
 
   def gather(self, replica, requests):
-    n = self._num_replicas
     parts, positions = [], []
     for placement, _, ids in requests:
-      owner = owners(ids, placement)
-      parts.append(tf.dynamic_partition(ids, owner, n))
-      positions.append(tf.dynamic_partition(tf.range(tf.size(ids)), owner, n))
+      id_parts, where, _ = split_by_owner(
+        ids, placement.shard_offsets, positions=True
+      )
+      parts.append(id_parts)
+      positions.append(where)
     replies = []
     for (placement, store, _), received in zip(
       requests, self._route(parts), strict=True
@@ -135,9 +137,10 @@ class AllToAll(RowExchange):
       occurrences = ids if index is None else tf.gather(ids, index)
       grads = concat_pieces(grads)
       if placement.sharded:
-        owner = owners(occurrences, placement)
-        lists.append(tf.dynamic_partition(occurrences, owner, n))
-        lists.append(tf.dynamic_partition(grads, owner, n))
+        id_parts, _, (grad_parts,) = split_by_owner(
+          occurrences, placement.shard_offsets, [grads]
+        )
+        lists += [id_parts, grad_parts]
       else:  # A replicated table: every copy applies every gradient.
         lists += [[occurrences] * n, [grads] * n]
     received = self._route(lists)
@@ -181,7 +184,8 @@ class AllToAll(RowExchange):
         key = (k,)
       kinds.setdefault(key, []).append(k)
     groups = list(kinds.values())
-    packed, sizes = [], []
+    packed: list[list[tf.Tensor]] = []
+    sizes: list[list[tf.Tensor]] = []
     for group in groups:
       packed.append([])
       sizes.append([])
@@ -285,15 +289,6 @@ class AllGather(RowExchange):
         tf.boolean_mask(in_block, mine),
         tf.boolean_mask(tf.reshape(grads, [-1, placement.dim]), mine),
       )
-
-
-def owners(ids: tf.Tensor, placement: TablePlacement) -> tf.Tensor:
-  """``[n]`` int32: the replica holding each id's row (blocks are
-  contiguous and in replica order)."""
-  if len(placement.shard_offsets) == 1:
-    return tf.zeros_like(ids, dtype=tf.int32)
-  boundaries = tf.constant(placement.shard_offsets[1:], dtype=ids.dtype)
-  return tf.searchsorted(boundaries, ids, side="right", out_type=tf.int32)
 
 
 def owned_rows(ids: tf.Tensor, placement: TablePlacement, replica: int):
