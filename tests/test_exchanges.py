@@ -20,7 +20,7 @@ from tpu_embedding.backends.exchanges import AllToAll
 ROWS, DIM, BATCH, TABLES = 1_000, 4, 64, 3
 
 
-def make_embedding(strategy, optimizer, init):
+def make_embedding(strategy, optimizer, init, table_stacking="auto"):
   with strategy.scope():
     tables = [
       tpe.TableConfig(
@@ -35,6 +35,7 @@ def make_embedding(strategy, optimizer, init):
       {f"f{t}": tpe.FeatureConfig(tables[t]) for t in range(TABLES)},
       optimizer,
       row_sharding_threshold=0,
+      table_stacking=table_stacking,
     )
     embedding.build()
   return embedding
@@ -95,6 +96,7 @@ def full_values(embedding):
   }
 
 
+@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize(
   "optimizer",
@@ -102,7 +104,7 @@ def full_values(embedding):
   ids=["sgd", "adagrad"],
 )
 def test_sharded_training_equals_one_device_bit_for_bit(
-  optimizer, replicas, rng
+  optimizer, replicas, stacking, rng
 ):
   init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
   weights = tf.constant(rng.normal(size=(BATCH, DIM)).astype(np.float32))
@@ -110,8 +112,10 @@ def test_sharded_training_equals_one_device_bit_for_bit(
   one = make_embedding(tf.distribute.get_strategy(), optimizer(), init)
   train(one, tf.distribute.get_strategy(), batches, weights)
   strategy = mirrored_strategy(replicas)
-  sharded = make_embedding(strategy, optimizer(), init)
+  sharded = make_embedding(strategy, optimizer(), init, stacking)
   assert isinstance(sharded.backend.exchange, AllToAll)
+  # "auto" stacks the tables of several replicas (one store), None not.
+  assert len(sharded.backend.stores) == (1 if stacking else TABLES)
   train(sharded, strategy, batches, weights)
   want, got = full_values(one), full_values(sharded)
   assert want.keys() == got.keys()
@@ -154,7 +158,7 @@ class RecordingAllToAll(AllToAll):
 def test_each_owner_receives_only_its_own_ids(replicas, rng):
   strategy = mirrored_strategy(replicas)
   init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
-  embedding = make_embedding(strategy, tpe.SGD(0.1), init)
+  embedding = make_embedding(strategy, tpe.SGD(0.1), init, None)
   backend = embedding.backend
   recorder = RecordingAllToAll(0, replicas)
   backend._exchange = recorder

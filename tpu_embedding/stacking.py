@@ -13,15 +13,21 @@ checkpoints (each table under its own key with its full
 
 ``table_stacking`` (as keras-rs names it):
 
-* ``"auto"`` (default): on accelerators (GPUs), tables are grouped by
-  (width, optimizer, placement, quantization); a group of one is not a
-  stack, and tables whose optimizer has a ``slot_variable_creation_fn``
-  stay alone. On CPUs ``"auto"`` keeps every table alone: measured on 2
-  cores (``tools/benchmark.py --table_stacking``), the tables' independent
-  steps run concurrently on the cores while a stack runs as one chain, and
-  stacking lost 26 x 200,000 x 64 (Zipf ids: 188k vs 313k examples/s) and
-  26 x 2,000 (303k vs 462k). Layouts that cannot stack (tables over
-  several workers or parameter servers) keep every table alone.
+* ``"auto"`` (default): on accelerators (GPUs), and on CPUs when several
+  replicas of one process share the tables (``MirroredStrategy``), tables
+  are grouped by (width, optimizer, placement, quantization); a group of
+  one is not a stack, and tables whose optimizer has a
+  ``slot_variable_creation_fn`` stay alone. On one CPU device ``"auto"``
+  keeps every table alone: measured on 2 cores (``tools/benchmark.py
+  --table_stacking``), the tables' independent steps run concurrently on
+  the cores while a stack runs as one chain, and stacking lost 26 x
+  200,000 x 64 (Zipf ids: 188k vs 313k examples/s; uniform: 110k vs
+  216k) and 26 x 2,000 (303k vs 462k). With several replicas each replica
+  runs its own chain while the others run theirs, and stacking cuts the
+  ops every replica runs per table: 26 x 200,000 x 64 sharded, uniform
+  ids, stacked vs alone, 134k vs 112k examples/s on 2 replicas, 97k vs
+  89k on 4. Layouts that cannot stack (tables over several workers or
+  parameter servers) keep every table alone.
 * ``None``: no stacking.
 * a list of table-name lists (or one list of names): exactly those
   stacks; the members must be compatible.

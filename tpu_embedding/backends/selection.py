@@ -62,7 +62,8 @@ def stacking_support(
     ``(can_stack, placement, where, auto)``: the layout kind each table
     gets alone (tables of different kinds never stack), a description of
     the strategy for errors, and whether ``table_stacking="auto"`` stacks
-    (on accelerators; see ``stacking.py`` for the CPU measurements).
+    (on accelerators, and on CPUs with several replicas in this process;
+    see ``stacking.py`` for the CPU measurements).
 
   Example:
     >>> import tensorflow as tf
@@ -85,6 +86,9 @@ def stacking_support(
   ):
     replicas = strategy.num_replicas_in_sync
     local = len(strategy.extended.worker_devices)
+    # Replicas of one process: each runs its stacks' chain of ops while the
+    # others run theirs, and stacking cuts the ops per replica and table.
+    auto = auto or replicas > 1
 
     def placement(table: TableConfig) -> str:
       return placement_kind(

@@ -95,7 +95,8 @@ def plan_with_stacks(
 
   What ``TPUEmbedding`` under a ``MirroredStrategy`` of ``num_replicas``
   would hold, known without creating anything (``tools/sharding_report.py``);
-  ``auto``: whether ``"auto"`` stacks (on GPUs; not on CPUs).
+  ``auto``: whether ``"auto"`` stacks on one replica (on GPUs; not on
+  CPUs); it stacks on several replicas (``backends/selection.py``).
 
   Example:
     >>> import tpu_embedding as tpe
@@ -112,7 +113,9 @@ def plan_with_stacks(
       table_name(table), table.vocabulary_size, num_replicas, row_threshold
     )
 
-  stacks = plan_stacks(tables, table_stacking, placement, auto=auto)
+  stacks = plan_stacks(
+    tables, table_stacking, placement, auto=auto or num_replicas > 1
+  )
   plan = make_plan(
     [stack.config for stack in stacks],
     num_replicas,
