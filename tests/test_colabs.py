@@ -238,9 +238,12 @@ def test_keras_rs_movielens():
   out = run_notebook("keras_rs_movielens.ipynb")
   assert "2 replicas, global batch 512" in out
   assert "80,000 training and 20,000 test ratings" in out
-  # "sparsecore" tables row-sharded over the two replicas, trained by Adam.
-  assert "movie_table: row_sharded, blocks of [841, 841] rows" in out
-  assert "user_table: row_sharded, blocks of [472, 471] rows" in out
+  # "sparsecore" tables stacked (same width and optimizer, as keras-rs does
+  # on SparseCore), row-sharded over the two replicas, trained by Adam.
+  stack = "stack_movie_table_user_table"
+  assert f"store {stack}: row_sharded, blocks of [1313, 1312] rows" in out
+  for table, rows in (("movie_table", (1313, 369)), ("user_table", (0, 943))):
+    assert f"table {table}: in store {stack}, rows per replica {rows}" in out
   assert "slots ['momenta', 'velocities']" in out
   assert "['tpu_embedding_helper_dummy']" in out  # tables aren't Keras weights
   # The tutorial's settings: 5 epochs of 256 ratings per replica.

@@ -56,8 +56,15 @@ def test_sparsecore_tables_are_row_sharded_and_trained_by_adam(result):
     "movie_table": "row_sharded",
     "user_table": "row_sharded",
   }
+  # Same width and optimizer: stacked (as keras-rs does on SparseCore),
+  # one store of 1,682 + 943 rows, half on each replica.
   plan = layer.mid_level_api.sharding_plan
-  assert plan.placements["movie_table"].shard_sizes == (841, 841)
+  movies, users = plan.placements["movie_table"], plan.placements["user_table"]
+  assert movies.stack == users.stack is not None
+  assert movies.shard_sizes == (1313, 369)
+  assert users.shard_sizes == (0, 943)
+  backend = layer.mid_level_api.backend
+  assert [v.shape[0] for v in backend.shards(movies.stack)] == [1313, 1312]
   # Adam's slots: state for the movies rated in training, none elsewhere
   # (the last incomplete batch is dropped: 156 batches of 512 ratings).
   momenta = stores["movie_table"].read("momenta").numpy()

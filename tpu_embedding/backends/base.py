@@ -74,7 +74,22 @@ class Backend(metaclass=abc.ABCMeta):
   def shards(
     self, table_name: str, slot: str = "parameters"
   ) -> list[tf.Variable]:
-    """This process's variables of a table (or slot), one per row block."""
+    """This process's variables of a table (or slot), one per row block.
+
+    ``table_name`` names a store: a table alone, or a stack
+    (``sharding_plan.placements[table].stack`` names a stacked table's).
+
+    Raises:
+      KeyError: for a stacked table or an unknown name (the message lists
+        the stores).
+    """
+    if table_name not in self._stores:
+      raise KeyError(
+        f"No store named {table_name!r}; this backend's stores are "
+        f"{sorted(self._stores)}. A stacked table's rows live in its "
+        "stack's store (sharding_plan.placements[table].stack names it; "
+        "table_stacking=None keeps every table in its own)."
+      )
     return [block[slot] for block in self._stores[table_name].blocks]
 
   @abc.abstractmethod
