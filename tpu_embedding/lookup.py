@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.kernels.unique import unique_ids as deduplicate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +126,7 @@ def group_table(
       )
     ]
   )
-  unique_ids, unique_index = tf.unique(ids, out_idx=tf.int32)
+  unique_ids, unique_index = deduplicate(ids)
   if len(features) == 1:
     num_segments = features[0].num_segments
   else:

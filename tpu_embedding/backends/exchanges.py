@@ -46,6 +46,7 @@ from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.kernels.split_by_owner import split_by_owner
+from tpu_embedding.kernels.unique import unique_ids
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.updates import Gradients
@@ -92,7 +93,7 @@ class RowExchange(metaclass=abc.ABCMeta):
     update in the order given, from zero (the fused kernel where it
     applies).
     """
-    rows, index = tf.unique(rows, out_idx=tf.int32)
+    rows, index = unique_ids(rows)
     store.update_block(replica - self._first, rows, grads, index)
 
 
@@ -148,9 +149,8 @@ class AllToAll(RowExchange):
       occurrences, grads = received[2 * k], received[2 * k + 1]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
-      rows, index = tf.unique(
-        tf.concat(occurrences, 0) - placement.shard_offsets[replica],
-        out_idx=tf.int32,
+      rows, index = unique_ids(
+        tf.concat(occurrences, 0) - placement.shard_offsets[replica]
       )
       store.update_block(replica - self._first, rows, grads, index)
 

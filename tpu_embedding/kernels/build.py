@@ -34,7 +34,7 @@ import time
 
 import tensorflow as tf
 
-SOURCES = ("fused_update.cc", "split_by_owner.cc")
+SOURCES = ("fused_update.cc", "split_by_owner.cc", "unique.cc")
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so

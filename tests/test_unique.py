@@ -1,0 +1,88 @@
+"""Deduplicating ids: the ``TpeUnique`` kernel equals ``tf.unique``.
+
+Every step deduplicates each table's ids and, on sharded tables, each
+owner the ids it receives (``kernels/unique.py``). The kernel must return
+exactly ``tf.unique(ids, out_idx=tf.int32)``: distinct ids in order of
+first occurrence and each id's position among them, for any ids (empty,
+all equal, negative, at the ends of int64, colliding in its hash table).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tpu_embedding import kernels
+from tpu_embedding.kernels.unique import unique_ids
+
+pytestmark = pytest.mark.skipif(
+  kernels.load() is None, reason="the kernel library did not build"
+)
+
+INT64 = np.iinfo(np.int64)
+
+IDS = {
+  "empty": lambda rng: np.zeros([0], np.int64),
+  "one": lambda rng: np.array([5], np.int64),
+  "all equal": lambda rng: np.full(1000, 42, np.int64),
+  "distinct": lambda rng: rng.permutation(5000).astype(np.int64),
+  "few values": lambda rng: rng.integers(0, 7, 3000),
+  "zipf": lambda rng: (rng.zipf(1.1, 20000) % 100_000).astype(np.int64),
+  "wide range": lambda rng: rng.integers(0, 10**12, 4000),
+  "negative and extremes": lambda rng: np.array(
+    [-1, INT64.max, 0, INT64.min, -1, INT64.max, 3, INT64.min, 0],
+    np.int64,
+  ),
+  # Multiples of a power of two: the same low bits, one probe chain.
+  "strided": lambda rng: np.tile(np.arange(0, 1 << 30, 1 << 20), 3),
+}
+
+
+def _kernel(ids):
+  return kernels.load().tpe_unique(ids)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("name", sorted(IDS))
+def test_kernel_equals_tf_unique(name, traced, rng):
+  ids = tf.constant(IDS[name](rng), tf.int64)
+  run = tf.function(_kernel) if traced else _kernel
+  unique, index = run(ids)
+  want_unique, want_index = tf.unique(ids, out_idx=tf.int32)
+  assert unique.dtype == tf.int64 and index.dtype == tf.int32
+  np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
+  np.testing.assert_array_equal(index.numpy(), want_index.numpy())
+
+
+def test_wrapper_uses_the_kernel_for_int64_and_tf_unique_otherwise():
+  ids64 = tf.constant([3, 1, 3], tf.int64)
+  graph = tf.function(unique_ids).get_concrete_function(ids64).graph
+  assert "TpeUnique" in {op.type for op in graph.get_operations()}
+  ids32 = tf.constant([3, 1, 3], tf.int32)
+  unique, index = unique_ids(ids32)
+  assert unique.numpy().tolist() == [3, 1]
+  assert index.numpy().tolist() == [0, 1, 0]
+
+
+def test_rank_is_checked():
+  with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="1"):
+    _kernel(tf.constant([[1, 2]], tf.int64))
+
+
+def test_a_training_step_deduplicates_with_the_kernel():
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.SGD(0.1)
+  )
+
+  @tf.function
+  def step(ids):
+    emb.enqueue(ids, training=True)
+    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
+
+  graph = step.get_concrete_function(tf.constant([1, 2, 2], tf.int64)).graph
+  types = {op.type for op in graph.get_operations()}
+  for function in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in function.definition.node_def}
+  assert "TpeUnique" in types and "Unique" not in types
