@@ -56,12 +56,24 @@ def test_kernel_equals_tf_unique(name, traced, rng):
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
 
 
-def test_wrapper_uses_the_kernel_for_int64_and_tf_unique_otherwise():
+def _op_types(function, *args):
+  graph = tf.function(function).get_concrete_function(*args).graph
+  return {op.type for op in graph.get_operations()}
+
+
+def test_wrapper_uses_the_kernel_in_training_steps_only():
   ids64 = tf.constant([3, 1, 3], tf.int64)
-  graph = tf.function(unique_ids).get_concrete_function(ids64).graph
-  assert "TpeUnique" in {op.type for op in graph.get_operations()}
+  with kernels.training_step():
+    assert "TpeUnique" in _op_types(unique_ids, ids64)
+  # Outside a training step (lookups for serving): TensorFlow's op only.
+  assert "TpeUnique" not in _op_types(unique_ids, ids64)
+  assert "Unique" in _op_types(unique_ids, ids64)
+
+
+def test_wrapper_takes_tf_unique_for_other_dtypes():
   ids32 = tf.constant([3, 1, 3], tf.int32)
-  unique, index = unique_ids(ids32)
+  with kernels.training_step():
+    unique, index = unique_ids(ids32)
   assert unique.numpy().tolist() == [3, 1]
   assert index.numpy().tolist() == [0, 1, 0]
 

@@ -31,12 +31,23 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 # A plain variable on one device even inside a strategy scope (the scope's
 # variable creator would mirror it), and one whose first dimension may
-# change at each assign (pipelining's held updates).
+# change at each assign (pipelining's held updates). Their base class:
+# the plain resource variables our kernels read by handle (not distributed
+# or Keras 3 variables).
+from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
+# Tells the gradient tapes that a variable was read (as its own
+# ``sparse_read`` does), so ops reading it by handle are differentiable.
+from tensorflow.python.ops.resource_variable_ops import variable_accessed
 
 # Registers the checkpoint callback that copies tables off / onto the TPU
 # around saves and restores, as TensorFlow does for its own TPUEmbedding.
 from tensorflow.python.saved_model.registration import register_checkpoint_saver
+
+# Whether a function is being traced for a SavedModel (custom kernels must
+# stay out of it: TF Serving loads TensorFlow's ops only).
+from tensorflow.python.saved_model.save_context import in_save_context
 
 # Restore-on-create of one row block: which rows of a checkpointed value
 # a new variable reads (TensorFlow's own partitioned variables use it).
@@ -53,6 +64,7 @@ from tensorflow.python.util.nest import flatten_with_joined_string_paths
 Trackable = tf.__internal__.tracking.Trackable
 
 __all__ = [
+  "BaseResourceVariable",
   "CheckpointShardInfo",
   "ResourceVariable",
   "SaveSpec",
@@ -60,12 +72,14 @@ __all__ = [
   "Trackable",
   "flatten_with_joined_string_paths",
   "id_in_cluster",
+  "in_save_context",
   "keras_in_symbolic_scope",
   "keras_learning_rate",
   "keras_tensorflow_trainer",
   "parameter_server_resolver",
   "register_checkpoint_saver",
   "tf_tpu_variables",
+  "variable_accessed",
 ]
 
 

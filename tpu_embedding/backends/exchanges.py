@@ -45,6 +45,7 @@ import tensorflow as tf
 from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
+from tpu_embedding.kernels.gather_rows import gather_rows
 from tpu_embedding.kernels.split_by_owner import split_by_owner
 from tpu_embedding.kernels.unique import unique_ids
 from tpu_embedding.sharding import TablePlacement
@@ -124,7 +125,7 @@ class AllToAll(RowExchange):
     ):
       block = store.blocks[replica - self._first]["parameters"]
       offset = placement.shard_offsets[replica]
-      replies.append([tf.gather(block, ids - offset) for ids in received])
+      replies.append([gather_rows(block, ids - offset) for ids in received])
     return [
       tf.dynamic_stitch(where, rows)
       for where, rows in zip(positions, self._route(replies), strict=True)

@@ -45,6 +45,7 @@ from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.gather_rows import gather_rows
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.resolved import table_name
@@ -134,7 +135,7 @@ class ShardedBackend(Backend):
         sharded.append(i)
         row_requests.append((placement, store, ids))
       else:  # A replicated table: this replica's own copy.
-        results[i] = tf.gather(store.blocks[local]["parameters"], ids)
+        results[i] = gather_rows(store.blocks[local]["parameters"], ids)
     if sharded:
       rows = self._exchange.gather(replica, row_requests)
       for i, value in zip(sharded, rows, strict=True):

@@ -36,6 +36,7 @@ from tpu_embedding.backends.stacks import stack_threshold
 from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
+from tpu_embedding.kernels import training_step
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import occurrence_gradients
 from tpu_embedding.output_shapes import OutputShapes
@@ -299,12 +300,14 @@ class OffTPUEngine(Engine, Trackable):
   def _lookup(
     self, prepared: list, training: bool
   ) -> tuple[Any, dict[str, TableBatch]]:
-    source = (
-      self._backend.gather_for_training
-      if training
-      else self._backend.gather_tables
-    )
-    return look_up(self.config, prepared, source, self._stacks)
+    if not training:  # TensorFlow's ops only: servable as it is.
+      return look_up(
+        self.config, prepared, self._backend.gather_tables, self._stacks
+      )
+    with training_step():  # This package's lookup kernels may serve.
+      return look_up(
+        self.config, prepared, self._backend.gather_for_training, self._stacks
+      )
 
   def _apply(
     self, gradients: Any, step: Step, what: str, skip: Any = None
@@ -338,7 +341,8 @@ class OffTPUEngine(Engine, Trackable):
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
       updates.append((stack.config, ids, occurrences, index))
-    self._backend.apply_updates(updates)
+    with training_step():
+      self._backend.apply_updates(updates)
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
     """This replica's enqueued step (prepared from per-replica values)."""

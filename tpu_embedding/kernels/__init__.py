@@ -6,6 +6,15 @@ and weight clipping) in one pass, reading and writing every row and slot
 row once, on all CPU threads; large table buffers are backed by huge pages.
 Its numbers are identical to the TensorFlow ops path (``tables/updates.py``),
 which remains for everything else and wherever the kernels cannot build.
+``TpeUnique``, ``TpeGatherRows`` and ``TpeSplitByOwner`` deduplicate ids,
+gather rows and route ids between replicas with exactly the outputs of
+``tf.unique``, ``tf.gather`` and ``tf.dynamic_partition``.
+
+A SavedModel must load with TensorFlow alone (TF Serving has no kernel
+library), so kernels appear only in training steps: the update always runs
+in one, and the lookup and exchange kernels are used only inside
+``training_step()`` (what the engine opens around a training lookup and an
+update) and never while a function is traced for a SavedModel.
 
 The library is compiled against the installed TensorFlow on first use (or
 ahead of time: ``python3 -m tpu_embedding.kernels build``) and cached
@@ -21,13 +30,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
+from tpu_embedding import compat
 from tpu_embedding.kernels import build as builder
+
+#: Per thread (replicas trace in their own): inside ``training_step()``.
+_training = threading.local()
 
 
 @functools.cache
@@ -52,3 +68,33 @@ def load() -> Any:
       str(e).splitlines()[0] if str(e) else type(e).__name__,
     )
     return None
+
+
+@contextlib.contextmanager
+def training_step() -> Iterator[None]:
+  """Ops built inside belong to a training step: lookup kernels may serve.
+
+  Example:
+    >>> with training_step():
+    ...   inside = step_kernels() is load()
+    >>> inside, step_kernels() is None
+    (True, True)
+  """
+  previous = getattr(_training, "inside", False)
+  _training.inside = True
+  try:
+    yield
+  finally:
+    _training.inside = previous
+
+
+def step_kernels() -> Any:
+  """The kernel module for lookup and exchange ops, or None.
+
+  None outside ``training_step()``, while a function is traced for a
+  SavedModel, or where the kernels cannot build: the TensorFlow ops then
+  compute the same outputs.
+  """
+  if not getattr(_training, "inside", False) or compat.in_save_context():
+    return None
+  return load()

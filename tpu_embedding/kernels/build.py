@@ -34,7 +34,12 @@ import time
 
 import tensorflow as tf
 
-SOURCES = ("fused_update.cc", "split_by_owner.cc", "unique.cc")
+SOURCES = (
+  "fused_update.cc",
+  "split_by_owner.cc",
+  "unique.cc",
+  "gather_rows.cc",
+)
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so

@@ -3,10 +3,11 @@
 The all-to-all exchange (``backends/exchanges.py``) calls ``split_by_owner``
 on each replica for each row-sharded table: a table is cut into contiguous
 row blocks, one per replica in replica order, and every id must go to the
-replica whose block holds its row. One ``TpeSplitByOwner`` kernel
+replica whose block holds its row. In a training step
+(``kernels.training_step()``) one ``TpeSplitByOwner`` kernel
 (``split_by_owner.cc``) finds every id's owner and writes each owner's ids,
-their positions and their rows in one pass; without the kernel library
-(or with GPUs, where it has no kernel) the same outputs come from
+their positions and their rows in one pass; elsewhere, without the kernel
+library or with GPUs (where it has no kernel) the same outputs come from
 ``searchsorted`` and ``dynamic_partition``.
 
 Example:
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding.kernels import load
+from tpu_embedding.kernels import step_kernels
 
 #: ``(ids per owner, positions per owner or [], [rows per owner] per value)``
 Split = tuple[list[tf.Tensor], list[tf.Tensor], list[list[tf.Tensor]]]
@@ -52,7 +54,7 @@ def split_by_owner(
     positions (or ``[]``), and per value its rows.
   """
   if (
-    load() is not None
+    step_kernels() is not None
     and not tf.config.list_logical_devices("GPU")
     and all(value.dtype == tf.float32 for value in values)
   ):

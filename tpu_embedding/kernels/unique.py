@@ -4,11 +4,11 @@ Every step deduplicates the ids of each table (``lookup.group_table``) and,
 on sharded tables, each owner the ids it receives (``backends/
 exchanges.py``). ``unique_ids`` returns exactly what
 ``tf.unique(ids, out_idx=tf.int32)`` returns (distinct ids in order of
-first occurrence, and each id's position among them) from the
-``TpeUnique`` kernel (``unique.cc``: an open-addressing table sized for
-the input, a few nanoseconds per id), or from ``tf.unique`` itself without
-the kernel library, with GPUs (where it has no kernel), or for ids other
-than int64.
+first occurrence, and each id's position among them): in a training step
+(``kernels.training_step()``) from the ``TpeUnique`` kernel (``unique.cc``:
+an open-addressing table sized for the input, a few nanoseconds per id),
+elsewhere (lookups for serving), without the kernel library, with GPUs
+(where it has no kernel) or for ids other than int64 from ``tf.unique``.
 
 Example:
   >>> import tensorflow as tf
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tpu_embedding.kernels import load
+from tpu_embedding.kernels import step_kernels
 
 
 def unique_ids(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -31,7 +31,7 @@ def unique_ids(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     ids: a vector of ids.
   """
   ids = tf.convert_to_tensor(ids)
-  module = load()
+  module = step_kernels()
   if (
     module is None
     or ids.dtype != tf.int64

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.gather_rows import gather_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -111,4 +112,4 @@ class WholeTable(TableStore):
     return 0, self.table.vocabulary_size
 
   def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
-    return tf.gather(self._variables[key], ids)
+    return gather_rows(self._variables[key], ids)

@@ -1,0 +1,126 @@
+"""Gathering table rows: the ``TpeGatherRows`` kernel equals ``tf.gather``.
+
+Every lookup gathers each table's distinct rows (``tables/whole.py``) and
+each owner the rows other replicas ask for (``backends/exchanges.py``)
+through ``kernels/gather_rows.py``; its kernel must return exactly
+``tf.gather(variable, ids)``, refuse ids out of range, and leave other
+variables (distributed, other dtypes) to ``tf.gather``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tpu_embedding import kernels
+from tpu_embedding.kernels.gather_rows import gather_rows
+
+pytestmark = pytest.mark.skipif(
+  kernels.load() is None, reason="the kernel library did not build"
+)
+
+IDS = {
+  "none": lambda rng, rows: np.zeros([0], np.int64),
+  "one": lambda rng, rows: np.array([rows - 1], np.int64),
+  "duplicates": lambda rng, rows: rng.integers(0, 5, 200),
+  "random": lambda rng, rows: rng.integers(0, rows, 3000),
+}
+
+
+def _kernel(variable, ids):
+  return kernels.load().tpe_gather_rows(variable.handle, ids)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("dim", [1, 7, 64])
+@pytest.mark.parametrize("name", sorted(IDS))
+def test_kernel_equals_tf_gather(name, dim, traced, rng):
+  rows = 500
+  table = tf.Variable(rng.normal(size=(rows, dim)).astype(np.float32))
+  ids = tf.constant(IDS[name](rng, rows), tf.int64)
+  run = tf.function(_kernel) if traced else _kernel
+  got = run(table, ids)
+  assert got.shape == (ids.shape[0], dim)
+  np.testing.assert_array_equal(got.numpy(), tf.gather(table, ids).numpy())
+
+
+@pytest.mark.parametrize("bad", [-1, 500])
+def test_ids_out_of_range_are_refused(bad):
+  table = tf.Variable(tf.zeros([500, 4]))
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"not in \[0, 500\)"
+  ):
+    _kernel(table, tf.constant([3, bad], tf.int64))
+
+
+def test_rows_read_after_an_update_in_the_same_function():
+  table = tf.Variable(tf.zeros([10, 2]))
+
+  @tf.function
+  def update_then_read():
+    table.scatter_update(tf.IndexedSlices(tf.ones([1, 2]), [4]))
+    with kernels.training_step():
+      return gather_rows(table, tf.constant([4], tf.int64))
+
+  assert update_then_read().numpy().tolist() == [[1.0, 1.0]]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_gradient_with_respect_to_the_table_equals_tf_gather(traced, rng):
+  table = tf.Variable(rng.normal(size=(20, 3)).astype(np.float32))
+  ids = tf.constant([4, 0, 4, 19], tf.int64)
+  weights = tf.constant(rng.normal(size=(4, 3)).astype(np.float32))
+
+  def gradient(gather):
+    with tf.GradientTape() as tape, kernels.training_step():
+      loss = tf.reduce_sum(gather(table, ids) * weights)
+    return tf.convert_to_tensor(tape.gradient(loss, table))
+
+  ours = tf.function(lambda: gradient(gather_rows)) if traced else None
+  got = ours() if traced else gradient(gather_rows)
+  np.testing.assert_array_equal(got.numpy(), gradient(tf.gather).numpy())
+
+
+def _op_types(table, ids):
+  graph = tf.function(gather_rows).get_concrete_function(table, ids).graph
+  return {op.type for op in graph.get_operations()}
+
+
+def test_other_variables_and_ids_take_tf_gather():
+  table = tf.Variable(tf.reshape(tf.range(12, dtype=tf.float32), [6, 2]))
+  ids = tf.constant([5, 0], tf.int64)
+  with kernels.training_step():
+    assert "TpeGatherRows" in _op_types(table, ids)
+  # Outside a training step (lookups for serving): TensorFlow's op only.
+  assert "TpeGatherRows" not in _op_types(table, ids)
+  # int32 ids, float64 tables, mirrored variables: tf.gather, same rows.
+  want = [[10.0, 11.0], [0.0, 1.0]]
+  assert gather_rows(table, tf.constant([5, 0])).numpy().tolist() == want
+  doubles = tf.Variable(tf.cast(table, tf.float64))
+  assert gather_rows(doubles, ids).numpy().tolist() == want
+  strategy = mirrored_strategy(2)
+  with strategy.scope():
+    mirrored = tf.Variable(table.read_value())
+  with kernels.training_step():
+    assert gather_rows(mirrored, ids).numpy().tolist() == want
+    assert gather_rows(doubles, ids).numpy().tolist() == want
+
+
+def test_a_training_step_gathers_with_the_kernel():
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.SGD(0.1)
+  )
+
+  @tf.function
+  def step(ids):
+    emb.enqueue(ids, training=True)
+    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
+
+  graph = step.get_concrete_function(tf.constant([1, 2, 2], tf.int64)).graph
+  types = {op.type for op in graph.get_operations()}
+  for function in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in function.definition.node_def}
+  assert "TpeGatherRows" in types and "ResourceGather" not in types

@@ -1,0 +1,60 @@
+"""Rows of a table variable at ids (``tf.gather``, with prefetching).
+
+The lookup gathers each table's distinct rows every step
+(``tables/whole.py``) and each owner the rows other replicas ask for
+(``backends/exchanges.py``): random rows of a large table, one cache miss
+each. ``gather_rows`` returns exactly ``tf.gather(variable, ids)``: in a
+training step (``kernels.training_step()``) from the ``TpeGatherRows``
+kernel (``gather_rows.cc``), which spreads the ids over the CPU threads and
+prefetches rows a few ids ahead; from ``tf.gather`` itself elsewhere
+(lookups for serving) and where the kernel does not apply (no kernel library,
+GPUs, a variable that is not a plain float32 resource variable (e.g. a
+distributed or Keras 3 one), or one on a parameter server, whose
+TensorFlow server has no kernel library).
+
+Example:
+  >>> import tensorflow as tf
+  >>> table = tf.Variable([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
+  >>> gather_rows(table, tf.constant([2, 0], tf.int64)).numpy().tolist()
+  [[4.0, 5.0], [0.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.kernels import step_kernels
+
+
+def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
+  """``tf.gather(variable, ids)`` for a ``[rows, dim]`` table variable.
+
+  Args:
+    variable: the table (or slot) variable.
+    ids: ``[n]`` row ids.
+  """
+  ids = tf.convert_to_tensor(ids)
+  module = step_kernels()
+  if (
+    module is None
+    or ids.dtype != tf.int64
+    or ids.shape.rank != 1
+    or not isinstance(variable, compat.BaseResourceVariable)
+    or variable.dtype != tf.float32
+    or variable.shape.rank != 2
+    or "/job:ps" in str(variable.device)
+    or tf.config.list_logical_devices("GPU")
+  ):
+    return tf.gather(variable, ids)
+  compat.variable_accessed(variable)  # Differentiable, as tf.gather.
+  return module.tpe_gather_rows(variable.handle, ids)
+
+
+@tf.RegisterGradient("TpeGatherRows")
+def _gather_rows_gradient(op: Any, grad: tf.Tensor) -> tuple:
+  """The rows' gradient, as ``tf.gather``'s: slices of the variable."""
+  shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=tf.int64)
+  return tf.IndexedSlices(grad, op.inputs[1], shape), None
