@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
 from tpu_embedding.kernels.gather_rows import gather_rows
@@ -107,20 +106,3 @@ def test_other_variables_and_ids_take_tf_gather():
   with kernels.training_step():
     assert gather_rows(mirrored, ids).numpy().tolist() == want
     assert gather_rows(doubles, ids).numpy().tolist() == want
-
-
-def test_a_training_step_gathers_with_the_kernel():
-  emb = tpe.TPUEmbedding(
-    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.SGD(0.1)
-  )
-
-  @tf.function
-  def step(ids):
-    emb.enqueue(ids, training=True)
-    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
-
-  graph = step.get_concrete_function(tf.constant([1, 2, 2], tf.int64)).graph
-  types = {op.type for op in graph.get_operations()}
-  for function in graph._functions.values():  # pylint: disable=protected-access
-    types |= {node.op for node in function.definition.node_def}
-  assert "TpeGatherRows" in types and "ResourceGather" not in types

@@ -253,3 +253,34 @@ def test_library_path_follows_tensorflow_and_sources():
   path = builder.library_path()
   assert f"tf{tf.__version__}-" in path
   assert path.startswith(builder.cache_dir())
+
+
+def _op_types(function, *args) -> set[str]:
+  """Op types of a traced function, its nested functions' included."""
+  graph = function.get_concrete_function(*args).graph
+  types = {op.type for op in graph.get_operations()}
+  for nested in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in nested.definition.node_def}
+  return types
+
+
+def test_kernels_serve_training_steps_and_never_lookups_for_serving():
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.Adagrad(0.1)
+  )
+  ids = tf.constant([1, 2, 2], tf.int64)
+
+  @tf.function
+  def train(ids):
+    emb.enqueue(ids, training=True)
+    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
+
+  types = _op_types(train, ids)
+  assert {"TpeUnique", "TpeGatherRows", "TpeFusedSparseApply"} <= types
+  assert not {"Unique", "ResourceGather"} & types
+
+  @tf.function
+  def serve(ids):  # What a SavedModel for TF Serving holds.
+    return emb.embedding_lookup(ids)
+
+  assert not {t for t in _op_types(serve, ids) if t.startswith("Tpe")}

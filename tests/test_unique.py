@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tpu_embedding as tpe
 from tpu_embedding import kernels
 from tpu_embedding.kernels.unique import unique_ids
 
@@ -81,20 +80,3 @@ def test_wrapper_takes_tf_unique_for_other_dtypes():
 def test_rank_is_checked():
   with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="1"):
     _kernel(tf.constant([[1, 2]], tf.int64))
-
-
-def test_a_training_step_deduplicates_with_the_kernel():
-  emb = tpe.TPUEmbedding(
-    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.SGD(0.1)
-  )
-
-  @tf.function
-  def step(ids):
-    emb.enqueue(ids, training=True)
-    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
-
-  graph = step.get_concrete_function(tf.constant([1, 2, 2], tf.int64)).graph
-  types = {op.type for op in graph.get_operations()}
-  for function in graph._functions.values():  # pylint: disable=protected-access
-    types |= {node.op for node in function.definition.node_def}
-  assert "TpeUnique" in types and "Unique" not in types
