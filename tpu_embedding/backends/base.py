@@ -53,6 +53,11 @@ class Backend(metaclass=abc.ABCMeta):
   #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
   supports_pipelining = True
 
+  #: Whether a step's ops run in processes that load this package's
+  #: kernels (``kernels/``); not on ``ParameterServerStrategy``'s workers,
+  #: plain TensorFlow servers.
+  runs_package_kernels = True
+
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}
 

@@ -51,6 +51,7 @@ class ParameterServerBackend(HostBackend):
 
   #: Workers update asynchronously already: nothing to pipeline.
   supports_pipelining = False
+  runs_package_kernels = False  # Steps run on remote TensorFlow servers.
 
   def __init__(
     self,

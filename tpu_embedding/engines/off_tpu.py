@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -304,7 +305,7 @@ class OffTPUEngine(Engine, Trackable):
       return look_up(
         self.config, prepared, self._backend.gather_tables, self._stacks
       )
-    with training_step():  # This package's lookup kernels may serve.
+    with self._training_step():  # This package's kernels may serve.
       return look_up(
         self.config, prepared, self._backend.gather_for_training, self._stacks
       )
@@ -341,8 +342,14 @@ class OffTPUEngine(Engine, Trackable):
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
       updates.append((stack.config, ids, occurrences, index))
-    with training_step():
+    with self._training_step():
       self._backend.apply_updates(updates)
+
+  def _training_step(self) -> contextlib.AbstractContextManager:
+    """``kernels.training_step()`` where the step's processes load them."""
+    if self._backend.runs_package_kernels:
+      return training_step()
+    return contextlib.nullcontext()
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
     """This replica's enqueued step (prepared from per-replica values)."""
