@@ -186,6 +186,19 @@ def _same_kind(table: TableConfig) -> str:
   return "whole"
 
 
+def auto_stacks(on_accelerators: bool, replicas: int) -> bool:
+  """Whether ``table_stacking="auto"`` stacks (measured: module docstring).
+
+  On accelerators, and with several replicas in one process; not on one
+  CPU device.
+
+  Example:
+    >>> auto_stacks(False, 1), auto_stacks(False, 2), auto_stacks(True, 1)
+    (False, True, True)
+  """
+  return on_accelerators or replicas > 1
+
+
 def plan_stacks(
   tables: Sequence[TableConfig],
   table_stacking: TableStacking = "auto",

@@ -21,6 +21,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import placement_kind
+from tpu_embedding.stacking import auto_stacks
 
 
 def select_backend(
@@ -86,9 +87,7 @@ def stacking_support(
   ):
     replicas = strategy.num_replicas_in_sync
     local = len(strategy.extended.worker_devices)
-    # Replicas of one process: each runs its stacks' chain of ops while the
-    # others run theirs, and stacking cuts the ops per replica and table.
-    auto = auto or replicas > 1
+    auto = auto_stacks(auto, replicas)
 
     def placement(table: TableConfig) -> str:
       return placement_kind(

@@ -33,6 +33,7 @@ from tpu_embedding.sharding import member_placement
 from tpu_embedding.sharding import placement_kind
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.stacking import TableStacking
+from tpu_embedding.stacking import auto_stacks
 from tpu_embedding.stacking import plan_stacks
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.stacked import StackMember
@@ -95,8 +96,8 @@ def plan_with_stacks(
 
   What ``TPUEmbedding`` under a ``MirroredStrategy`` of ``num_replicas``
   would hold, known without creating anything (``tools/sharding_report.py``);
-  ``auto``: whether ``"auto"`` stacks on one replica (on GPUs; not on
-  CPUs); it stacks on several replicas (``backends/selection.py``).
+  ``auto``: whether the devices are accelerators (``stacking.auto_stacks``
+  decides whether ``"auto"`` stacks).
 
   Example:
     >>> import tpu_embedding as tpe
@@ -114,7 +115,7 @@ def plan_with_stacks(
     )
 
   stacks = plan_stacks(
-    tables, table_stacking, placement, auto=auto or num_replicas > 1
+    tables, table_stacking, placement, auto=auto_stacks(auto, num_replicas)
   )
   plan = make_plan(
     [stack.config for stack in stacks],

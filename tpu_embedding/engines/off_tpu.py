@@ -306,9 +306,8 @@ class OffTPUEngine(Engine, Trackable):
         self.config, prepared, self._backend.gather_tables, self._stacks
       )
     with self._training_step():  # This package's kernels may serve.
-      return look_up(
-        self.config, prepared, self._backend.gather_for_training, self._stacks
-      )
+      source = self._backend.gather_for_training
+      return look_up(self.config, prepared, source, self._stacks)
 
   def _apply(
     self, gradients: Any, step: Step, what: str, skip: Any = None

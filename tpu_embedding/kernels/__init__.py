@@ -92,9 +92,13 @@ def step_kernels() -> Any:
   """The kernel module for lookup and exchange ops, or None.
 
   None outside ``training_step()``, while a function is traced for a
-  SavedModel, or where the kernels cannot build: the TensorFlow ops then
-  compute the same outputs.
+  SavedModel, with GPUs (the kernels are CPU kernels) or where the kernels
+  cannot build: the TensorFlow ops then compute the same outputs.
   """
-  if not getattr(_training, "inside", False) or compat.in_save_context():
+  if (
+    not getattr(_training, "inside", False)
+    or compat.in_save_context()
+    or tf.config.list_logical_devices("GPU")
+  ):
     return None
   return load()

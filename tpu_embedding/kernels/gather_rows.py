@@ -7,10 +7,9 @@ each. ``gather_rows`` returns exactly ``tf.gather(variable, ids)``: in a
 training step (``kernels.training_step()``) from the ``TpeGatherRows``
 kernel (``gather_rows.cc``), which spreads the ids over the CPU threads and
 prefetches rows a few ids ahead; from ``tf.gather`` itself elsewhere
-(lookups for serving) and where the kernel does not apply (no kernel library,
-GPUs, a variable that is not a plain float32 resource variable (e.g. a
-distributed or Keras 3 one), or one on a parameter server, whose
-TensorFlow server has no kernel library).
+(lookups for serving, parameter servers' steps) and where the kernel does
+not apply (``kernels.step_kernels()`` is None, or a variable that is not a
+plain float32 resource variable, e.g. a distributed or Keras 3 one).
 
 Example:
   >>> import tensorflow as tf
@@ -45,8 +44,6 @@ def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
     or not isinstance(variable, compat.BaseResourceVariable)
     or variable.dtype != tf.float32
     or variable.shape.rank != 2
-    or "/job:ps" in str(variable.device)
-    or tf.config.list_logical_devices("GPU")
   ):
     return tf.gather(variable, ids)
   compat.variable_accessed(variable)  # Differentiable, as tf.gather.

@@ -53,10 +53,8 @@ def split_by_owner(
     Per owner, in input order (as ``tf.dynamic_partition``): the ids, the
     positions (or ``[]``), and per value its rows.
   """
-  if (
-    step_kernels() is not None
-    and not tf.config.list_logical_devices("GPU")
-    and all(value.dtype == tf.float32 for value in values)
+  if step_kernels() is not None and all(
+    value.dtype == tf.float32 for value in values
   ):
     return split_with_kernel(ids, block_starts, values, positions)
   return split_with_tensorflow(ids, block_starts, values, positions)

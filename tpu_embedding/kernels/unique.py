@@ -32,11 +32,7 @@ def unique_ids(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   """
   ids = tf.convert_to_tensor(ids)
   module = step_kernels()
-  if (
-    module is None
-    or ids.dtype != tf.int64
-    or tf.config.list_logical_devices("GPU")
-  ):
+  if module is None or ids.dtype != tf.int64:
     return tf.unique(ids, out_idx=tf.int32)
   unique, index = module.tpe_unique(ids)
   return unique, index
