@@ -46,10 +46,10 @@ from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.tables.updates import concat_pieces
 
 
 class HeldUpdates:

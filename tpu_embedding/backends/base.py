@@ -25,11 +25,11 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
-from tpu_embedding.tables.updates import concat_pieces
 
 #: ``[(table, ids)]``: the distinct ids to gather from each table.
 GatherRequests = Sequence[tuple[TableConfig, tf.Tensor]]

@@ -21,8 +21,10 @@ built:
   handles every replica's rows.
 
 Rows are those of one device exactly. Updates: ``AllToAll`` sends each
-occurrence's gradient with its id, so an owner sums a row's occurrences in
-the global batch's order from zero, as one device does (bit for bit when a
+owner the ids of its occurrences and their positions among the sender's
+gradient rows, which are handed over whole (not split or copied); an owner
+sums a row's occurrences in the global batch's order from zero, as one
+device does (bit for bit when a
 table's occurrences come from one feature); ``AllGather`` adds the
 replicas' per-id sums in replica order (equal up to float rounding).
 
@@ -45,13 +47,14 @@ import tensorflow as tf
 from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
+from tpu_embedding.gradients import Gradients
+from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.gather_rows import gather_rows
 from tpu_embedding.kernels.split_by_owner import split_by_owner
 from tpu_embedding.kernels.unique import unique_ids
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.updates import Gradients
-from tpu_embedding.tables.updates import concat_pieces
 
 #: ``[(placement, store, ids)]``: this replica's distinct ids per table.
 RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor]]
@@ -133,27 +136,36 @@ class AllToAll(RowExchange):
 
   def update(self, replica, updates):
     n = self._num_replicas
-    lists = []
+    lists, num_pieces = [], []
     for placement, _, ids, grads, index in updates:
-      # One id per gradient row: each occurrence travels with its id.
+      # One id per gradient row: each occurrence's gradient goes with it.
       occurrences = ids if index is None else tf.gather(ids, index)
-      grads = concat_pieces(grads)
       if placement.sharded:
-        id_parts, _, (grad_parts,) = split_by_owner(
-          occurrences, placement.shard_offsets, [grads]
+        id_parts, where, _ = split_by_owner(
+          occurrences, placement.shard_offsets, positions=True
         )
-        lists += [id_parts, grad_parts]
       else:  # A replicated table: every copy applies every gradient.
-        lists += [[occurrences] * n, [grads] * n]
-    received = self._route(lists)
-    for k, (placement, store, _, _, _) in enumerate(updates):
-      occurrences, grads = received[2 * k], received[2 * k + 1]
+        id_parts = [occurrences] * n
+        where = [tf.range(tf.size(occurrences, out_type=tf.int32))] * n
+      # The gradients travel whole (handed over, never copied or split):
+      # an owner picks its rows out by position.
+      grads = pieces(grads)
+      num_pieces.append(len(grads))
+      lists += [id_parts, where] + [[g] * n for g in grads]
+    received = iter(self._route(lists))
+    for (placement, store, _, _, _), count in zip(
+      updates, num_pieces, strict=True
+    ):
+      occurrences, where = next(received), next(received)
+      grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
       rows, index = unique_ids(
         tf.concat(occurrences, 0) - placement.shard_offsets[replica]
       )
-      store.update_block(replica - self._first, rows, grads, index)
+      store.update_block(
+        replica - self._first, rows, _picked_rows(where, grads), index
+      )
 
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
     """Hands each replica's per-destination lists to the destinations.
@@ -211,6 +223,31 @@ class AllToAll(RowExchange):
         for k, piece in zip(group, pieces, strict=True):
           received[k][source] = piece
     return received
+
+
+def _picked_rows(
+  where: list[tf.Tensor], grads: list[list[tf.Tensor]]
+) -> PickedRows:
+  """The gradient rows sent here, picked out of every source's gradients.
+
+  Args:
+    where: per source, the positions (among its gradient rows) of the
+      occurrences sent here.
+    grads: per piece, per source: every source's gradients, whole.
+
+  Returns:
+    The rows at ``where``, sources in order, as ``PickedRows`` over all
+    sources' pieces.
+  """
+  by_source = list(zip(*grads, strict=True))
+  starts = [tf.constant(0, tf.int32)]
+  for source_pieces in by_source[:-1]:
+    rows = tf.add_n([tf.shape(piece)[0] for piece in source_pieces])
+    starts.append(starts[-1] + rows)
+  return PickedRows(
+    [piece for source_pieces in by_source for piece in source_pieces],
+    tf.concat([w + start for w, start in zip(where, starts, strict=True)], 0),
+  )
 
 
 def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:

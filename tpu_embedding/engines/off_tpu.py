@@ -37,6 +37,7 @@ from tpu_embedding.backends.stacks import stack_threshold
 from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels import training_step
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import occurrence_gradients
@@ -61,7 +62,6 @@ from tpu_embedding.structure import check_same_structure
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import variables_by_name
-from tpu_embedding.tables.updates import concat_pieces
 from tpu_embedding.tracking import VariableTracker
 
 

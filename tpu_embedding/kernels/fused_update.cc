@@ -3,7 +3,9 @@
 //
 // For each distinct row u (rows[u] into the variables), its gradient is the
 // sum of the gradient rows i with index[i] == u, added in increasing i from
-// zero (what tf.math.unsorted_segment_sum computes); then, in this order and
+// zero (what tf.math.unsorted_segment_sum computes). Gradient row i is row i of
+// the pieces' concatenation, or with `positions` row positions[i] of it (an
+// owner picking its rows out of every sender's gradients); then, in this order and
 // with the same float32 operations as tpu_embedding's TensorFlow path
 // (optimizers/base.py):
 //   g = min(max(g, clip_gradient_min), clip_gradient_max)
@@ -81,9 +83,11 @@ REGISTER_OP("TpeFusedSparseApply")
     .Input("rows: int64")
     .Input("index: int32")
     .Input("grads: num_pieces * float")
+    .Input("positions: num_positions * int32")
     .Input("lr: float")
     .Attr("num_variables: int >= 1")
     .Attr("num_pieces: int >= 1")
+    .Attr("num_positions: int >= 0 = 0")
     .Attr("rule: {'sgd', 'adagrad'}")
     .Attr("clip_gradient_min: float")
     .Attr("clip_gradient_max: float")
@@ -100,6 +104,10 @@ class FusedSparseApplyOp : public OpKernel {
     std::string rule;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_positions", &num_positions_));
+    OP_REQUIRES(ctx, num_positions_ <= 1,
+                errors::InvalidArgument("at most one positions tensor, got ",
+                                        num_positions_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
     adagrad_ = rule == "adagrad";
     OP_REQUIRES(ctx, num_variables_ == (adagrad_ ? 2 : 1),
@@ -117,7 +125,8 @@ class FusedSparseApplyOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(num_variables_);
     const Tensor& index = ctx->input(num_variables_ + 1);
-    const Tensor& lr_tensor = ctx->input(num_variables_ + 2 + num_pieces_);
+    const Tensor& lr_tensor =
+        ctx->input(num_variables_ + 2 + num_pieces_ + num_positions_);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
                 errors::InvalidArgument("rows must be a vector, got shape ",
                                         rows.shape().DebugString()));
@@ -134,7 +143,6 @@ class FusedSparseApplyOp : public OpKernel {
                                         first_piece.shape().DebugString()));
     const int64_t dim = first_piece.dim_size(1);
     std::vector<const float*> grad_rows;
-    grad_rows.reserve(num_grads);
     for (int p = 0; p < num_pieces_; ++p) {
       const Tensor& piece = ctx->input(num_variables_ + 2 + p);
       OP_REQUIRES(ctx, piece.dims() == 2 && piece.dim_size(1) == dim,
@@ -144,6 +152,25 @@ class FusedSparseApplyOp : public OpKernel {
       const float* data = piece.flat<float>().data();
       for (int64_t r = 0; r < piece.dim_size(0); ++r) {
         grad_rows.push_back(data + r * dim);
+      }
+    }
+    if (num_positions_ == 1) {
+      const Tensor& picked = ctx->input(num_variables_ + 2 + num_pieces_);
+      OP_REQUIRES(ctx, picked.shape() == index.shape(),
+                  errors::InvalidArgument(
+                      "positions must have index's shape ",
+                      index.shape().DebugString(), ", got ",
+                      picked.shape().DebugString()));
+      auto at = picked.flat<int32_t>();
+      std::vector<const float*> all_rows;
+      all_rows.swap(grad_rows);
+      grad_rows.reserve(num_grads);
+      for (int64_t i = 0; i < num_grads; ++i) {
+        OP_REQUIRES(ctx, at(i) >= 0 && at(i) < static_cast<int64_t>(all_rows.size()),
+                    errors::InvalidArgument("positions[", i, "] = ", at(i),
+                                            " is not in [0, ", all_rows.size(),
+                                            ")"));
+        grad_rows.push_back(all_rows[at(i)]);
       }
     }
     OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
@@ -263,13 +290,14 @@ class FusedSparseApplyOp : public OpKernel {
     };
     auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t cost = std::max<int64_t>(
-        1, dim * (4 + 2 * (num_grads / std::max<int64_t>(num_unique, 1))));
+        1, dim * (4 + 2 * (start[num_unique] / num_unique)));
     threads->workers->ParallelFor(num_unique, cost, work);
   }
 
  private:
   int num_variables_;
   int num_pieces_;
+  int num_positions_;
   bool adagrad_;
   float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
   bool decay_by_lr_;

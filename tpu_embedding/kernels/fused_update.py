@@ -25,6 +25,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels import load
 from tpu_embedding.optimizers.adagrad import Adagrad
 from tpu_embedding.optimizers.sgd import SGD
@@ -37,9 +39,11 @@ def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
 
 
-def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
-  """``grads`` as a list of ``[rows, dim]`` pieces."""
-  return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+def _pieces_and_positions(grads: Any) -> tuple[list[tf.Tensor], list]:
+  """The pieces the kernel reads and its ``positions`` input (0 or 1)."""
+  if isinstance(grads, PickedRows):
+    return pieces(grads.pieces), [tf.cast(grads.positions, tf.int32)]
+  return pieces(grads), []
 
 
 def fused_apply(
@@ -55,8 +59,9 @@ def fused_apply(
     table: the table (its optimizer must be ``SGD`` or ``Adagrad``).
     block: ``{"parameters": var, <slot>: var}``.
     ids: ``[n]`` distinct int64 row indices into ``block``.
-    grads: ``[m, dim]`` gradients of single occurrences, or pieces whose
-      concatenation they are (read in place, never concatenated).
+    grads: ``[m, dim]`` gradients of single occurrences, pieces whose
+      concatenation they are, or ``tables.updates.PickedRows`` (read in
+      place, never concatenated or gathered).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
 
   Returns:
@@ -77,11 +82,13 @@ def fused_apply(
     # Parameter servers are plain TensorFlow servers: the kernel library
     # is not loaded there.
     return None
+  grad_pieces, positions = _pieces_and_positions(grads)
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
     index=tf.cast(index, tf.int32),
-    grads=[tf.cast(g, tf.float32) for g in pieces(grads)],
+    grads=[tf.cast(g, tf.float32) for g in grad_pieces],
+    positions=positions,
     lr=optimizer.learning_rate_tensor(),
     rule=rule,
     clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),

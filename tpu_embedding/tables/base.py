@@ -51,9 +51,9 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.updates import apply_rows
-from tpu_embedding.tables.updates import concat_pieces
 from tpu_embedding.tracking import VariableTracker
 
 #: The variables of one row block: ``{"parameters": var, <slot>: var}``.

@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -30,7 +31,6 @@ from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
-from tpu_embedding.tables.updates import concat_pieces
 
 
 class ReplicatedVariable(WholeValueVariable):

@@ -26,18 +26,9 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import Gradients
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.fused_update import fused_apply
-
-#: Gradients of single occurrences: one ``[m, dim]`` tensor, or pieces
-#: whose concatenation it is (the fused kernel reads pieces in place).
-Gradients = Any
-
-
-def concat_pieces(grads: Gradients) -> tf.Tensor:
-  """``grads`` as one tensor (pieces concatenated)."""
-  if not isinstance(grads, (list, tuple)):
-    return grads
-  return grads[0] if len(grads) == 1 else tf.concat(list(grads), axis=0)
 
 
 def apply_rows(

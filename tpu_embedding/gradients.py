@@ -1,0 +1,55 @@
+"""Gradient rows as an update receives them, in place where they are.
+
+An update gets the gradients of single occurrences as one ``[m, dim]``
+tensor, as pieces whose concatenation it is (one per feature: never
+concatenated), or as ``PickedRows`` (an owner's share of the gradients
+other replicas handed over whole: never split or gathered). The fused
+kernel reads all three where they are; the TensorFlow path makes one
+tensor of them with ``concat_pieces``.
+
+Example:
+  >>> import tensorflow as tf
+  >>> picked = PickedRows(
+  ...     [tf.constant([[1.0], [2.0]]), tf.constant([[3.0]])],
+  ...     tf.constant([2, 0]))
+  >>> concat_pieces(picked).numpy().ravel().tolist()
+  [3.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+
+#: One ``[m, dim]`` tensor, a list of pieces, or ``PickedRows``.
+Gradients = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PickedRows:
+  """Gradient rows picked out of larger pieces.
+
+  Row ``i`` is row ``positions[i]`` of the concatenation of ``pieces``.
+
+  Attributes:
+    pieces: ``[rows_k, dim]`` float tensors.
+    positions: ``[m]`` int32 row positions in their concatenation.
+  """
+
+  pieces: list[tf.Tensor]
+  positions: tf.Tensor
+
+
+def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
+  """``grads`` (a tensor or pieces) as a list of ``[rows, dim]`` pieces."""
+  return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+
+
+def concat_pieces(grads: Gradients) -> tf.Tensor:
+  """``grads`` as one tensor (pieces concatenated, picked rows gathered)."""
+  if isinstance(grads, PickedRows):
+    return tf.gather(concat_pieces(grads.pieces), grads.positions)
+  parts = pieces(grads)
+  return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
