@@ -154,6 +154,11 @@ class RecordingAllToAll(AllToAll):
     return received
 
 
+def _occurrences(num_ids):
+  """An index into ``num_ids`` distinct ids: reversed, then repeats."""
+  return np.concatenate([np.arange(num_ids)[::-1], [0, num_ids - 1, 0]])
+
+
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_each_owner_receives_only_its_own_ids(replicas, rng):
   strategy = mirrored_strategy(replicas)
@@ -175,13 +180,16 @@ def test_each_owner_receives_only_its_own_ids(replicas, rng):
       tf.ragged.constant(ids_per_replica, dtype=tf.int64), replica
     )
     here = int(tf.get_static_value(replica))
-    (rows,) = recorder.gather(here, [(placement, store, ids)])
-    # The rows of ids from several owners come back in the ids' order.
+    index = _occurrences(len(ids_per_replica[here]))
+    (rows,) = recorder.gather(here, [(placement, store, ids, index)])
+    # The rows of ids from several owners come back expanded to the
+    # occurrences, in their order.
     return rows
 
   result = strategy.run(replica_fn)
   for r, rows in enumerate(strategy.experimental_local_results(result)):
-    np.testing.assert_array_equal(rows.numpy(), init[0][ids_per_replica[r]])
+    want = init[0][ids_per_replica[r][_occurrences(len(ids_per_replica[r]))]]
+    np.testing.assert_array_equal(rows.numpy(), want)
   sent = np.concatenate(ids_per_replica)
   got = []
   for owner in range(replicas):

@@ -5,7 +5,8 @@ lookups, the Keras layers, serving and export — runs the same stages::
 
   features ──prepare──▶ PreparedFeature ──gate──▶ (checks passed)
     ──group──▶ TableBatch per table (ids of all its features, deduplicated)
-    ──gather──▶ unique rows (from the caller's row source)
+    ──gather──▶ each id's row (the caller's row source reads each
+                distinct row once and expands it to the id occurrences)
     ──combine──▶ [rows, dim] ──split──▶ one activation per feature
 
 Only the row source differs: a backend (which may exchange ids between
@@ -20,7 +21,8 @@ Example:
   >>> prepared = prepare_features(
   ...     config, {"f": tf.ragged.constant([[1, 2], [3]])}, None, "features")
   >>> def rows(requests):  # row i holds the value i
-  ...   return [tf.cast(ids, tf.float32)[:, None] for _, ids in requests]
+  ...   return [tf.cast(tf.gather(ids, index), tf.float32)[:, None]
+  ...           for _, ids, index in requests]
   >>> activations, _ = look_up(config, prepared, rows)
   >>> activations["f"].numpy().ravel().tolist()
   [3.0, 3.0]
@@ -48,10 +50,12 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.structure import check_same_structure
 
-#: Reads the rows of several tables at once: ``[(table, unique ids)]`` →
-#: ``[rows]`` (``[n, dim]`` each, in the order of the ids).
+#: Reads the rows of several tables at once: ``[(table, unique ids,
+#: index)]`` → per request the ``[n, dim]`` row of each id occurrence,
+#: ``rows(unique ids)[index]`` (each distinct row read once, then expanded:
+#: ``lookup.expand_rows``).
 RowSource = Callable[
-  [Sequence[tuple[TableConfig, tf.Tensor]]], Sequence[tf.Tensor]
+  [Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]], Sequence[tf.Tensor]
 ]
 
 
@@ -136,6 +140,13 @@ def look_up(
   return tf.nest.pack_sequence_as(config.structure, flat), batches
 
 
+def _request(
+  table: TableConfig, batch: TableBatch
+) -> tuple[TableConfig, tf.Tensor, tf.Tensor]:
+  """What a row source is asked for one table (or stack)."""
+  return table, batch.unique_ids, batch.unique_index
+
+
 def stack_features(config: ResolvedConfig, stack: TableStack) -> list[int]:
   """Flat indices of the features of a stack, member by member."""
   return [i for table in stack.tables for i in config.features_of(table)]
@@ -160,7 +171,7 @@ def _look_up_stacks(
       members if stack.stacked else None,
     )
   all_rows = row_source(
-    [(stack.config, batches[stack.name].unique_ids) for stack in stacks]
+    [_request(stack.config, batches[stack.name]) for stack in stacks]
   )
   for stack, rows in zip(stacks, all_rows, strict=True):
     batch = batches[stack.name]
@@ -186,7 +197,7 @@ def look_up_groups(
     for table, indices in groups
   }
   all_rows = row_source(
-    [(table, batches[table_name(table)].unique_ids) for table, _ in groups]
+    [_request(table, batches[table_name(table)]) for table, _ in groups]
   )
   for (table, indices), rows in zip(groups, all_rows, strict=True):
     batch = batches[table_name(table)]

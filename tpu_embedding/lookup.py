@@ -26,7 +26,7 @@ Example:
   ...                     tpe.FeatureConfig(table), "f")
   >>> batch = group_table(table, [f])
   >>> rows = tf.constant([[10.0], [20.0]])  # rows of ids 1 and 2
-  >>> combine(rows, batch).numpy().tolist()
+  >>> combine(expand_rows(rows, batch.unique_index), batch).numpy().tolist()
   [[40.0]]
 """
 
@@ -200,11 +200,26 @@ def _member_segments(
   )
 
 
-def combine(unique_rows: tf.Tensor, batch: TableBatch) -> tf.Tensor:
-  """``[num_segments, dim]`` activations from the rows of ``unique_ids``."""
+def expand_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+  """The row of each id occurrence from the rows of the distinct ids.
+
+  What a row source returns (``activations.RowSource``): ``unique_rows[i]``
+  is the row of ``unique_ids[i]``, ``index`` the position in ``unique_ids``
+  of each occurrence.
+  """
+  return tf.gather(unique_rows, index)
+
+
+def combine(rows: tf.Tensor, batch: TableBatch) -> tf.Tensor:
+  """``[num_segments, dim]`` activations from the row of each id.
+
+  Args:
+    rows: ``[n, dim]``: the row of each id occurrence, in the order of
+      ``batch.unique_index``.
+    batch: the ids' ``TableBatch``.
+  """
   if batch.table.quantization_config is not None:
-    unique_rows = batch.table.quantization_config.quantize(unique_rows)
-  rows = tf.gather(unique_rows, batch.unique_index)
+    rows = batch.table.quantization_config.quantize(rows)
   if batch.scales is not None:
     rows = rows * batch.scales[:, None]
   if batch.segments is None:

@@ -46,6 +46,7 @@ from tpu_embedding.inputs import check_input_type
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
+from tpu_embedding.lookup import expand_rows
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
@@ -171,7 +172,9 @@ def _lookup_one(
     [prepare_feature(inp, weight, feature.replace(table=named), path)]
   )
   (activations,), _ = look_up_groups(
-    [(named, [0])], [prepared], lambda requests: [read(requests[0][1])]
+    [(named, [0])],
+    [prepared],
+    lambda requests: [expand_rows(read(requests[0][1]), requests[0][2])],
   )
   return activations
 

@@ -26,13 +26,15 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.lookup import expand_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import VariableTracker
 
-#: ``[(table, ids)]``: the distinct ids to gather from each table.
-GatherRequests = Sequence[tuple[TableConfig, tf.Tensor]]
+#: ``[(table, ids, index)]``: the distinct ids to gather from each table
+#: and the position in ``ids`` of each occurrence (``activations.RowSource``).
+GatherRequests = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]
 
 #: ``[(table, ids, grads, index)]``: distinct ids and their gradients:
 #: summed per id (``index`` None), or ``[m, dim]`` gradients of single
@@ -105,7 +107,8 @@ class Backend(metaclass=abc.ABCMeta):
 
   @abc.abstractmethod
   def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
-    """``[n_t, dim_t]`` rows of each table for its distinct ids ``[n_t]``."""
+    """``[m_t, dim_t]`` rows of each table's id occurrences: the rows of
+    its distinct ids ``[n_t]`` at ``index`` ``[m_t]``."""
 
   @abc.abstractmethod
   def apply_updates(self, updates: Updates) -> None:
@@ -119,7 +122,10 @@ class Backend(metaclass=abc.ABCMeta):
 
   def gather_from_stores(self, requests: GatherRequests) -> list[tf.Tensor]:
     """Rows read by the calling host from each table's store."""
-    return [self._stores[table_name(t)].gather(ids) for t, ids in requests]
+    return [
+      expand_rows(self._stores[table_name(t)].gather(ids), index)
+      for t, ids, index in requests
+    ]
 
   def gather_for_training(self, requests: GatherRequests) -> list[tf.Tensor]:
     """``gather_tables`` for a lookup that will be followed by an update.

@@ -50,14 +50,17 @@ from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import pieces
+from tpu_embedding.kernels.gather_rows import gather_pieces
 from tpu_embedding.kernels.gather_rows import gather_rows
 from tpu_embedding.kernels.split_by_owner import split_by_owner
 from tpu_embedding.kernels.unique import unique_ids
+from tpu_embedding.lookup import expand_rows
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
 
-#: ``[(placement, store, ids)]``: this replica's distinct ids per table.
-RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor]]
+#: ``[(placement, store, ids, index)]``: this replica's distinct ids per
+#: table and the position in them of each id occurrence.
+RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor, tf.Tensor]]
 
 #: ``[(placement, store, ids, grads, index)]``: this replica's distinct ids
 #: per table and their gradients, as in ``backends.base.Updates``: summed
@@ -81,7 +84,8 @@ class RowExchange(metaclass=abc.ABCMeta):
 
   @abc.abstractmethod
   def gather(self, replica: int, requests: RowRequests) -> list[tf.Tensor]:
-    """Per request, the ``[n, dim]`` rows of its ids (their owners' rows)."""
+    """Per request, the ``[m, dim]`` row of each id occurrence (the rows
+    of its ids, from their owners, at ``index``)."""
 
   @abc.abstractmethod
   def update(self, replica: int, updates: GradientUpdates) -> None:
@@ -116,23 +120,31 @@ class AllToAll(RowExchange):
 
   def gather(self, replica, requests):
     parts, positions = [], []
-    for placement, _, ids in requests:
+    for placement, _, ids, _ in requests:
       id_parts, where, _ = split_by_owner(
         ids, placement.shard_offsets, positions=True
       )
       parts.append(id_parts)
       positions.append(where)
     replies = []
-    for (placement, store, _), received in zip(
+    for (placement, store, _, _), received in zip(
       requests, self._route(parts), strict=True
     ):
       block = store.blocks[replica - self._first]["parameters"]
       offset = placement.shard_offsets[replica]
       replies.append([gather_rows(block, ids - offset) for ids in received])
-    return [
-      tf.dynamic_stitch(where, rows)
-      for where, rows in zip(positions, self._route(replies), strict=True)
-    ]
+    results = []
+    for (_, _, _, index), where, rows in zip(
+      requests, positions, self._route(replies), strict=True
+    ):
+      # Each occurrence's row, read straight from the owners' replies: the
+      # position of each distinct id in their concatenation, expanded.
+      starts = tf.cumsum([tf.size(w) for w in where], exclusive=True)
+      in_replies = tf.dynamic_stitch(
+        where, [tf.range(tf.size(w)) + starts[k] for k, w in enumerate(where)]
+      )
+      results.append(gather_pieces(rows, tf.gather(in_replies, index)))
+    return results
 
   def update(self, replica, updates):
     n = self._num_replicas
@@ -282,10 +294,10 @@ class AllGather(RowExchange):
 
   def gather(self, replica, requests):
     context = tf.distribute.get_replica_context()
-    id_lists = [ids for _, _, ids in requests]
+    id_lists = [ids for _, _, ids, _ in requests]
     exchange = Exchange(context, id_lists)
     rows = []
-    for (placement, store, _), all_ids in zip(
+    for (placement, store, _, _), all_ids in zip(
       requests, exchange.all_gather(id_lists, -1), strict=True
     ):
       in_block, mine = owned_rows(tf.reshape(all_ids, [-1]), placement, replica)
@@ -294,10 +306,10 @@ class AllGather(RowExchange):
       rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
     results: list = [None] * len(requests)
     # Each row is non-zero on its owner only: the sum is exact.
-    for group in group_by_width([p.dim for p, _, _ in requests]):
+    for group in group_by_width([p.dim for p, _, _, _ in requests]):
       summed = exchange.all_reduce_rows([rows[k] for k in group], group)
       for k, value in zip(group, summed, strict=True):
-        results[k] = value
+        results[k] = expand_rows(value, requests[k][3])
     return results
 
   def update(self, replica, updates):

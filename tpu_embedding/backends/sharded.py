@@ -46,6 +46,7 @@ from tpu_embedding.backends.exchanges import AllToAll
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.gather_rows import gather_rows
+from tpu_embedding.lookup import expand_rows
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.resolved import table_name
@@ -128,14 +129,15 @@ class ShardedBackend(Backend):
     local = replica - self._first
     results: list = [None] * len(requests)
     sharded, row_requests = [], []
-    for i, (table, ids) in enumerate(requests):
+    for i, (table, ids, index) in enumerate(requests):
       placement = self._plan.placements[table_name(table)]
       store = self._stores[table_name(table)]
       if placement.sharded:
         sharded.append(i)
-        row_requests.append((placement, store, ids))
+        row_requests.append((placement, store, ids, index))
       else:  # A replicated table: this replica's own copy.
-        results[i] = gather_rows(store.blocks[local]["parameters"], ids)
+        rows = gather_rows(store.blocks[local]["parameters"], ids)
+        results[i] = expand_rows(rows, index)
     if sharded:
       rows = self._exchange.gather(replica, row_requests)
       for i, value in zip(sharded, rows, strict=True):

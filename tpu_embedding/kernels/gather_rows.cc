@@ -1,11 +1,15 @@
 // TpeGatherRows: rows of a float32 [rows, dim] resource variable at int64
 // ids, into a new [n, dim] tensor: what tf.gather(variable, ids) returns.
+// TpeGatherPieces: rows of the concatenation of float32 [rows_k, dim]
+// tensors at int32 positions, read where they are: what
+// tf.gather(tf.concat(pieces, 0), index) returns, without the concat.
 // The ids are spread over the CPU worker threads and each thread asks for
 // the rows a few ids ahead (software prefetch), so many random rows are in
 // flight at once instead of one miss at a time.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -35,6 +39,27 @@ REGISTER_OP("TpeGatherRows")
       c->set_output(0, c->Matrix(c->Dim(ids, 0), dim));
       return absl::OkStatus();
     });
+
+// out[i] = *rows[i] for i in [0, n), rows of `dim` floats, over the CPU
+// worker threads with software prefetch.
+void CopyRows(OpKernelContext* ctx, const std::vector<const float*>& rows,
+              int64_t dim, float* out) {
+  const int64_t n = rows.size();
+  const int64_t row_bytes = dim * sizeof(float);
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < end) {
+        const char* ahead = reinterpret_cast<const char*>(rows[i + kAhead]);
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+          __builtin_prefetch(ahead + b, 0, 0);
+        }
+      }
+      std::memcpy(out + i * dim, rows[i], row_bytes);
+    }
+  };
+  auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
+  threads->workers->ParallelFor(n, std::max<int64_t>(1, 4 * dim), work);
+}
 
 class GatherRowsOp : public OpKernel {
  public:
@@ -67,26 +92,74 @@ class GatherRowsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     if (n == 0 || dim == 0) return;
     const float* table = params.flat<float>().data();
-    float* rows = out->flat<float>().data();
-    const int64_t row_bytes = dim * sizeof(float);
-    auto work = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + kAhead < end) {
-          const char* ahead =
-              reinterpret_cast<const char*>(table + id[i + kAhead] * dim);
-          for (int64_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch(ahead + b, 0, 0);
-          }
-        }
-        std::memcpy(rows + i * dim, table + id[i] * dim, row_bytes);
-      }
-    };
-    auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
-    threads->workers->ParallelFor(n, std::max<int64_t>(1, 4 * dim), work);
+    std::vector<const float*> rows(n);
+    for (int64_t i = 0; i < n; ++i) rows[i] = table + id[i] * dim;
+    CopyRows(ctx, rows, dim, out->flat<float>().data());
   }
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeGatherRows").Device(DEVICE_CPU), GatherRowsOp);
+
+REGISTER_OP("TpeGatherPieces")
+    .Input("pieces: num_pieces * float")
+    .Input("index: int32")
+    .Output("rows: float")
+    .Attr("num_pieces: int >= 1")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle index, piece;
+      const int num = c->num_inputs() - 1;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num), 1, &index));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &piece));
+      c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(piece, 1)));
+      return absl::OkStatus();
+    });
+
+class GatherPiecesOp : public OpKernel {
+ public:
+  explicit GatherPiecesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& index = ctx->input(num_pieces_);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(index.shape()),
+                errors::InvalidArgument("index must be a vector, got shape ",
+                                        index.shape().DebugString()));
+    const int64_t dim = ctx->input(0).dims() == 2 ? ctx->input(0).dim_size(1) : -1;
+    std::vector<const float*> all_rows;
+    for (int p = 0; p < num_pieces_; ++p) {
+      const Tensor& piece = ctx->input(p);
+      OP_REQUIRES(ctx, piece.dims() == 2 && piece.dim_size(1) == dim,
+                  errors::InvalidArgument(
+                      "every piece must be [rows, ", dim, "], got ",
+                      piece.shape().DebugString()));
+      const float* data = piece.flat<float>().data();
+      for (int64_t r = 0; r < piece.dim_size(0); ++r) {
+        all_rows.push_back(data + r * dim);
+      }
+    }
+    const int64_t n = index.dim_size(0);
+    const int32_t* at = index.flat<int32_t>().data();
+    const int64_t total = all_rows.size();
+    std::vector<const float*> rows(n);
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, at[i] >= 0 && at[i] < total,
+                  errors::InvalidArgument("index[", i, "] = ", at[i],
+                                          " is not in [0, ", total, ")"));
+      rows[i] = all_rows[at[i]];
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
+    if (n == 0 || dim == 0) return;
+    CopyRows(ctx, rows, dim, out->flat<float>().data());
+  }
+
+ private:
+  int num_pieces_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TpeGatherPieces").Device(DEVICE_CPU),
+                        GatherPiecesOp);
 
 }  // namespace
 }  // namespace tensorflow

@@ -55,3 +55,43 @@ def _gather_rows_gradient(op: Any, grad: tf.Tensor) -> tuple:
   """The rows' gradient, as ``tf.gather``'s: slices of the variable."""
   shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=tf.int64)
   return tf.IndexedSlices(grad, op.inputs[1], shape), None
+
+
+def gather_pieces(pieces: list[tf.Tensor], index: tf.Tensor) -> tf.Tensor:
+  """``tf.gather(tf.concat(pieces, 0), index)``, without the concat.
+
+  The all-to-all lookup (``backends/exchanges.py``) expands the rows its
+  owners sent back straight into each id occurrence's row: one copy of the
+  rows instead of a concat (or stitch) and a gather.
+
+  Args:
+    pieces: ``[rows_k, dim]`` float32 tensors.
+    index: ``[n]`` positions in their concatenation.
+  """
+  module = step_kernels()
+  if module is None or any(p.dtype != tf.float32 for p in pieces):
+    return tf.gather(_concat(pieces), index)
+  return module.tpe_gather_pieces(pieces, tf.cast(index, tf.int32))
+
+
+def _concat(pieces: list[tf.Tensor]) -> tf.Tensor:
+  return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
+
+
+@tf.RegisterGradient("TpeGatherPieces")
+def _gather_pieces_gradient(op: Any, grad: tf.Tensor) -> list:
+  """Per piece, as ``tf.gather``'s: slices at the positions in that piece."""
+  pieces, index = op.inputs[:-1], op.inputs[-1]
+  sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
+  starts = tf.cumsum(sizes, exclusive=True)
+  owner = tf.searchsorted(starts[1:], index, side="right")
+  parts = tf.dynamic_partition(tf.range(tf.size(index)), owner, len(pieces))
+  grads = [
+    tf.IndexedSlices(
+      tf.gather(grad, at),
+      tf.gather(index, at) - starts[k],
+      tf.shape(piece, out_type=tf.int32),
+    )
+    for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
+  ]
+  return [*grads, None]

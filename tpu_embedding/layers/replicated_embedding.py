@@ -36,6 +36,7 @@ from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
+from tpu_embedding.lookup import expand_rows
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
@@ -160,7 +161,10 @@ class ReplicatedEmbedding(Layer):
     }
 
     def rows(requests):
-      return [tf.gather(readable[table.name], ids) for table, ids in requests]
+      return [
+        expand_rows(tf.gather(readable[table.name], ids), index)
+        for table, ids, index in requests
+      ]
 
     activations, _ = look_up(self._config, prepared, rows)
     return common.unbatch_scalars(activations, scalar)
