@@ -1,10 +1,12 @@
-"""Gathering table rows: the ``TpeGatherRows`` kernel equals ``tf.gather``.
+"""Gathering rows: the ``TpeGatherRows`` and ``TpeGatherPieces`` kernels.
 
 Every lookup gathers each table's distinct rows (``tables/whole.py``) and
 each owner the rows other replicas ask for (``backends/exchanges.py``)
 through ``kernels/gather_rows.py``; its kernel must return exactly
 ``tf.gather(variable, ids)``, refuse ids out of range, and leave other
-variables (distributed, other dtypes) to ``tf.gather``.
+variables (distributed, other dtypes) to ``tf.gather``. The all-to-all
+lookup expands its owners' replies with ``gather_pieces``, which must
+return exactly ``tf.gather(tf.concat(pieces, 0), index)`` and its gradient.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tensorflow as tf
 
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
+from tpu_embedding.kernels.gather_rows import gather_pieces
 from tpu_embedding.kernels.gather_rows import gather_rows
 
 pytestmark = pytest.mark.skipif(
@@ -106,3 +109,60 @@ def test_other_variables_and_ids_take_tf_gather():
   with kernels.training_step():
     assert gather_rows(mirrored, ids).numpy().tolist() == want
     assert gather_rows(doubles, ids).numpy().tolist() == want
+
+
+PIECES = {
+  "one": [5],
+  "several": [3, 7, 4],
+  "with_empty": [0, 4, 0, 6],
+}
+
+
+def _pieces(rng, sizes, dim=5):
+  return [
+    tf.constant(rng.normal(size=(n, dim)).astype(np.float32)) for n in sizes
+  ]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("name", sorted(PIECES))
+def test_pieces_kernel_equals_gather_of_the_concat(name, traced, rng):
+  pieces = _pieces(rng, PIECES[name])
+  total = sum(PIECES[name])
+  index = tf.constant(rng.integers(0, total, 40), tf.int32)
+
+  def ours(pieces, index):
+    with kernels.training_step():
+      return gather_pieces(pieces, index)
+
+  run = tf.function(ours) if traced else ours
+  want = tf.gather(tf.concat(pieces, 0), index).numpy()
+  np.testing.assert_array_equal(run(pieces, index).numpy(), want)
+  # The TensorFlow path (outside a training step) gives the same rows.
+  np.testing.assert_array_equal(gather_pieces(pieces, index).numpy(), want)
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_pieces_positions_out_of_range_are_refused(bad, rng):
+  pieces = _pieces(rng, [4, 6])
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in \[0, 10\)"):
+    kernels.load().tpe_gather_pieces(pieces, tf.constant([1, bad], tf.int32))
+
+
+def test_pieces_gradient_equals_gather_of_the_concat(rng):
+  pieces = [tf.Variable(p) for p in _pieces(rng, [3, 0, 4])]
+  index = tf.constant([6, 0, 6, 3, 2, 2], tf.int32)
+  weights = tf.constant(rng.normal(size=(6, 5)).astype(np.float32))
+
+  def gradients(gather):
+    with tf.GradientTape() as tape, kernels.training_step():
+      loss = tf.reduce_sum(gather(pieces, index) * weights)
+    return [tf.convert_to_tensor(g) for g in tape.gradient(loss, pieces)]
+
+  def reference(pieces, index):
+    return tf.gather(tf.concat(pieces, 0), index)
+
+  for got, want in zip(
+    gradients(gather_pieces), gradients(reference), strict=True
+  ):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=0)
