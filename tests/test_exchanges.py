@@ -205,7 +205,7 @@ def test_each_owner_receives_only_its_own_ids(replicas, rng):
     ids_in = recorder.received[owner][0][0]  # the ids, one list per source
     assert len(ids_in) == replicas
     for source, part in enumerate(ids_in):
-      part = part.numpy()
+      part = part.numpy() + lo  # Sent as rows of the owner's block.
       assert ((part >= lo) & (part < hi)).all(), (owner, source, part)
       np.testing.assert_array_equal(
         part,

@@ -1,9 +1,11 @@
 """Splitting ids by owner: the kernel equals the TensorFlow path.
 
-``kernels/split_by_owner.py`` routes every row-sharded table's ids (and
-the gradients that go with them) in the all-to-all exchange. The kernel's
-outputs must be exactly ``dynamic_partition``'s (ids, positions, rows, in
-input order) for any cut of the rows, empty blocks included.
+``kernels/split_by_owner.py`` routes every row-sharded table's ids (a
+lookup's distinct ids, an update's occurrences ``ids[index]``) in the
+all-to-all exchange. The kernel's outputs must be exactly the TensorFlow
+path's (``dynamic_partition``: each owner's rows, positions, and each
+element's slot among them, in element order) for any cut of the rows,
+empty blocks included, and agree with a plain numpy reading.
 """
 
 from __future__ import annotations
@@ -30,57 +32,71 @@ CUTS = {
 }
 
 
+def _split_outputs(split):
+  return (
+    split.ids + split.positions + ([] if split.slots is None else [split.slots])
+  )
+
+
 @pytest.mark.parametrize("cut", sorted(CUTS))
 @pytest.mark.parametrize("size", [0, 1, 300])
-@pytest.mark.parametrize("dims", [(), (8,), (3, 5)], ids=["ids", "one", "two"])
-def test_kernel_equals_dynamic_partition(cut, size, dims, rng):
+@pytest.mark.parametrize("occurrences", [False, True], ids=["ids", "index"])
+def test_kernel_equals_dynamic_partition(cut, size, occurrences, rng):
   starts = CUTS[cut]
   ids = tf.constant(rng.integers(0, 100, size), tf.int64)
-  values = [
-    tf.constant(rng.normal(size=(size, d)).astype(np.float32)) for d in dims
-  ]
-  got = split_with_kernel(ids, starts, values, positions=True)
-  want = split_with_tensorflow(ids, starts, values, positions=True)
+  index = None
+  if occurrences:
+    index = tf.constant(rng.integers(0, max(size, 1), 2 * size), tf.int32)
+  got = split_with_kernel(ids, starts, index, positions=True, slots=True)
+  want = split_with_tensorflow(ids, starts, index, positions=True, slots=True)
   for got_part, want_part in zip(
-    got[0] + got[1], want[0] + want[1], strict=True
+    _split_outputs(got), _split_outputs(want), strict=True
   ):
     assert got_part.dtype == want_part.dtype
     np.testing.assert_array_equal(got_part.numpy(), want_part.numpy())
-  for got_rows, want_rows in zip(got[2], want[2], strict=True):
-    assert len(got_rows) == len(starts)
-    for g, w in zip(got_rows, want_rows, strict=True):
-      assert g.shape == w.shape
-      np.testing.assert_array_equal(g.numpy(), w.numpy())
-  # Every id lands with its owner.
-  for owner, part in enumerate(got[0]):
-    end = starts[owner + 1] if owner + 1 < len(starts) else 100
-    assert ((part.numpy() >= starts[owner]) & (part.numpy() < end)).all()
+  # An independent check: every element lands with its owner, as a row of
+  # its block, in element order; its slot points at it.
+  elements = ids.numpy() if index is None else ids.numpy()[index.numpy()]
+  ends = list(starts[1:]) + [100]
+  owners = [
+    max(r for r in range(len(starts)) if starts[r] <= e) for e in elements
+  ]
+  concat = np.concatenate([p.numpy() for p in got.ids] + [np.zeros([0])])
+  for owner, (part, where) in enumerate(
+    zip(got.ids, got.positions, strict=True)
+  ):
+    mine = [e for e, o in enumerate(owners) if o == owner]
+    np.testing.assert_array_equal(where.numpy(), mine)
+    np.testing.assert_array_equal(part.numpy(), elements[mine] - starts[owner])
+    assert (part.numpy() < ends[owner] - starts[owner]).all()
+  for e, slot in enumerate(got.slots.numpy()):
+    assert concat[slot] == elements[e] - starts[owners[e]]
 
 
-def test_traced_without_positions(rng):
+def test_traced_without_positions_or_slots(rng):
   ids = tf.constant(rng.integers(0, 100, 64), tf.int64)
-  grads = tf.constant(rng.normal(size=(64, 4)).astype(np.float32))
 
   @tf.function
-  def split(ids, grads):
-    parts, positions, (rows,) = split_by_owner(ids, (0, 50), [grads])
-    assert positions == []
-    return parts, rows
+  def split(ids):
+    with kernels.training_step():
+      split = split_by_owner(ids, (0, 50))
+    assert split.positions == [] and split.slots is None
+    return split.ids
 
-  parts, rows = split(ids, grads)
+  parts = split(ids)
   owner = (ids.numpy() >= 50).astype(int)
   for r in range(2):
-    np.testing.assert_array_equal(parts[r], ids.numpy()[owner == r])
-    np.testing.assert_array_equal(rows[r], grads.numpy()[owner == r])
+    np.testing.assert_array_equal(parts[r], ids.numpy()[owner == r] - 50 * r)
 
 
 @pytest.mark.parametrize(
-  "ids, values, match",
+  "ids, index, match",
   [
-    (tf.zeros([2, 2], tf.int64), [], "ids must be a vector"),
-    (tf.zeros([3], tf.int64), [tf.zeros([2, 4])], r"values\[0\] must be \[3"),
+    (tf.zeros([2, 2], tf.int64), None, "ids must be a vector"),
+    (tf.zeros([3], tf.int64), tf.constant([0, 3]), r"index\[1\] = 3 is not"),
+    (tf.zeros([3], tf.int64), tf.constant([-1]), r"index\[0\] = -1 is not"),
   ],
 )
-def test_bad_inputs_fail_clearly(ids, values, match):
+def test_bad_inputs_fail_clearly(ids, index, match):
   with pytest.raises(tf.errors.InvalidArgumentError, match=match):
-    split_with_kernel(ids, (0, 1), values)
+    split_with_kernel(ids, (0, 1), index)

@@ -119,44 +119,38 @@ class AllToAll(RowExchange):
     self._num_replicas = num_replicas
 
   def gather(self, replica, requests):
-    parts, positions = [], []
-    for placement, _, ids, _ in requests:
-      id_parts, where, _ = split_by_owner(
-        ids, placement.shard_offsets, positions=True
-      )
-      parts.append(id_parts)
-      positions.append(where)
+    splits = [
+      split_by_owner(ids, placement.shard_offsets, slots=True)
+      for placement, _, ids, _ in requests
+    ]
     replies = []
-    for (placement, store, _, _), received in zip(
-      requests, self._route(parts), strict=True
+    for (_, store, _, _), received in zip(
+      requests, self._route([split.ids for split in splits]), strict=True
     ):
       block = store.blocks[replica - self._first]["parameters"]
-      offset = placement.shard_offsets[replica]
-      replies.append([gather_rows(block, ids - offset) for ids in received])
-    results = []
-    for (_, _, _, index), where, rows in zip(
-      requests, positions, self._route(replies), strict=True
-    ):
-      # Each occurrence's row, read straight from the owners' replies: the
-      # position of each distinct id in their concatenation, expanded.
-      starts = tf.cumsum([tf.size(w) for w in where], exclusive=True)
-      in_replies = tf.dynamic_stitch(
-        where, [tf.range(tf.size(w)) + starts[k] for k, w in enumerate(where)]
+      replies.append([gather_rows(block, rows) for rows in received])
+    # Each occurrence's row, read straight from the owners' replies (its
+    # distinct id's slot in their concatenation).
+    return [
+      gather_pieces(rows, tf.gather(split.slots, index))
+      for (_, _, _, index), split, rows in zip(
+        requests, splits, self._route(replies), strict=True
       )
-      results.append(gather_pieces(rows, tf.gather(in_replies, index)))
-    return results
+    ]
 
   def update(self, replica, updates):
     n = self._num_replicas
     lists, num_pieces = [], []
     for placement, _, ids, grads, index in updates:
-      # One id per gradient row: each occurrence's gradient goes with it.
-      occurrences = ids if index is None else tf.gather(ids, index)
+      # One id per gradient row (the occurrences ids[index]), as a row of
+      # its owner's block, with the gradient row's position.
       if placement.sharded:
-        id_parts, where, _ = split_by_owner(
-          occurrences, placement.shard_offsets, positions=True
+        split = split_by_owner(
+          ids, placement.shard_offsets, index, positions=True
         )
+        id_parts, where = split.ids, split.positions
       else:  # A replicated table: every copy applies every gradient.
+        occurrences = ids if index is None else tf.gather(ids, index)
         id_parts = [occurrences] * n
         where = [tf.range(tf.size(occurrences, out_type=tf.int32))] * n
       # The gradients travel whole (handed over, never copied or split):
@@ -165,16 +159,12 @@ class AllToAll(RowExchange):
       num_pieces.append(len(grads))
       lists += [id_parts, where] + [[g] * n for g in grads]
     received = iter(self._route(lists))
-    for (placement, store, _, _, _), count in zip(
-      updates, num_pieces, strict=True
-    ):
+    for (_, store, _, _, _), count in zip(updates, num_pieces, strict=True):
       occurrences, where = next(received), next(received)
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
-      rows, index = unique_ids(
-        tf.concat(occurrences, 0) - placement.shard_offsets[replica]
-      )
+      rows, index = unique_ids(tf.concat(occurrences, 0))
       store.update_block(
         replica - self._first, rows, _picked_rows(where, grads), index
       )
