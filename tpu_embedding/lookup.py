@@ -39,6 +39,8 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.kernels.gather_rows import gather_pieces
+from tpu_embedding.kernels.segment_sum import segment_sum
 from tpu_embedding.kernels.unique import unique_ids as deduplicate
 
 
@@ -207,7 +209,7 @@ def expand_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
   is the row of ``unique_ids[i]``, ``index`` the position in ``unique_ids``
   of each occurrence.
   """
-  return tf.gather(unique_rows, index)
+  return gather_pieces([unique_rows], index)
 
 
 def combine(rows: tf.Tensor, batch: TableBatch) -> tf.Tensor:
@@ -220,11 +222,9 @@ def combine(rows: tf.Tensor, batch: TableBatch) -> tf.Tensor:
   """
   if batch.table.quantization_config is not None:
     rows = batch.table.quantization_config.quantize(rows)
-  if batch.scales is not None:
-    rows = rows * batch.scales[:, None]
   if batch.segments is None:
-    return rows
-  return tf.math.unsorted_segment_sum(rows, batch.segments, batch.num_segments)
+    return rows if batch.scales is None else rows * batch.scales[:, None]
+  return segment_sum(rows, batch.segments, batch.scales, batch.num_segments)
 
 
 def split_activations(
@@ -272,9 +272,10 @@ def occurrence_gradients(
   ]
   if batch.segments is None and batch.scales is None:
     return pieces
-  per_id = _concat(pieces)
-  if batch.segments is not None:
-    per_id = tf.gather(per_id, batch.segments)
+  if batch.segments is None:
+    per_id = _concat(pieces)
+  else:  # Each id's output row's gradient (the pieces read in place).
+    per_id = gather_pieces(pieces, batch.segments)
   if batch.scales is not None:
     per_id = per_id * batch.scales[:, None]
   return [per_id]

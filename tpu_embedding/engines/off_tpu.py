@@ -321,6 +321,11 @@ class OffTPUEngine(Engine, Trackable):
     flat = checked_gradients(gradients, step, self.config.features)
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
+    with self._training_step():  # This package's kernels may serve.
+      self._backend.apply_updates(self._updates(flat, step, skip))
+
+  def _updates(self, flat: list, step: Step, skip: Any) -> list:
+    """Each stack's (or table's) ids, occurrence gradients and index."""
     batches = step.batches or {}
     updates = []
     for stack in self._stacks:
@@ -341,8 +346,7 @@ class OffTPUEngine(Engine, Trackable):
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
       updates.append((stack.config, ids, occurrences, index))
-    with self._training_step():
-      self._backend.apply_updates(updates)
+    return updates
 
   def _training_step(self) -> contextlib.AbstractContextManager:
     """``kernels.training_step()`` where the step's processes load them."""

@@ -39,6 +39,7 @@ SOURCES = (
   "split_by_owner.cc",
   "unique.cc",
   "gather_rows.cc",
+  "segment_sum.cc",
 )
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
