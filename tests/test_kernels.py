@@ -268,7 +268,7 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
   emb = tpe.TPUEmbedding(
     tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.Adagrad(0.1)
   )
-  ids = tf.constant([1, 2, 2], tf.int64)
+  ids = tf.ragged.constant([[1, 2], [2]], tf.int64)
 
   @tf.function
   def train(ids):
@@ -276,7 +276,13 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
     emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
 
   types = _op_types(train, ids)
-  assert {"TpeUnique", "TpeGatherRows", "TpeFusedSparseApply"} <= types
+  assert {
+    "TpeUnique",
+    "TpeGatherRows",
+    "TpeGatherPieces",
+    "TpeSegmentSum",
+    "TpeFusedSparseApply",
+  } <= types
   assert not {"Unique", "ResourceGather"} & types
 
   @tf.function

@@ -1,0 +1,114 @@
+"""The combiner's segment sum: the ``TpeSegmentSum`` kernel equals TF's ops.
+
+``lookup.combine`` sums the (scaled) rows of each output row's ids through
+``kernels/segment_sum.py``; in a training step the kernel must return
+exactly ``tf.math.unsorted_segment_sum(rows * scales[:, None], segments,
+num)`` (bit for bit: each product rounded, then added in id order from
+zero), refuse segments out of range, and have that expression's gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_embedding import kernels
+from tpu_embedding.kernels.segment_sum import segment_sum
+
+pytestmark = pytest.mark.skipif(
+  kernels.load() is None, reason="the kernel library did not build"
+)
+
+SEGMENTS = {
+  "ragged rows": lambda rng, n, num: np.sort(rng.integers(0, num, n)),
+  "unsorted": lambda rng, n, num: rng.integers(0, num, n),
+  "empty rows": lambda rng, n, num: np.sort(rng.integers(0, num // 3, n)),
+  "no ids": lambda rng, n, num: np.zeros([0], np.int64),
+}
+
+
+def _reference(rows, segments, scales, num):
+  if scales is not None:
+    rows = rows * scales[:, None]
+  return tf.math.unsorted_segment_sum(rows, segments, num)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["sum", "scaled"])
+@pytest.mark.parametrize("name", sorted(SEGMENTS))
+def test_kernel_equals_tensorflow_bit_for_bit(name, scaled, traced, rng):
+  num = 37
+  segments = tf.constant(SEGMENTS[name](rng, 400, num), tf.int64)
+  n = int(segments.shape[0])
+  rows = tf.constant(rng.normal(size=(n, 16)).astype(np.float32))
+  scales = None
+  if scaled:
+    scales = tf.constant(rng.uniform(0.1, 3.0, n).astype(np.float32))
+
+  def ours(rows, segments):
+    with kernels.training_step():
+      return segment_sum(rows, segments, scales, tf.constant(num, tf.int64))
+
+  run = tf.function(ours) if traced else ours
+  got = run(rows, segments).numpy()
+  want = _reference(rows, segments, scales, num).numpy()
+  assert got.shape == (num, 16)
+  np.testing.assert_array_equal(got, want)
+  # And a plain numpy reading of the sum (independent of TensorFlow).
+  expected = np.zeros((num, 16), np.float32)
+  for i, s in enumerate(segments.numpy()):
+    weight = np.float32(1.0) if scales is None else scales.numpy()[i]
+    expected[s] += rows.numpy()[i] * weight
+  np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, 5])
+def test_segments_out_of_range_are_refused(bad):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"segments\[1\] = .* \[0, 5\)"
+  ):
+    kernels.load().tpe_segment_sum(
+      tf.zeros([2, 3]),
+      tf.constant([0, bad], tf.int64),
+      [],
+      tf.constant(5, tf.int64),
+    )
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["sum", "scaled"])
+def test_gradient_equals_tensorflow(scaled, rng):
+  rows = tf.Variable(rng.normal(size=(6, 3)).astype(np.float32))
+  segments = tf.constant([0, 2, 2, 1, 0, 2], tf.int64)
+  scales = tf.Variable(rng.uniform(0.5, 2.0, 6).astype(np.float32))
+  weights = tf.constant(rng.normal(size=(3, 3)).astype(np.float32))
+  num = tf.constant(3, tf.int64)
+
+  def gradients(function):
+    with tf.GradientTape() as tape, kernels.training_step():
+      out = function(rows, segments, scales if scaled else None, num)
+      loss = tf.reduce_sum(out * weights)
+    return tape.gradient(loss, [rows, scales])
+
+  got = gradients(segment_sum)
+  want = gradients(_reference)
+  for g, w in zip(got, want, strict=True):
+    if w is None:
+      assert g is None
+    else:
+      np.testing.assert_allclose(
+        tf.convert_to_tensor(g).numpy(),
+        tf.convert_to_tensor(w).numpy(),
+        rtol=1e-6,
+      )
+
+
+def test_serving_lookups_use_tensorflow_ops():
+  rows, segments = tf.ones([3, 2]), tf.constant([0, 1, 1], tf.int64)
+  graph = (
+    tf.function(lambda r, s: segment_sum(r, s, None, tf.constant(2, tf.int64)))
+    .get_concrete_function(rows, segments)
+    .graph
+  )
+  types = {op.type for op in graph.get_operations()}
+  assert "TpeSegmentSum" not in types and "UnsortedSegmentSum" in types
