@@ -33,7 +33,7 @@ setup(
   ),
   # The kernels' C++ sources, compiled against the installed TensorFlow
   # (python3 -m tpu_embedding.kernels build).
-  package_data={"tpu_embedding.kernels": ["*.cc"]},
+  package_data={"tpu_embedding.kernels": ["*.cc", "*.h"]},
   install_requires=[
     "tensorflow>=2.21,<2.22",
     "numpy",

@@ -42,6 +42,9 @@ SOURCES = (
   "segment_sum.cc",
 )
 
+#: Headers the sources include (part of the library's cache key).
+HEADERS = ("piece_rows.h",)
+
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so
 #: loops vectorize.
@@ -76,7 +79,7 @@ def cache_dir() -> str:
 def library_path() -> str:
   """The library for this TensorFlow and these sources (may not exist)."""
   digest = hashlib.sha256()
-  for name in SOURCES:
+  for name in SOURCES + HEADERS:
     with open(source_path(name), "rb") as f:
       digest.update(f.read())
   digest.update(" ".join(EXTRA_FLAGS).encode())

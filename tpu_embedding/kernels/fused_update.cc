@@ -32,6 +32,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "piece_rows.h"
 
 namespace tensorflow {
 namespace {
@@ -137,23 +138,10 @@ class FusedSparseApplyOp : public OpKernel {
                 errors::InvalidArgument("lr must be a scalar"));
     // The gradient rows: the concatenation of the pieces' rows.
     const int64_t num_grads = index.dim_size(0);
-    const Tensor& first_piece = ctx->input(num_variables_ + 2);
-    OP_REQUIRES(ctx, first_piece.dims() == 2,
-                errors::InvalidArgument("grads must be [rows, dim], got ",
-                                        first_piece.shape().DebugString()));
-    const int64_t dim = first_piece.dim_size(1);
+    int64_t dim = 0;
     std::vector<const float*> grad_rows;
-    for (int p = 0; p < num_pieces_; ++p) {
-      const Tensor& piece = ctx->input(num_variables_ + 2 + p);
-      OP_REQUIRES(ctx, piece.dims() == 2 && piece.dim_size(1) == dim,
-                  errors::InvalidArgument(
-                      "every grads piece must be [rows, ", dim, "], got ",
-                      piece.shape().DebugString()));
-      const float* data = piece.flat<float>().data();
-      for (int64_t r = 0; r < piece.dim_size(0); ++r) {
-        grad_rows.push_back(data + r * dim);
-      }
-    }
+    OP_REQUIRES_OK(ctx, PieceRows(ctx, num_variables_ + 2, num_pieces_, "grads",
+                                  &dim, &grad_rows));
     if (num_positions_ == 1) {
       const Tensor& picked = ctx->input(num_variables_ + 2 + num_pieces_);
       OP_REQUIRES(ctx, picked.shape() == index.shape(),

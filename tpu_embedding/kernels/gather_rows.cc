@@ -16,6 +16,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "piece_rows.h"
 
 namespace tensorflow {
 namespace {
@@ -125,19 +126,9 @@ class GatherPiecesOp : public OpKernel {
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(index.shape()),
                 errors::InvalidArgument("index must be a vector, got shape ",
                                         index.shape().DebugString()));
-    const int64_t dim = ctx->input(0).dims() == 2 ? ctx->input(0).dim_size(1) : -1;
+    int64_t dim = 0;
     std::vector<const float*> all_rows;
-    for (int p = 0; p < num_pieces_; ++p) {
-      const Tensor& piece = ctx->input(p);
-      OP_REQUIRES(ctx, piece.dims() == 2 && piece.dim_size(1) == dim,
-                  errors::InvalidArgument(
-                      "every piece must be [rows, ", dim, "], got ",
-                      piece.shape().DebugString()));
-      const float* data = piece.flat<float>().data();
-      for (int64_t r = 0; r < piece.dim_size(0); ++r) {
-        all_rows.push_back(data + r * dim);
-      }
-    }
+    OP_REQUIRES_OK(ctx, PieceRows(ctx, 0, num_pieces_, "pieces", &dim, &all_rows));
     const int64_t n = index.dim_size(0);
     const int32_t* at = index.flat<int32_t>().data();
     const int64_t total = all_rows.size();

@@ -1,0 +1,44 @@
+// The rows of float32 [rows_k, dim] kernel inputs read as their
+// concatenation, in place: gradient pieces (fused_update.cc) and the
+// owners' replies (gather_rows.cc) are never concatenated.
+#ifndef TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_
+#define TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tensorflow {
+
+// Points `rows` at each row of inputs [first, first + count), in order, and
+// sets `dim`; fails (naming `what`) unless every input is [rows_k, dim].
+inline Status PieceRows(OpKernelContext* ctx, int first, int count,
+                        const std::string& what, int64_t* dim,
+                        std::vector<const float*>* rows) {
+  const Tensor& head = ctx->input(first);
+  if (head.dims() != 2) {
+    return errors::InvalidArgument(what, " must be [rows, dim], got ",
+                                   head.shape().DebugString());
+  }
+  *dim = head.dim_size(1);
+  rows->clear();
+  for (int p = 0; p < count; ++p) {
+    const Tensor& piece = ctx->input(first + p);
+    if (piece.dims() != 2 || piece.dim_size(1) != *dim) {
+      return errors::InvalidArgument("every ", what, " piece must be [rows, ",
+                                     *dim, "], got ",
+                                     piece.shape().DebugString());
+    }
+    const float* data = piece.flat<float>().data();
+    for (int64_t r = 0; r < piece.dim_size(0); ++r) {
+      rows->push_back(data + r * *dim);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace tensorflow
+
+#endif  // TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_
