@@ -40,7 +40,7 @@ IDS = {
 
 
 def _kernel(ids):
-  return kernels.load().tpe_unique(ids)
+  return kernels.load().tpe_unique([ids])
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
@@ -53,6 +53,29 @@ def test_kernel_equals_tf_unique(name, traced, rng):
   assert unique.dtype == tf.int64 and index.dtype == tf.int32
   np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_parts_with_offsets_equal_tf_unique_of_their_concatenation(traced, rng):
+  sizes, offsets = [50, 0, 300, 7], [0, 1000, 40, 3]
+  parts = [tf.constant(rng.integers(0, 60, n), tf.int64) for n in sizes]
+
+  def ours(parts):
+    with kernels.training_step():
+      return unique_ids(parts, offsets)
+
+  run = tf.function(ours) if traced else ours
+  unique, index = run(parts)
+  whole = np.concatenate(
+    [p.numpy() + o for p, o in zip(parts, offsets, strict=True)]
+  )
+  want_unique, want_index = tf.unique(tf.constant(whole), out_idx=tf.int32)
+  np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
+  np.testing.assert_array_equal(index.numpy(), want_index.numpy())
+  # The TensorFlow path (outside a training step) gives the same.
+  tf_unique, tf_index = unique_ids(parts, offsets)
+  np.testing.assert_array_equal(tf_unique.numpy(), want_unique.numpy())
+  np.testing.assert_array_equal(tf_index.numpy(), want_index.numpy())
 
 
 def _op_types(function, *args):

@@ -118,17 +118,12 @@ def group_table(
   """
   if members is None:
     members = [(table, 0, len(features))]
-  ids = _concat(
-    [
-      f.ids + offset if offset else f.ids
-      for f, offset in zip(
-        features,
-        [offset for _, offset, count in members for _ in range(count)],
-        strict=True,
-      )
-    ]
+  # The features' ids, each member's offset into the stack added, are
+  # deduplicated as one vector (read in place, never concatenated).
+  unique_ids, unique_index = deduplicate(
+    [f.ids for f in features],
+    [offset for _, offset, count in members for _ in range(count)],
   )
-  unique_ids, unique_index = deduplicate(ids)
   if len(features) == 1:
     num_segments = features[0].num_segments
   else:

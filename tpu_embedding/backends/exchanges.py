@@ -164,7 +164,7 @@ class AllToAll(RowExchange):
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
-      rows, index = unique_ids(tf.concat(occurrences, 0))
+      rows, index = unique_ids(occurrences)
       store.update_block(
         replica - self._first, rows, _picked_rows(where, grads), index
       )
