@@ -24,9 +24,9 @@ Rows are those of one device exactly. Updates: ``AllToAll`` sends each
 owner the ids of its occurrences and their positions among the sender's
 gradient rows, which are handed over whole (not split or copied); an owner
 sums a row's occurrences in the global batch's order from zero, as one
-device does (bit for bit when a
-table's occurrences come from one feature); ``AllGather`` adds the
-replicas' per-id sums in replica order (equal up to float rounding).
+device does (bit for bit when a table's occurrences come from one
+feature); ``AllGather`` adds the replicas' per-id sums in replica order
+(equal up to float rounding).
 
 Example (which rows of a table cut 3 + 2 replica 1 owns):
   >>> import tensorflow as tf

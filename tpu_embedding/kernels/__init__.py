@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -41,9 +39,10 @@ from absl import logging
 
 from tpu_embedding import compat
 from tpu_embedding.kernels import build as builder
+from tpu_embedding.thread_setting import ThreadSetting
 
 #: Per thread (replicas trace in their own): inside ``training_step()``.
-_training = threading.local()
+_training = ThreadSetting(default=False)
 
 
 @functools.cache
@@ -70,8 +69,7 @@ def load() -> Any:
     return None
 
 
-@contextlib.contextmanager
-def training_step() -> Iterator[None]:
+def training_step() -> contextlib.AbstractContextManager:
   """Ops built inside belong to a training step: lookup kernels may serve.
 
   Example:
@@ -80,12 +78,7 @@ def training_step() -> Iterator[None]:
     >>> inside, step_kernels() is None
     (True, True)
   """
-  previous = getattr(_training, "inside", False)
-  _training.inside = True
-  try:
-    yield
-  finally:
-    _training.inside = previous
+  return _training.set(True)
 
 
 def step_kernels() -> Any:
@@ -96,7 +89,7 @@ def step_kernels() -> Any:
   cannot build: the TensorFlow ops then compute the same outputs.
   """
   if (
-    not getattr(_training, "inside", False)
+    not _training.get()
     or compat.in_save_context()
     or tf.config.list_logical_devices("GPU")
   ):

@@ -3,11 +3,11 @@
 //
 // For each distinct row u (rows[u] into the variables), its gradient is the
 // sum of the gradient rows i with index[i] == u, added in increasing i from
-// zero (what tf.math.unsorted_segment_sum computes). Gradient row i is row i of
-// the pieces' concatenation, or with `positions` row positions[i] of it (an
-// owner picking its rows out of every sender's gradients); then, in this order and
-// with the same float32 operations as tpu_embedding's TensorFlow path
-// (optimizers/base.py):
+// zero (what tf.math.unsorted_segment_sum computes). Gradient row i is row
+// i of the pieces' concatenation, or with `positions` row positions[i] of
+// it (an owner picking its rows out of every sender's gradients); then, in
+// this order and with the same float32 operations as tpu_embedding's
+// TensorFlow path (optimizers/base.py):
 //   g = min(max(g, clip_gradient_min), clip_gradient_max)
 //   w = w - decay * w                       (decoupled weight decay)
 //   sgd:      w = w - lr * g
@@ -149,17 +149,10 @@ class FusedSparseApplyOp : public OpKernel {
                       "positions must have index's shape ",
                       index.shape().DebugString(), ", got ",
                       picked.shape().DebugString()));
-      auto at = picked.flat<int32_t>();
       std::vector<const float*> all_rows;
       all_rows.swap(grad_rows);
-      grad_rows.reserve(num_grads);
-      for (int64_t i = 0; i < num_grads; ++i) {
-        OP_REQUIRES(ctx, at(i) >= 0 && at(i) < static_cast<int64_t>(all_rows.size()),
-                    errors::InvalidArgument("positions[", i, "] = ", at(i),
-                                            " is not in [0, ", all_rows.size(),
-                                            ")"));
-        grad_rows.push_back(all_rows[at(i)]);
-      }
+      OP_REQUIRES_OK(ctx, PickRows(all_rows, picked.flat<int32_t>().data(),
+                                   num_grads, "positions", &grad_rows));
     }
     OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
                 errors::InvalidArgument("grads have ", grad_rows.size(),
@@ -278,7 +271,7 @@ class FusedSparseApplyOp : public OpKernel {
     };
     auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t cost = std::max<int64_t>(
-        1, dim * (4 + 2 * (start[num_unique] / num_unique)));
+        1, dim * (4 + 2 * (num_grads / num_unique)));
     threads->workers->ParallelFor(num_unique, cost, work);
   }
 

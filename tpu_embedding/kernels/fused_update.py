@@ -60,7 +60,7 @@ def fused_apply(
     block: ``{"parameters": var, <slot>: var}``.
     ids: ``[n]`` distinct int64 row indices into ``block``.
     grads: ``[m, dim]`` gradients of single occurrences, pieces whose
-      concatenation they are, or ``tables.updates.PickedRows`` (read in
+      concatenation they are, or ``gradients.PickedRows`` (read in
       place, never concatenated or gathered).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
 

@@ -130,15 +130,9 @@ class GatherPiecesOp : public OpKernel {
     std::vector<const float*> all_rows;
     OP_REQUIRES_OK(ctx, PieceRows(ctx, 0, num_pieces_, "pieces", &dim, &all_rows));
     const int64_t n = index.dim_size(0);
-    const int32_t* at = index.flat<int32_t>().data();
-    const int64_t total = all_rows.size();
-    std::vector<const float*> rows(n);
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, at[i] >= 0 && at[i] < total,
-                  errors::InvalidArgument("index[", i, "] = ", at[i],
-                                          " is not in [0, ", total, ")"));
-      rows[i] = all_rows[at[i]];
-    }
+    std::vector<const float*> rows;
+    OP_REQUIRES_OK(ctx, PickRows(all_rows, index.flat<int32_t>().data(), n,
+                                 "index", &rows));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     if (n == 0 || dim == 0) return;

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels import step_kernels
 
 
@@ -70,12 +71,8 @@ def gather_pieces(pieces: list[tf.Tensor], index: tf.Tensor) -> tf.Tensor:
   """
   module = step_kernels()
   if module is None or any(p.dtype != tf.float32 for p in pieces):
-    return tf.gather(_concat(pieces), index)
+    return tf.gather(concat_pieces(pieces), index)
   return module.tpe_gather_pieces(pieces, tf.cast(index, tf.int32))
-
-
-def _concat(pieces: list[tf.Tensor]) -> tf.Tensor:
-  return pieces[0] if len(pieces) == 1 else tf.concat(pieces, 0)
 
 
 @tf.RegisterGradient("TpeGatherPieces")

@@ -39,6 +39,23 @@ inline Status PieceRows(OpKernelContext* ctx, int first, int count,
   return OkStatus();
 }
 
+// Sets picked[i] = rows[at[i]] for i in [0, n); fails (naming `what`)
+// unless every position is in [0, rows.size()).
+inline Status PickRows(const std::vector<const float*>& rows, const int32_t* at,
+                       int64_t n, const std::string& what,
+                       std::vector<const float*>* picked) {
+  const int64_t total = rows.size();
+  picked->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (at[i] < 0 || at[i] >= total) {
+      return errors::InvalidArgument(what, "[", i, "] = ", at[i],
+                                     " is not in [0, ", total, ")");
+    }
+    (*picked)[i] = rows[at[i]];
+  }
+  return OkStatus();
+}
+
 }  // namespace tensorflow
 
 #endif  // TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_

@@ -21,31 +21,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from collections.abc import Iterator
 
 import tensorflow as tf
+
+from tpu_embedding.thread_setting import ThreadSetting
 
 #: Tables at least this large warn when saved whole on every worker.
 LARGE_TABLE_BYTES = 64 * 2**20
 
-_state = threading.local()
+#: None, "slices" or "apart" on each thread.
+_mode = ThreadSetting()
 _warned: set[str] = set()
-
-
-@contextlib.contextmanager
-def _mode(mode: str) -> Iterator[None]:
-  previous = getattr(_state, "mode", None)
-  _state.mode = mode
-  try:
-    yield
-  finally:
-    _state.mode = previous
 
 
 def sliced() -> contextlib.AbstractContextManager:
   """Multi-worker tables restore (and save) each worker's own rows."""
-  return _mode("slices")
+  return _mode.set("slices")
 
 
 def written_apart() -> contextlib.AbstractContextManager:
@@ -54,17 +45,17 @@ def written_apart() -> contextlib.AbstractContextManager:
   ``tpu_embedding.checkpoints.write`` writes their rows itself, in chunks,
   so that no process copies a whole block at once.
   """
-  return _mode("apart")
+  return _mode.set("apart")
 
 
 def active() -> bool:
   """Whether ``sliced()`` or ``written_apart()`` is in effect here."""
-  return getattr(_state, "mode", None) is not None
+  return _mode.get() is not None
 
 
 def apart() -> bool:
   """Whether ``written_apart()`` is in effect on this thread."""
-  return getattr(_state, "mode", None) == "apart"
+  return _mode.get() == "apart"
 
 
 def warn_whole(table: str, shape: tf.TensorShape) -> None:
