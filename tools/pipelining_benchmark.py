@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     "--batch_size", type=int, default=4096, help="Examples per step."
   )
   parser.add_argument(
-    "--hidden", type=int, default=384, help="Units of each MLP layer."
+    "--hidden", type=int, default=256, help="Units of each MLP layer."
   )
   parser.add_argument("--layers", type=int, default=2, help="MLP layers.")
   parser.add_argument(

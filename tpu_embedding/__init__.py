@@ -33,6 +33,7 @@ from tpu_embedding.optimizers import AdagradMomentum
 from tpu_embedding.optimizers import Adam
 from tpu_embedding.serving import TPUEmbeddingForServing
 from tpu_embedding.serving import serving_embedding_lookup
+from tpu_embedding.vocabularies import DynamicVocabulary
 
 allocator.return_large_buffers()
 
@@ -48,6 +49,7 @@ __all__ = [
   "Adagrad",
   "AdagradMomentum",
   "Adam",
+  "DynamicVocabulary",
   "FTRL",
   "FeatureConfig",
   "QuantizationConfig",

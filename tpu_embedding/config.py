@@ -28,6 +28,7 @@ import tensorflow as tf
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.types import Initializer
+from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 COMBINERS = ("mean", "sum", "sqrtn")
 
@@ -131,6 +132,7 @@ class TableConfig:
     quantization_config: QuantizationConfig | None = None,
     layout: Any | None = None,
     dtype: tf.DType = tf.float32,
+    vocabulary: DynamicVocabulary | None = None,
   ):
     """Creates a table configuration.
 
@@ -146,6 +148,9 @@ class TableConfig:
       quantization_config: optional ``QuantizationConfig``.
       layout: optional precomputed TPU layout (TPU only).
       dtype: float32 (int32 tables are TPU-serving only and not supported).
+      vocabulary: None (ids are rows), or a ``DynamicVocabulary``: the
+        table takes raw keys and gives them its ``vocabulary_size`` rows
+        as they come (``tpu_embedding/vocabularies/config.py``).
 
     Raises:
       ValueError: if an argument is invalid; the message names it, gives the
@@ -201,6 +206,18 @@ class TableConfig:
       raise ValueError(
         f"Argument `dtype` must be either float32 or int32. Received: {dtype}"
       )
+    if vocabulary is not None:
+      if not isinstance(vocabulary, DynamicVocabulary):
+        raise ValueError(
+          f"Argument `vocabulary` of TableConfig {name!r} must be None or a "
+          f"tpu_embedding.DynamicVocabulary. Received: {type(vocabulary)}"
+        )
+      if vocabulary.capacity not in (None, vocabulary_size):
+        raise ValueError(
+          f"TableConfig {name!r}: the DynamicVocabulary's capacity "
+          f"({vocabulary.capacity}) differs from vocabulary_size "
+          f"({vocabulary_size}); give one, or equal values."
+        )
     self.vocabulary_size = vocabulary_size
     self.dim = dim
     self.initializer: Initializer = (
@@ -212,6 +229,7 @@ class TableConfig:
     self.quantization_config = quantization_config
     self.layout = layout
     self.dtype = tf.as_dtype(dtype)
+    self.vocabulary = vocabulary
 
   def replace(self, **changes: Any) -> TableConfig:
     """Returns a shallow copy with ``changes`` applied; self is unchanged."""
@@ -233,7 +251,8 @@ class TableConfig:
       f"dim={self.dim!r}, initializer={initializer!r}, "
       f"optimizer={self.optimizer!r}, combiner={self.combiner!r}, "
       f"name={self.name!r}, "
-      f"quantization_config={self.quantization_config!r})"
+      f"quantization_config={self.quantization_config!r}"
+      + (f", vocabulary={self.vocabulary!r})" if self.vocabulary else ")")
     )
 
 

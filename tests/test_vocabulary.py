@@ -1,0 +1,147 @@
+"""Dynamic vocabularies: the config's checks and the step rules against
+an independent oracle (``tests/vocabulary_oracle.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tests.vocabulary_oracle import OracleVocabulary
+from tests.vocabulary_oracle import splitmix64_finalizer
+
+import tpu_embedding as tpe
+from tpu_embedding.vocabularies.buckets import bucket_of
+from tpu_embedding.vocabularies.buckets import key_ids
+from tpu_embedding.vocabularies.transition import VocabularyVariables
+from tpu_embedding.vocabularies.transition import advance
+from tpu_embedding.vocabularies.transition import find
+
+
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
+    ({"capacity": 0}, "capacity must be None .* Received: 0"),
+    ({"min_count": 0}, "min_count must be an int >= 1. Received: 0"),
+    ({"eviction": "fifo"}, "eviction must be one of .* Received: 'fifo'"),
+    ({"ttl_steps": 0}, "ttl_steps must be None or an int >= 1"),
+    ({"key_dtype": tf.float32}, "key_dtype must be tf.int64 or tf.string"),
+    ({"bucket_size": 0}, "bucket_size must be an int >= 1"),
+    ({"probation_size": -2}, "probation_size must be None or an int >= 1"),
+    ({"default_value": "x"}, "default_value must be a number"),
+  ],
+)
+def test_invalid_arguments(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    tpe.DynamicVocabulary(**kwargs)
+
+
+def test_table_config_checks_vocabulary():
+  with pytest.raises(ValueError, match="TableConfig 'users'.*capacity \\(5\\)"):
+    tpe.TableConfig(10, 2, name="users", vocabulary=tpe.DynamicVocabulary(5))
+  with pytest.raises(ValueError, match="'users' must be None or a"):
+    tpe.TableConfig(10, 2, name="users", vocabulary={"capacity": 10})
+  table = tpe.TableConfig(
+    10, 2, name="t", vocabulary=tpe.DynamicVocabulary(10, min_count=2)
+  )
+  assert "DynamicVocabulary(capacity=10, min_count=2" in repr(table)
+  assert table.vocabulary.replace(min_count=3).min_count == 3
+
+
+def test_buckets_match_the_oracle_hash():
+  keys = [0, 1, -1, 2**62, -(2**63), 123456789]
+  buckets = bucket_of(tf.constant(keys, tf.int64), 7).numpy().tolist()
+  assert buckets == [splitmix64_finalizer(k) % 7 for k in keys]
+
+
+def test_string_keys_are_fingerprints():
+  keys = key_ids(tf.constant(["a", "b", "a"]))
+  assert keys.dtype == tf.int64
+  assert keys[0] == keys[2] and keys[0] != keys[1]
+  assert bool(tf.reduce_all(keys >= 0))
+
+
+def _stream(rng, steps, batch, key_space):
+  """Skewed raw keys (negative and huge ones too)."""
+  ranks = np.minimum(rng.zipf(1.3, size=(steps, batch)), key_space) - 1
+  scramble = rng.permutation(key_space).astype(np.int64) * 7919 - 2**40
+  return scramble[ranks]
+
+
+def _assert_same_state(variables, oracle):
+  np.testing.assert_array_equal(variables["keys"].numpy(), oracle.keys)
+  np.testing.assert_array_equal(variables["last_step"].numpy(), oracle.last)
+  np.testing.assert_array_equal(variables["counts"].numpy(), oracle.count)
+  if oracle.p:
+    entries = np.array(oracle.probation).reshape(-1, 3)
+    np.testing.assert_array_equal(
+      variables["probation_keys"].numpy(), entries[:, 0]
+    )
+    np.testing.assert_array_equal(
+      variables["probation_counts"].numpy(), entries[:, 1]
+    )
+    np.testing.assert_array_equal(
+      variables["probation_last_step"].numpy(), entries[:, 2]
+    )
+  assert int(variables["step"].numpy()) == oracle.step
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+@pytest.mark.parametrize("min_count", [1, 3])
+@pytest.mark.parametrize("ttl_steps", [None, 4])
+@pytest.mark.parametrize("traced", [False, True])
+def test_steps_match_the_oracle(rng, eviction, min_count, ttl_steps, traced):
+  config = tpe.DynamicVocabulary(
+    min_count=min_count,
+    eviction=eviction,
+    ttl_steps=ttl_steps,
+    bucket_size=4,
+    probation_size=3,
+  )
+  capacity = 22  # 6 buckets of 3 or 4 rows
+  variables = VocabularyVariables(config, capacity)
+  oracle = OracleVocabulary(
+    capacity, 4, min_count, eviction, ttl_steps, probation_size=3
+  )
+  step = advance
+  if traced:
+    step = tf.function(lambda v, keys: advance(v, keys))
+  for keys in _stream(rng, steps=25, batch=24, key_space=120):
+    result = step(variables, tf.constant(keys))
+    rows, given = oracle.advance(keys.tolist())
+    np.testing.assert_array_equal(result.rows.numpy(), rows)
+    assert sorted(result.new_rows.numpy().tolist()) == sorted(given)
+    _assert_same_state(variables, oracle)
+    probe = tf.constant(keys[:5])
+    np.testing.assert_array_equal(
+      find(variables, probe).numpy(), [oracle.find(k) for k in keys[:5]]
+    )
+
+
+def test_admission_eviction_and_expiry_by_hand():
+  """One bucket of 2 rows: the rules on a story small enough to read."""
+  config = tpe.DynamicVocabulary(
+    min_count=2, eviction="lru", ttl_steps=3, bucket_size=2
+  )
+  v = VocabularyVariables(config, 2)
+
+  def step(*keys):
+    return advance(v, tf.constant(keys, tf.int64)).rows.numpy().tolist()
+
+  assert step(10) == [2]  # seen once: no row (the default row is 2)
+  assert step(10, 11) == [0, 2]  # 10 reaches min_count: row 0
+  assert step(11, 12, 12) == [1, 0]  # 11 admitted; 12 (2 at once) evicts 10
+  assert find(v, tf.constant([10, 11, 12], tf.int64)).numpy().tolist() == [
+    2, 1, 0,
+  ]
+  step(12)
+  step(12)
+  step(12)
+  # 11 unseen for 4 steps: expired (its row reads the default).
+  assert find(v, tf.constant([11, 12], tf.int64)).numpy().tolist() == [2, 0]
+
+
+def test_step_without_keys_advances_the_step():
+  v = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=2), 4)
+  result = advance(v, tf.zeros([0], tf.int64))
+  assert result.rows.shape == [0] and result.new_rows.shape == [0]
+  assert int(v["step"].numpy()) == 1
