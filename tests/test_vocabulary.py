@@ -129,12 +129,14 @@ def test_admission_eviction_and_expiry_by_hand():
 
   assert step(10) == [2]  # seen once: no row (the default row is 2)
   assert step(10, 11) == [0, 2]  # 10 reaches min_count: row 0
-  assert step(11, 12, 12) == [1, 0]  # 11 admitted; 12 (2 at once) evicts 10
+  assert step(11, 12, 12) == [1, 0, 0]  # 11 admitted; 12 (2 at once) evicts 10
   assert find(v, tf.constant([10, 11, 12], tf.int64)).numpy().tolist() == [
     2, 1, 0,
   ]
-  step(12)
-  step(12)
+  for _ in range(3):
+    step(12)
+  # Step 6: 11, last seen at step 3, is still live (6 - 3 <= ttl_steps).
+  assert find(v, tf.constant([11], tf.int64)).numpy().tolist() == [1]
   step(12)
   # 11 unseen for 4 steps: expired (its row reads the default).
   assert find(v, tf.constant([11, 12], tf.int64)).numpy().tolist() == [2, 0]
