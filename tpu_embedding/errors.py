@@ -69,6 +69,14 @@ GRADIENT_SHAPE = (
   "Found gradient of shape {shape} at path {path}. Expected shape {expected}."
 )
 GRADIENT_TYPE = "found non-tensor type: {type} at path {path}."
+DYNAMIC_KEY_DTYPE = (
+  "Input {path} has keys of dtype {dtype}; table '{table}' has a "
+  "DynamicVocabulary taking {expected} keys."
+)
+EMPTY_STRING_KEYS = (
+  "Input {path} has empty string keys for table '{table}' (a "
+  "DynamicVocabulary); every key must be a non-empty string."
+)
 IDS_OUT_OF_RANGE = (
   "Input {path} has ids outside [0, {vocabulary_size}) for table "
   "'{table}' (vocabulary_size={vocabulary_size}). Offending ids (first 10):"

@@ -52,6 +52,7 @@ from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.types import FeatureInput
+from tpu_embedding.vocabularies.buckets import key_ids
 
 #: ``(ids, segments, weights, output_shape)`` of a flattened input.
 _Flattened = tuple[tf.Tensor, tf.Tensor, tf.Tensor | None, tf.Tensor]
@@ -300,7 +301,9 @@ def prepare_feature(
     weight: None, or per-id weights of the same kind as ``inp``.
     feature: the feature's config (its table must be named).
     path: the feature path, for messages.
-    check_ids: whether to add the ``[0, vocabulary_size)`` range check.
+    check_ids: whether to add the ``[0, vocabulary_size)`` range check
+      (never for a dynamic table, whose raw keys become int64 keys here:
+      ``vocabularies/buckets.key_ids``).
 
   Returns:
     The ``PreparedFeature``.
@@ -309,6 +312,10 @@ def prepare_feature(
     ValueError: for wrong kinds, dtypes, ranks or weights (see module doc),
       or an unnamed table.
   """
+  key_checks: list[Check] = []
+  if feature.table.vocabulary is not None:
+    inp, key_checks = _dynamic_keys(inp, feature, path)
+    check_ids = False
   check_input_type(inp, weight, path)
   if weight is not None and is_sequence(feature, inp):
     raise ValueError(
@@ -336,7 +343,7 @@ def prepare_feature(
     output_shape, num_segments = _apply_configured_shape(
       feature, path, num_segments
     )
-  checks = _weight_checks(inp, weight, path)
+  checks = _weight_checks(inp, weight, path) + key_checks
   if check_ids:
     checks.append(
       ids_in_range_check(
@@ -353,6 +360,55 @@ def prepare_feature(
     static_shape,
     tuple(checks),
   )
+
+
+def _dynamic_keys(
+  inp: FeatureInput, feature: FeatureConfig, path: str
+) -> tuple[FeatureInput, list[Check]]:
+  """A dynamic table's raw keys as int64 keys, and the check that no
+  string key is empty.
+
+  Raises:
+    ValueError: for keys of another dtype than the vocabulary's.
+  """
+  if not isinstance(inp, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
+    return inp, []  # check_input_type names the type.
+  vocabulary = feature.table.vocabulary
+  strings = vocabulary.key_dtype == tf.string
+  if (inp.dtype == tf.string) != strings or not (
+    strings or inp.dtype.is_integer
+  ):
+    raise ValueError(
+      errors.DYNAMIC_KEY_DTYPE.format(
+        path=path,
+        dtype=inp.dtype.name,
+        table=table_name(feature.table),
+        expected="tf.string" if strings else "int32 or int64",
+      )
+    )
+  if isinstance(inp, tf.Tensor):
+    values = inp
+  elif isinstance(inp, tf.SparseTensor):
+    values = inp.values
+  else:
+    values = inp.flat_values
+  checks = []
+  if strings:
+    empty = tf.equal(tf.strings.length(values), 0)
+    checks.append(
+      Check(
+        ~tf.reduce_any(empty),
+        errors.EMPTY_STRING_KEYS.format(
+          path=path, table=table_name(feature.table)
+        ),
+      )
+    )
+  keys = key_ids(values)
+  if isinstance(inp, tf.Tensor):
+    return keys, checks
+  if isinstance(inp, tf.SparseTensor):
+    return tf.SparseTensor(inp.indices, keys, inp.dense_shape), checks
+  return inp.with_flat_values(keys), checks
 
 
 def _shape_tensor(

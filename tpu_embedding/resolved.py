@@ -114,7 +114,16 @@ def resolve(
       raise ValueError(
         errors.UNSUPPORTED_OPTIMIZER.format(type=type(table_optimizer))
       )
-    tables.append(user_table.replace(name=name, optimizer=table_optimizer))
+    table = user_table.replace(name=name, optimizer=table_optimizer)
+    if table.vocabulary is not None:
+      # Rows [0, vocabulary_size) for keys, then the default row
+      # (vocabularies/dynamic_tables.py).
+      size = table.vocabulary_size
+      table = table.replace(
+        vocabulary_size=size + 1,
+        vocabulary=table.vocabulary.replace(capacity=size),
+      )
+    tables.append(table)
   clone_of = {id(u): t for u, t in zip(user_tables, tables, strict=True)}
   features = tuple(f.replace(table=clone_of[id(f.table)]) for _, f in flat)
   return ResolvedConfig(

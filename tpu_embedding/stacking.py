@@ -17,7 +17,8 @@ checkpoints (each table under its own key with its full
   replicas of one process share the tables (``MirroredStrategy``), tables
   are grouped by (width, optimizer, placement, quantization); a group of
   one is not a stack, and tables whose optimizer has a
-  ``slot_variable_creation_fn`` stay alone. On one CPU device ``"auto"``
+  ``slot_variable_creation_fn`` or with a ``DynamicVocabulary`` stay
+  alone. On one CPU device ``"auto"``
   keeps every table alone: measured on 2 cores (``tools/benchmark.py
   --table_stacking``), the tables' independent steps run concurrently on
   the cores while a stack runs as one chain, and stacking lost 26 x
@@ -154,6 +155,8 @@ def _signature(table: TableConfig, placement: PlacementOf) -> tuple | None:
   optimizer = table.optimizer
   if optimizer is None or optimizer.slot_variable_creation_fn is not None:
     return None
+  if table.vocabulary is not None:
+    return None
   return (
     table.dim,
     optimizer,
@@ -171,6 +174,8 @@ def _incompatibility(
     return "it has no optimizer"
   if optimizer.slot_variable_creation_fn is not None:
     return "its optimizer has a slot_variable_creation_fn"
+  if table.vocabulary is not None or first.vocabulary is not None:
+    return "a table with a DynamicVocabulary is never stacked"
   if table.dim != first.dim:
     return f"its dim is {table.dim}, not {first.dim}"
   if optimizer != first.optimizer:

@@ -55,6 +55,10 @@ class Backend(metaclass=abc.ABCMeta):
   #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
   supports_pipelining = True
 
+  #: Why dynamic vocabularies (``vocabularies/``) cannot train here, or
+  #: None where they can: every replica of a step in this process.
+  dynamic_vocabularies_unsupported: str | None = None
+
   #: Whether a step's ops run in processes that load this package's
   #: kernels (``kernels/``); not on ``ParameterServerStrategy``'s workers,
   #: plain TensorFlow servers.

@@ -51,6 +51,10 @@ class ParameterServerBackend(HostBackend):
 
   #: Workers update asynchronously already: nothing to pipeline.
   supports_pipelining = False
+  dynamic_vocabularies_unsupported = (
+    "ParameterServerStrategy (not supported yet: the vocabulary's step "
+    "needs every worker's keys of a step at once)"
+  )
   runs_package_kernels = False  # Steps run on remote TensorFlow servers.
 
   def __init__(

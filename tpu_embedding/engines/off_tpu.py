@@ -63,6 +63,8 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import variables_by_name
 from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.vocabularies.dynamic_tables import DynamicTables
+from tpu_embedding.vocabularies.dynamic_tables import check_dynamic_support
 
 
 class OffTPUEngine(Engine, Trackable):
@@ -95,6 +97,11 @@ class OffTPUEngine(Engine, Trackable):
       [stack.config for stack in self._stacks],
       stack_threshold(self._stacks, row_sharding_threshold, placement),
     )
+    self._dynamic = DynamicTables(config)
+    if self._dynamic:
+      check_dynamic_support(
+        config.tables, backend, pipeline_execution_with_tensor_core
+      )
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(
@@ -181,6 +188,9 @@ class OffTPUEngine(Engine, Trackable):
         self._stores = create_stacked_tables(
           self._backend, self._stacks, VariableTracker(self)
         )
+      self._dynamic.build(
+        self._backend.local_devices, self._stores, VariableTracker(self)
+      )
     self._built = True
 
   def _maybe_build(self, incoming_shapes: list | None = None) -> None:
@@ -301,9 +311,16 @@ class OffTPUEngine(Engine, Trackable):
   def _lookup(
     self, prepared: list, training: bool
   ) -> tuple[Any, dict[str, TableBatch]]:
+    replica = self._local_replica()
     if not training:  # TensorFlow's ops only: servable as it is.
+      if self._dynamic:
+        prepared = self._dynamic.rows(prepared, replica)
       return look_up(
         self.config, prepared, self._backend.gather_tables, self._stacks
+      )
+    if self._dynamic:
+      prepared = self._dynamic.rows_for_training(
+        prepared, replica, replica, self._stores
       )
     with self._training_step():  # This package's kernels may serve.
       source = self._backend.gather_for_training
@@ -340,6 +357,9 @@ class OffTPUEngine(Engine, Trackable):
       grads = [flat[i] for i in stack_features(self.config, stack)]
       ids, index = batch.unique_ids, batch.unique_index
       occurrences = occurrence_gradients(grads, batch)
+      ids, occurrences, index = self._dynamic.updated_rows(
+        stack.config, ids, occurrences, index
+      )
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])
         count = tf.where(skip, 0, tf.shape(index)[0])
@@ -347,6 +367,14 @@ class OffTPUEngine(Engine, Trackable):
         occurrences = concat_pieces(occurrences)[:count]
       updates.append((stack.config, ids, occurrences, index))
     return updates
+
+  def _local_replica(self) -> int:
+    """This replica's index among the process's replicas (0 outside
+    ``strategy.run``)."""
+    replica = current_replica(self._strategy)
+    if replica is None:
+      return 0
+    return replica - first_local_replica(self._strategy)
 
   def _training_step(self) -> contextlib.AbstractContextManager:
     """``kernels.training_step()`` where the step's processes load them."""

@@ -1,0 +1,257 @@
+"""The engine's dynamic tables: raw keys become rows before each lookup.
+
+A dynamic table of capacity ``C`` is stored as ``C + 1`` rows: rows
+``[0, C)`` are given to keys, row ``C`` is the default row (what keys
+without a row read; never updated). ``resolve`` gives the table that
+size; ``DynamicTables`` does the rest around the one lookup path:
+
+* a training lookup gathers the global batch's keys of each dynamic table
+  (its features in order, replicas in order), runs the vocabulary's step
+  on this replica's copy, resets the rows given to new keys (values and
+  optimizer slots, the same values on every replica) in the block this
+  replica holds, and hands the lookup each key's row;
+* other lookups map keys with the state as it is;
+* updates drop the default row.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> table = tpe.TableConfig(
+  ...     8, 2, name="t", initializer=tf.ones_initializer(),
+  ...     vocabulary=tpe.DynamicVocabulary(bucket_size=4))
+  >>> emb = tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.SGD(0.5))
+  >>> emb.enqueue(tf.constant([10**12, -3]), training=True)
+  >>> activations = emb.dequeue()
+  >>> activations.numpy().tolist()
+  [[1.0, 1.0], [1.0, 1.0]]
+  >>> emb.apply_gradients(tf.ones_like(activations))
+  >>> emb(tf.constant([10**12, 77])).numpy().tolist()  # 77: never seen
+  [[0.5, 0.5], [0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import variable_specs
+from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.vocabularies.state import VocabularyState
+from tpu_embedding.vocabularies.transition import advance
+from tpu_embedding.vocabularies.transition import find
+
+
+def capacity(table: TableConfig) -> int:
+  """Rows a resolved dynamic table gives to keys (the default row's id)."""
+  return table.vocabulary_size - 1
+
+
+def check_dynamic_support(
+  tables: Sequence[TableConfig], backend: Any, pipelining: bool
+) -> None:
+  """Raises where the dynamic tables among ``tables`` cannot train.
+
+  Raises:
+    ValueError: naming the tables and why.
+  """
+  dynamic = [table_name(t) for t in tables if t.vocabulary is not None]
+  why = backend.dynamic_vocabularies_unsupported
+  if why is None and pipelining:
+    why = "pipeline_execution_with_tensor_core=True (not supported yet)"
+  if why is not None:
+    raise ValueError(
+      f"Tables {dynamic} have a DynamicVocabulary, which does not train "
+      f"under {why}."
+    )
+  for table in tables:
+    optimizer = table.optimizer
+    if table.vocabulary is not None and (
+      optimizer is not None and optimizer.slot_variable_creation_fn
+    ):
+      raise ValueError(
+        f"Table '{table_name(table)}' has a DynamicVocabulary and its "
+        "optimizer a slot_variable_creation_fn: rows given to new keys "
+        "reset their slots, which needs the optimizer's own slots."
+      )
+
+
+class DynamicTables:
+  """Maps the keys of a config's dynamic tables to rows.
+
+  Args:
+    config: the resolved config.
+  """
+
+  def __init__(self, config: ResolvedConfig):
+    self._config = config
+    self._tables = [t for t in config.tables if t.vocabulary is not None]
+    self._states: dict[str, VocabularyState] = {}
+
+  def __bool__(self) -> bool:
+    return bool(self._tables)
+
+  @property
+  def states(self) -> dict[str, VocabularyState]:
+    """Each dynamic table's vocabulary state, by table name."""
+    return dict(self._states)
+
+  def build(
+    self,
+    devices: Sequence[str | None],
+    stores: dict[str, TableStore],
+    tracker: VariableTracker,
+  ) -> None:
+    """Creates the state copies and fills each default row."""
+    for table in self._tables:
+      name = table_name(table)
+      state = VocabularyState(table.vocabulary, capacity(table), devices)
+      self._states[name] = state
+      tracker.register(f"{name}/vocabulary", state, restore=True)
+      default = tf.fill([1, table.dim], table.vocabulary.default_value)
+      stores[name].write_rows(capacity(table), default)
+
+  def rows(self, prepared: list[PreparedFeature], replica: int) -> list:
+    """``prepared`` with each dynamic feature's keys replaced by rows."""
+    prepared = list(prepared)
+    for table in self._tables:
+      variables = self._states[table_name(table)].copy(replica)
+      for i in self._config.features_of(table):
+        rows = find(variables, prepared[i].ids)
+        prepared[i] = dataclasses.replace(prepared[i], ids=rows)
+    return prepared
+
+  def rows_for_training(
+    self,
+    prepared: list[PreparedFeature],
+    replica: int,
+    block: int,
+    stores: dict[str, TableStore],
+  ) -> list:
+    """Runs each dynamic table's step, then maps keys to rows.
+
+    Args:
+      prepared: this replica's prepared features.
+      replica: this replica's index among the local ones.
+      block: the block of each store this replica writes.
+      stores: the table stores by name.
+    """
+    prepared = list(prepared)
+    for table in self._tables:
+      name = table_name(table)
+      features = self._config.features_of(table)
+      # The global batch's keys: feature by feature, each feature's
+      # examples in order (replica after replica), as on one device.
+      parts = _from_every_replica([prepared[i].ids for i in features])
+      here = _this_replica(len(parts[0]))
+      step = advance(
+        self._states[name].copy(replica),
+        tf.concat([p for feature in parts for p in feature], 0),
+      )
+      _reset_rows(stores[name], block, step.new_rows)
+      offset = tf.constant(0, tf.int64)
+      for i, feature in zip(features, parts, strict=True):
+        sizes = [tf.size(p, out_type=tf.int64) for p in feature]
+        start = offset + tf.add_n(sizes[:here] + [offset * 0])
+        rows = step.rows[start:][: sizes[here]]
+        prepared[i] = dataclasses.replace(prepared[i], ids=rows)
+        offset += tf.add_n(sizes)
+    return prepared
+
+  def updated_rows(self, table: TableConfig, ids, grads, index):
+    """``(ids, grads, index)`` of an update without the default row."""
+    if table.vocabulary is None:
+      return ids, grads, index
+    keep = tf.not_equal(ids, capacity(table))
+    new_slot = tf.cumsum(tf.cast(keep, tf.int32)) - 1
+    kept = tf.gather(keep, index)
+    return (
+      tf.boolean_mask(ids, keep),
+      tf.boolean_mask(concat_pieces(grads), kept),
+      tf.boolean_mask(tf.gather(new_slot, index), kept),
+    )
+
+
+def _from_every_replica(values: list[tf.Tensor]) -> list[list[tf.Tensor]]:
+  """Per tensor of ``values``, every local replica's, replicas in order
+  (in replica context; a single replica gets its own)."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return [[value] for value in values]
+
+  def merge(strategy, values):
+    return [list(strategy.experimental_local_results(v)) for v in values]
+
+  return [list(v) for v in context.merge_call(merge, args=(values,))]
+
+
+def _this_replica(count: int) -> int:
+  if count == 1:
+    return 0
+  context = tf.distribute.get_replica_context()
+  return int(tf.get_static_value(context.replica_id_in_sync_group))
+
+
+def _first_replicas(values: list[tf.Tensor]) -> list[tf.Tensor]:
+  """Replica 0's ``values``, on every replica (equal copies stay equal
+  even where the initializer is random)."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return values
+
+  def merge(strategy, values):
+    return [strategy.experimental_local_results(v)[0] for v in values]
+
+  return list(context.merge_call(merge, args=(values,)))
+
+
+def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):
+  """``count`` rows of ``initializer``'s values (shape ``[count, dim]``).
+
+  Raises:
+    ValueError: for an initializer that cannot make rows for new keys
+      (one that only makes a whole table of fixed values).
+  """
+  try:
+    values = initializer(tf.stack([count, dim]), dtype=tf.float32)
+    return tf.cast(values, tf.float32)
+  except (TypeError, ValueError, NotImplementedError):
+    pass
+  try:  # Constants need a static shape: one row, repeated.
+    row = tf.reshape(initializer([1, dim], dtype=tf.float32), [1, dim])
+  except (TypeError, ValueError) as e:
+    raise ValueError(
+      f"Table '{table}': its initializer {initializer!r} cannot make rows "
+      "for new keys of a dynamic vocabulary; use a scalar constant or a "
+      "random initializer."
+    ) from e
+  return tf.tile(row, tf.stack([count, 1]))
+
+
+def _reset_rows(store: TableStore, block: int, rows: tf.Tensor) -> None:
+  """Writes initial values (parameters and slots) to ``rows`` of the
+  ``block`` this replica holds."""
+  table = store.table
+  count = tf.size(rows, out_type=tf.int64)
+  values = [
+    initial_rows(initializer, count, table.dim, table_name(table))
+    for _, initializer, _ in variable_specs(table)
+  ]
+  values = _first_replicas(values)
+  first, size = store.block_rows(block)
+  mine = tf.logical_and(rows >= first, rows < first + size)
+  local = tf.boolean_mask(rows - first, mine)
+  for (key, _, _), value in zip(variable_specs(table), values, strict=True):
+    tf.raw_ops.ResourceScatterUpdate(
+      resource=store.blocks[block][key].handle,
+      indices=local,
+      updates=tf.boolean_mask(value, mine),
+    )
