@@ -203,3 +203,142 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
   np.testing.assert_allclose(
     looked_up["a"].numpy(), params[rows], rtol=1e-5, atol=1e-5
   )
+
+
+def _single_feature(key_dtype=tf.int64, optimizer=None, **kwargs):
+  table = tpe.TableConfig(
+    CAPACITY,
+    DIM,
+    name="users",
+    initializer=tf.constant_initializer(INIT),
+    vocabulary=tpe.DynamicVocabulary(
+      bucket_size=BUCKET, key_dtype=key_dtype, min_count=2
+    ),
+  )
+  emb = tpe.TPUEmbedding(
+    {"u": tpe.FeatureConfig(table)}, optimizer or tpe.Adagrad(0.5), **kwargs
+  )
+  emb.build()
+  return emb, table
+
+
+def _train_step(emb):
+  @tf.function
+  def step(keys):
+    emb.enqueue({"u": keys}, training=True)
+    with tf.GradientTape() as tape:
+      acts = emb.dequeue()
+      tape.watch(acts)
+      loss = tf.reduce_sum(acts["u"] ** 2 + acts["u"])
+    emb.apply_gradients(tape.gradient(loss, acts))
+    return acts["u"]
+
+  return step
+
+
+def test_string_keys_train_as_their_fingerprints():
+  words = [["ant", "bee", "ant", "cat"], ["bee", "dog", "bee", "eel"]] * 3
+  by_string, table_s = _single_feature(tf.string)
+  by_int, table_i = _single_feature(tf.int64)
+  step_s, step_i = _train_step(by_string), _train_step(by_int)
+  for batch in words:
+    keys = tf.constant(batch)
+    fingerprints = tf.strings.to_hash_bucket_fast(keys, 2**63 - 1)
+    np.testing.assert_array_equal(step_s(keys), step_i(fingerprints))
+  np.testing.assert_array_equal(
+    by_string.embedding_tables[table_s].numpy(),
+    by_int.embedding_tables[table_i].numpy(),
+  )
+  looked_up = by_string({"u": tf.constant(["bee", "zebra"])})["u"].numpy()
+  assert not np.allclose(looked_up[0], INIT)  # trained
+  np.testing.assert_array_equal(looked_up[1], [0.0] * DIM)  # unknown
+
+
+@pytest.mark.parametrize(
+  "key_dtype, keys, message",
+  [
+    (tf.string, tf.constant([1, 2]), "dtype int32; table 'users' has a "),
+    (tf.int64, tf.constant(["a"]), "dtype string; table 'users' has a "),
+    (tf.int64, tf.constant([1.5]), "dtype float32; table 'users' has a "),
+  ],
+)
+def test_wrong_key_dtype_names_feature_and_table(key_dtype, keys, message):
+  emb, _ = _single_feature(key_dtype)
+  with pytest.raises(ValueError, match=f"Input u has keys of {message}"):
+    emb.enqueue({"u": keys}, training=True)
+
+
+def _snapshot(emb, table):
+  state = emb.engine.dynamic_tables.states["users"].copy(0)
+  return [emb.embedding_tables[table].numpy()] + [
+    v.numpy() for v in state.variables.values()
+  ]
+
+
+def test_a_failed_step_changes_no_row_or_state():
+  emb, table = _single_feature(tf.string)
+  step = _train_step(emb)
+  step(tf.constant(["ant", "bee", "ant"]))
+  before = _snapshot(emb, table)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="empty string"):
+    step(tf.constant(["ant", "", "cat"]))
+  for a, b in zip(before, _snapshot(emb, table), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_moves_between_replica_counts(tmp_path):
+  stream = _stream(seed=11)
+  rng = np.random.default_rng(5)
+  loss_r = [
+    (
+      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
+      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
+    )
+    for _ in range(STEPS)
+  ]
+  two = mirrored_strategy(2)
+  emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru")
+  _train(two, emb, stream[:4], loss_r[:4])
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ckpt"))
+  expected = _train(two, emb, stream[4:], loss_r[4:])
+  for strategy in (tf.distribute.get_strategy(), mirrored_strategy(4)):
+    restored, _ = _make(strategy, tpe.Adagrad(0.3), 2, "lru")
+    tf.train.Checkpoint(embedding=restored).restore(path).assert_consumed()
+    got = _train(strategy, restored, stream[4:], loss_r[4:])
+    for g, w in zip(got, expected, strict=True):
+      for k in ("a", "b"):
+        np.testing.assert_allclose(g[k], w[k], rtol=1e-6, atol=1e-6)
+
+
+def test_unsupported_settings_say_why():
+  with pytest.raises(ValueError, match="pipeline_execution_with_tensor_core"):
+    _single_feature(pipeline_execution_with_tensor_core=True)
+  with pytest.raises(ValueError, match="changes every row"):
+    _single_feature(optimizer=tpe.Adam(0.1, lazy_adam=False))
+  emb, table = _single_feature()
+  from tpu_embedding import export
+
+  with pytest.raises(ValueError, match="DynamicVocabulary: serving them"):
+    export.TableSubset({"u": tpe.FeatureConfig(table)})
+  with pytest.raises(ValueError, match="DynamicVocabulary: serving them"):
+    tpe.TPUEmbeddingForServing({"u": tpe.FeatureConfig(table)}, tpe.SGD(0.1))
+  other = tpe.TableConfig(CAPACITY, DIM, name="other")
+  with pytest.raises(ValueError, match="never stacked"):
+    tpe.TPUEmbedding(
+      {"u": tpe.FeatureConfig(table), "o": tpe.FeatureConfig(other)},
+      tpe.SGD(0.1),
+      table_stacking=[["users", "other"]],
+    )
+
+
+def test_sharding_plan_and_keras_config_keep_the_vocabulary():
+  from tpu_embedding.layers.serialization import deserialize_feature_config
+  from tpu_embedding.layers.serialization import serialize_feature_config
+
+  emb, table = _single_feature(tf.string)
+  config = serialize_feature_config({"u": tpe.FeatureConfig(table)})
+  back = deserialize_feature_config(config)["u"].table
+  assert back.vocabulary == table.vocabulary
+  assert back.vocabulary.key_dtype == tf.string
+  # The stored table: the keys' rows and the default row.
+  assert emb.embedding_tables[table].shape == [CAPACITY + 1, DIM]

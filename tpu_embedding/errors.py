@@ -77,6 +77,12 @@ EMPTY_STRING_KEYS = (
   "Input {path} has empty string keys for table '{table}' (a "
   "DynamicVocabulary); every key must be a non-empty string."
 )
+DYNAMIC_EXPORT = (
+  "Tables {tables} have a DynamicVocabulary: serving them outside the "
+  "embedding object (TPUEmbeddingForServing, SavedModel export) is not "
+  "supported yet. Look keys up with the trained embedding itself "
+  "(embedding(features) maps them with its vocabulary)."
+)
 IDS_OUT_OF_RANGE = (
   "Input {path} has ids outside [0, {vocabulary_size}) for table "
   "'{table}' (vocabulary_size={vocabulary_size}). Offending ids (first 10):"

@@ -252,6 +252,9 @@ class TPUEmbeddingForServing(Trackable):
       raise RuntimeError("Serving on TPU is not yet supported.")
     self._feature_config = feature_config
     self._config = resolve(feature_config, optimizer)
+    dynamic = [t.name for t in self._config.tables if t.vocabulary is not None]
+    if dynamic:
+      raise ValueError(errors.DYNAMIC_EXPORT.format(tables=dynamic))
     self._stores: dict[str, TableStore] = {}
     self._built = False
 

@@ -133,6 +133,11 @@ class OffTPUEngine(Engine, Trackable):
     return table_plan(self._backend.plan, self._stacks)
 
   @property
+  def dynamic_tables(self) -> DynamicTables:
+    """The dynamic tables' vocabularies (``vocabularies/``)."""
+    return self._dynamic
+
+  @property
   def stacks(self) -> list[TableStack]:
     """How the tables are stacked (``stacking.py``); one table per stack
     when not stacked."""

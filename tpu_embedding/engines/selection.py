@@ -41,6 +41,13 @@ def select_engine(
     ValueError: for an unsupported strategy or invalid options.
   """
   if is_tpu_strategy(strategy):
+    dynamic = [t.name for t in config.tables if t.vocabulary is not None]
+    if dynamic:
+      raise ValueError(
+        f"Tables {dynamic} have a DynamicVocabulary, which TensorFlow's "
+        "TPU embedding does not have: they train off TPU only (any other "
+        "strategy)."
+      )
     return tpu_engine(
       config,
       optimizer,

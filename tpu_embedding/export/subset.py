@@ -30,6 +30,7 @@ from absl import logging
 from tpu_embedding import compat
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
+from tpu_embedding import errors
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
@@ -121,6 +122,9 @@ class TableSubset:
     self._resolved = resolve(feature_config, None)
     self._selected = _select(self._resolved, tables)
     self._all_features = dict(flatten_with_paths(feature_config))
+    dynamic = [t.name for t in self.tables if t.vocabulary is not None]
+    if dynamic:
+      raise ValueError(errors.DYNAMIC_EXPORT.format(tables=dynamic))
 
   @property
   def names(self) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ from tpu_embedding import optimizers
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
+from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.layers.keras_compat import keras
@@ -200,6 +201,12 @@ def _serialize_table(table: TableConfig) -> dict[str, Any]:
       "upper": quantization.upper,
     },
     "dtype": table.dtype.name,
+    "vocabulary": None
+    if table.vocabulary is None
+    else {
+      **table.vocabulary.get_config(),
+      "key_dtype": table.vocabulary.key_dtype.name,
+    },
   }
 
 
@@ -218,6 +225,9 @@ def _deserialize_table(data: dict[str, Any]) -> TableConfig:
     if quantization is None
     else QuantizationConfig(**quantization),
     dtype=tf.as_dtype(data["dtype"]),
+    vocabulary=None
+    if data.get("vocabulary") is None
+    else DynamicVocabulary(**data["vocabulary"]),
   )
 
 

@@ -74,9 +74,16 @@ def check_dynamic_support(
     )
   for table in tables:
     optimizer = table.optimizer
-    if table.vocabulary is not None and (
-      optimizer is not None and optimizer.slot_variable_creation_fn
-    ):
+    if table.vocabulary is None or optimizer is None:
+      continue
+    if optimizer.updates_all_rows:
+      raise ValueError(
+        f"Table '{table_name(table)}' has a DynamicVocabulary and an "
+        f"optimizer that changes every row each step ({optimizer!r}): the "
+        "default row and the rows of absent keys must not change. Use a "
+        "lazy optimizer (e.g. Adam(lazy_adam=True))."
+      )
+    if optimizer.slot_variable_creation_fn:
       raise ValueError(
         f"Table '{table_name(table)}' has a DynamicVocabulary and its "
         "optimizer a slot_variable_creation_fn: rows given to new keys "

@@ -226,7 +226,9 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   """
   vocabulary, layout = variables.vocabulary, variables.layout
   ttl, capacity = vocabulary.ttl_steps, layout.capacity
-  step = variables["step"].read_value() + 1
+  # Nothing moves before the keys exist (a failed input check stops here).
+  with tf.control_dependencies([occurrences]):
+    step = variables["step"].read_value() + 1
   keys, position = tf.unique(occurrences, out_idx=tf.int64)
   num_keys = tf.size(keys, out_type=tf.int64)
   seen = tf.math.unsorted_segment_sum(
