@@ -78,7 +78,9 @@ def _train(strategy, emb, stream, loss_r):
     def part(value):
       return strategy.experimental_distribute_values_from_function(
         lambda ctx: {
-          k: None if v is None else v[ctx.replica_id_in_sync_group * per :][:per]
+          k: None
+          if v is None
+          else v[ctx.replica_id_in_sync_group * per :][:per]
           for k, v in value.items()
         }
       )
@@ -165,7 +167,9 @@ def _oracle_run(stream, loss_r, name, hparams, min_count, eviction):
 @pytest.mark.parametrize("min_count, eviction", [(1, "lru"), (2, "lfu")])
 def test_training_matches_the_oracles(replicas, name, min_count, eviction):
   strategy = (
-    tf.distribute.get_strategy() if replicas == 1 else mirrored_strategy(replicas)
+    tf.distribute.get_strategy()
+    if replicas == 1
+    else mirrored_strategy(replicas)
   )
   make_optimizer, hparams = OPTIMIZERS[name]
   emb, table = _make(strategy, make_optimizer(), min_count, eviction)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.vocabulary_oracle import OracleVocabulary
-from tests.vocabulary_oracle import splitmix64_finalizer
 
 import tpu_embedding as tpe
+from tests.vocabulary_oracle import OracleVocabulary
+from tests.vocabulary_oracle import splitmix64_finalizer
 from tpu_embedding.vocabularies.buckets import bucket_of
 from tpu_embedding.vocabularies.buckets import key_ids
 from tpu_embedding.vocabularies.transition import VocabularyVariables
@@ -131,7 +131,9 @@ def test_admission_eviction_and_expiry_by_hand():
   assert step(10, 11) == [0, 2]  # 10 reaches min_count: row 0
   assert step(11, 12, 12) == [1, 0, 0]  # 11 admitted; 12 (2 at once) evicts 10
   assert find(v, tf.constant([10, 11, 12], tf.int64)).numpy().tolist() == [
-    2, 1, 0,
+    2,
+    1,
+    0,
   ]
   for _ in range(3):
     step(12)

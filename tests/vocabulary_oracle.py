@@ -112,7 +112,7 @@ class OracleVocabulary:
         taken.sort(key=lambda r: (self.last[r], self.count[r], r))
       else:
         taken.sort(key=lambda r: (self.count[r], self.last[r], r))
-      for k, r in zip(mine, free + taken):
+      for k, r in zip(mine, free + taken, strict=False):
         row_of[k] = r
         given.append(r)
     # Writes.
@@ -158,5 +158,5 @@ class OracleVocabulary:
         (e for e in entries if self.live(entry[e][2], t)),
         key=lambda e: (entry[e][2], entry[e][1], e),
       )
-      for k, e in zip(mine, free + used):
+      for k, e in zip(mine, free + used, strict=False):
         entry[e] = [k, total[k], t]

@@ -374,6 +374,7 @@ def _dynamic_keys(
   if not isinstance(inp, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     return inp, []  # check_input_type names the type.
   vocabulary = feature.table.vocabulary
+  assert vocabulary is not None  # Only dynamic tables come here.
   strings = vocabulary.key_dtype == tf.string
   if (inp.dtype == tf.string) != strings or not (
     strings or inp.dtype.is_integer

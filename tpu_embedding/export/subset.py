@@ -28,9 +28,9 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_embedding import compat
+from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
-from tpu_embedding import errors
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name

@@ -44,7 +44,6 @@ from tpu_embedding import optimizers
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
-from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.layers.keras_compat import keras
@@ -52,6 +51,7 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.sharding import RowThreshold
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import Initializer
+from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 #: TensorFlow's v2 initializer classes that round-trip through get_config.
 _TF_INITIALIZERS: dict[str, Any] = {

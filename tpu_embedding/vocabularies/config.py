@@ -55,7 +55,7 @@ Example:
   >>> tpe.DynamicVocabulary(capacity=0)
   Traceback (most recent call last):
   ...
-  ValueError: DynamicVocabulary: capacity must be None (the table's vocabulary_size) or an int >= 1. Received: 0
+  ValueError: DynamicVocabulary: capacity must be None ... Received: 0
 """
 
 from __future__ import annotations
@@ -197,7 +197,9 @@ class DynamicVocabulary:
     )
 
   def __hash__(self) -> int:
-    return hash(tuple(sorted((k, str(v)) for k, v in self.get_config().items())))
+    return hash(
+      tuple(sorted((k, str(v)) for k, v in self.get_config().items()))
+    )
 
   def __repr__(self) -> str:
     arguments = ", ".join(

@@ -119,11 +119,12 @@ class DynamicTables:
   ) -> None:
     """Creates the state copies and fills each default row."""
     for table in self._tables:
-      name = table_name(table)
-      state = VocabularyState(table.vocabulary, capacity(table), devices)
+      name, vocabulary = table_name(table), table.vocabulary
+      assert vocabulary is not None
+      state = VocabularyState(vocabulary, capacity(table), devices)
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
-      default = tf.fill([1, table.dim], table.vocabulary.default_value)
+      default = tf.fill([1, table.dim], vocabulary.default_value)
       stores[name].write_rows(capacity(table), default)
 
   def rows(self, prepared: list[PreparedFeature], replica: int) -> list:
@@ -167,7 +168,7 @@ class DynamicTables:
       offset = tf.constant(0, tf.int64)
       for i, feature in zip(features, parts, strict=True):
         sizes = [tf.size(p, out_type=tf.int64) for p in feature]
-        start = offset + tf.add_n(sizes[:here] + [offset * 0])
+        start = offset + sum(sizes[:here], tf.constant(0, tf.int64))
         rows = step.rows[start:][: sizes[here]]
         prepared[i] = dataclasses.replace(prepared[i], ids=rows)
         offset += tf.add_n(sizes)

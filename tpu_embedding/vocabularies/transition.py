@@ -46,9 +46,7 @@ class VocabularyVariables:
     entries = self.layout.num_buckets * self.probation
 
     def zeros(size: int, name: str) -> tf.Variable:
-      return tf.Variable(
-        tf.zeros([size], tf.int64), trainable=False, name=name
-      )
+      return tf.Variable(tf.zeros([size], tf.int64), trainable=False, name=name)
 
     #: name -> variable, in checkpoint order.
     self.variables = {
@@ -122,7 +120,9 @@ def find(
   rows, valid = layout.rows(bucket_of(flat, layout.num_buckets))
   stored = tf.gather(variables["keys"], rows)
   last = tf.gather(variables["last_step"], rows)
-  live = tf.logical_and(valid, _live(last, step, variables.vocabulary.ttl_steps))
+  live = tf.logical_and(
+    valid, _live(last, step, variables.vocabulary.ttl_steps)
+  )
   found, at = _matches(flat, stored, live)
   (row,) = _pick(at[:, None], rows)
   result = tf.where(found, row[:, 0], layout.capacity)
@@ -257,7 +257,9 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
     )
     on_probation = tf.logical_and(on_probation, ~hit)
     entry, prior = _pick(
-      column[:, None], entries, tf.gather(variables["probation_counts"], entries)
+      column[:, None],
+      entries,
+      tf.gather(variables["probation_counts"], entries),
     )
     entry, prior = entry[:, 0], tf.where(on_probation, prior[:, 0], 0)
   else:
@@ -318,7 +320,14 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
 
   if probation:
     _update_probation(
-      variables, step, keys, buckets, total, hit, on_probation, entry,
+      variables,
+      step,
+      keys,
+      buckets,
+      total,
+      hit,
+      on_probation,
+      entry,
       admitted,
     )
   variables["step"].assign(step)
@@ -345,7 +354,9 @@ def _update_probation(
   joining_buckets = tf.gather(buckets, joining)
   touched, bucket_index = tf.unique(joining_buckets, out_idx=tf.int64)
   probation = variables.probation
-  candidates = touched[:, None] * probation + tf.range(probation, dtype=tf.int64)
+  candidates = touched[:, None] * probation + tf.range(
+    probation, dtype=tf.int64
+  )
   candidate_last = tf.gather(variables["probation_last_step"], candidates)
   free = ~_live(candidate_last, step, ttl)
   available = ~_in_sorted(candidates, touched_entries)
@@ -368,9 +379,7 @@ def _update_probation(
   kept = tf.concat([tf.gather(entry, update), new_entries], 0)
   kept_keys = tf.concat([update, joined], 0)
   _scatter(variables["probation_keys"], kept, tf.gather(keys, kept_keys))
-  _scatter(
-    variables["probation_counts"], kept, tf.gather(total, kept_keys)
-  )
+  _scatter(variables["probation_counts"], kept, tf.gather(total, kept_keys))
   _scatter(
     variables["probation_last_step"], kept, tf.fill(tf.shape(kept), step)
   )
