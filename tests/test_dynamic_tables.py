@@ -207,6 +207,13 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
   np.testing.assert_allclose(
     looked_up["a"].numpy(), params[rows], rtol=1e-5, atol=1e-5
   )
+  statistics = emb.engine.dynamic_tables.statistics()["users"]
+  assert statistics == {
+    "capacity": CAPACITY,
+    "rows_in_use": sum(vocab.live(last, vocab.step) for last in vocab.last),
+    "evictions": vocab.evictions,
+    "step": STEPS,
+  }
 
 
 def _single_feature(key_dtype=tf.int64, optimizer=None, **kwargs):
@@ -346,3 +353,44 @@ def test_sharding_plan_and_keras_config_keep_the_vocabulary():
   assert back.vocabulary.key_dtype == tf.string
   # The stored table: the keys' rows and the default row.
   assert emb.embedding_tables[table].shape == [CAPACITY + 1, DIM]
+
+
+def test_keras_layer_trains_like_the_mid_level_loop():
+  from tests.layers import builders
+  from tpu_embedding.layers import TPUEmbedding
+  from tpu_embedding.layers.keras_compat import keras
+
+  kernel = np.arange(1, DIM + 1, dtype=np.float32)[:, None] / DIM
+  keys = {"u": tf.constant([[10**15], [-4], [10**15], [99]], tf.int64)}
+  y = tf.constant([[1.0], [0.0], [1.0], [-1.0]])
+
+  def features():
+    table = tpe.TableConfig(
+      CAPACITY,
+      DIM,
+      name="users",
+      initializer=tf.constant_initializer(INIT),
+      vocabulary=tpe.DynamicVocabulary(bucket_size=BUCKET),
+    )
+    return {"u": tpe.FeatureConfig(table)}
+
+  layer = TPUEmbedding(features(), tpe.Adagrad(0.3))
+  model = builders.LinearModel(layer, kernel)
+  model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+  model.train_on_batch(keys, y)
+
+  reference = tpe.TPUEmbedding(features(), tpe.Adagrad(0.3))
+  reference.enqueue(keys, training=True)
+  with tf.GradientTape() as tape:
+    acts = reference.dequeue()
+    tape.watch(acts)
+    loss = builders.mse(builders.flat_activations(acts) @ kernel, y)
+  reference.apply_gradients(tape.gradient(loss, acts))
+
+  got = builders.full_values(layer.mid_level_api.variables)
+  want = builders.full_values(reference.variables)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, atol=1e-6, err_msg=str(key))
+  assert not np.allclose(want[("users", "parameters")][:CAPACITY], INIT)
+  restored = TPUEmbedding.from_config(layer.get_config())
+  assert restored.get_config() == layer.get_config()

@@ -271,7 +271,9 @@ def test_unsupported_argument_translates_only_at_its_value(monkeypatch):
 def test_table_and_feature_arguments_cover_both_classes():
   table = tpe.TableConfig(4, 2)
   assert set(TABLE_ARGS) == set(_arguments(TFE.TableConfig))
-  assert set(TABLE_ARGS) == set(_arguments(tpe.TableConfig)) == set(vars(table))
+  # Ours has one more: ``vocabulary`` (dynamic tables, never on TPU).
+  ours = set(TABLE_ARGS) | {"vocabulary"}
+  assert ours == set(_arguments(tpe.TableConfig)) == set(vars(table))
   feature = tpe.FeatureConfig(table)
   assert set(FEATURE_ARGS) == set(_arguments(TFE.FeatureConfig))
   assert set(FEATURE_ARGS) == set(vars(feature))
@@ -810,3 +812,12 @@ def test_module_is_importable_twice_without_registration_errors(monkeypatch):
   monkeypatch.setitem(sys.modules, "tpu_again", module)
   spec.loader.exec_module(module)
   assert module.CHECKPOINT_SAVER == tpu.CHECKPOINT_SAVER
+
+
+def test_dynamic_tables_have_no_tpu_translation():
+  table = tpe.TableConfig(
+    4, 2, name="users", vocabulary=tpe.DynamicVocabulary()
+  )
+  config = resolve(tpe.FeatureConfig(table), tpe.SGD(0.1))
+  with pytest.raises(ValueError, match="'users' has a DynamicVocabulary"):
+    translate(config, tpe.SGD(0.1))

@@ -83,6 +83,7 @@ def _assert_same_state(variables, oracle):
       variables["probation_last_step"].numpy(), entries[:, 2]
     )
   assert int(variables["step"].numpy()) == oracle.step
+  assert int(variables["evictions"].numpy()) == oracle.evictions
 
 
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])

@@ -31,6 +31,7 @@ class OracleVocabulary:
   ttl_steps: int | None = None
   probation_size: int | None = None
   step: int = 0
+  evictions: int = 0
   keys: list = field(default_factory=list)
   last: list = field(default_factory=list)
   count: list = field(default_factory=list)
@@ -115,6 +116,7 @@ class OracleVocabulary:
       for k, r in zip(mine, free + taken, strict=False):
         row_of[k] = r
         given.append(r)
+        self.evictions += r in taken
     # Writes.
     for k in order:
       r = row_of.get(k)

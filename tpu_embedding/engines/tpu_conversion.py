@@ -285,7 +285,13 @@ class _Translator:
 
   def table(self, table: TableConfig) -> Any:
     if id(table) not in self._tables:
-      _check_attributes(table, TABLE_ARGS)
+      # ``vocabulary``: TensorFlow's tables have none (ids are rows).
+      _check_attributes(table, (*TABLE_ARGS, "vocabulary"))
+      if table.vocabulary is not None:
+        raise ValueError(
+          f"Table {table.name!r} has a DynamicVocabulary, which "
+          "TensorFlow's TPU embedding configs cannot express."
+        )
       kwargs = {arg: getattr(table, arg) for arg in TABLE_ARGS}
       kwargs["optimizer"] = self.optimizer(table.optimizer)
       if table.quantization_config is not None:

@@ -127,6 +127,26 @@ class DynamicTables:
       default = tf.fill([1, table.dim], vocabulary.default_value)
       stores[name].write_rows(capacity(table), default)
 
+  def statistics(self) -> dict[str, dict[str, int]]:
+    """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
+    last step), ``evictions`` (live keys evicted so far) and ``step``."""
+    result = {}
+    for table in self._tables:
+      variables = self._states[table_name(table)].copy(0)
+      step = variables["step"].read_value()
+      last = variables["last_step"].read_value()
+      live = last > 0
+      ttl = table.vocabulary.ttl_steps if table.vocabulary else None
+      if ttl is not None:
+        live = tf.logical_and(live, step - last <= ttl)
+      result[table_name(table)] = {
+        "capacity": capacity(table),
+        "rows_in_use": int(tf.reduce_sum(tf.cast(live, tf.int64))),
+        "evictions": int(variables["evictions"].read_value()),
+        "step": int(step),
+      }
+    return result
+
   def rows(self, prepared: list[PreparedFeature], replica: int) -> list:
     """``prepared`` with each dynamic feature's keys replaced by rows."""
     prepared = list(prepared)

@@ -30,7 +30,8 @@ from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 class VocabularyVariables:
   """A dynamic vocabulary's state: per row and per probation entry, the
-  key, the step it was last seen (0: empty) and its count; the step.
+  key, the step it was last seen (0: empty) and its count; the step and
+  the number of live keys evicted so far.
 
   Args:
     vocabulary: the configuration.
@@ -58,6 +59,9 @@ class VocabularyVariables:
       "probation_counts": zeros(entries, "probation_counts"),
       "step": tf.Variable(
         tf.constant(0, tf.int64), trainable=False, name="step"
+      ),
+      "evictions": tf.Variable(
+        tf.constant(0, tf.int64), trainable=False, name="evictions"
       ),
     }
 
@@ -301,6 +305,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   )
   admitted = tf.boolean_mask(asking, got)
   new_rows = tf.boolean_mask(new_row, got)
+  evicted = _live(tf.gather(variables["last_step"], new_rows), step, ttl)
 
   # Writes: hits, then the admitted keys' rows (disjoint rows).
   hits = tf.where(hit)[:, 0]
@@ -330,6 +335,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
       entry,
       admitted,
     )
+  variables["evictions"].assign_add(tf.reduce_sum(tf.cast(evicted, tf.int64)))
   variables["step"].assign(step)
   return StepRows(tf.gather(key_row, position), new_rows)
 
