@@ -3,11 +3,14 @@ an independent oracle (``tests/vocabulary_oracle.py``)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tpu_embedding import kernels
 from tests.vocabulary_oracle import OracleVocabulary
 from tests.vocabulary_oracle import splitmix64_finalizer
 from tpu_embedding.vocabularies.buckets import bucket_of
@@ -86,11 +89,23 @@ def _assert_same_state(variables, oracle):
   assert int(variables["evictions"].numpy()) == oracle.evictions
 
 
+def _path(kernel: bool):
+  """The kernel (inside a training step) or the TensorFlow ops."""
+  if not kernel:
+    return contextlib.nullcontext()
+  if kernels.load() is None:
+    pytest.skip("the kernel library did not build")
+  return kernels.training_step()
+
+
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
 @pytest.mark.parametrize("min_count", [1, 3])
 @pytest.mark.parametrize("ttl_steps", [None, 4])
 @pytest.mark.parametrize("traced", [False, True])
-def test_steps_match_the_oracle(rng, eviction, min_count, ttl_steps, traced):
+@pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
+def test_steps_match_the_oracle(
+  rng, eviction, min_count, ttl_steps, traced, kernel
+):
   config = tpe.DynamicVocabulary(
     min_count=min_count,
     eviction=eviction,
@@ -103,9 +118,11 @@ def test_steps_match_the_oracle(rng, eviction, min_count, ttl_steps, traced):
   oracle = OracleVocabulary(
     capacity, 4, min_count, eviction, ttl_steps, probation_size=3
   )
-  step = advance
-  if traced:
-    step = tf.function(lambda v, keys: advance(v, keys))
+  def run(v, keys):
+    with _path(kernel):
+      return advance(v, keys)
+
+  step = tf.function(run) if traced else run
   for keys in _stream(rng, steps=25, batch=24, key_space=120):
     result = step(variables, tf.constant(keys))
     rows, given = oracle.advance(keys.tolist())
@@ -118,7 +135,8 @@ def test_steps_match_the_oracle(rng, eviction, min_count, ttl_steps, traced):
     )
 
 
-def test_admission_eviction_and_expiry_by_hand():
+@pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
+def test_admission_eviction_and_expiry_by_hand(kernel):
   """One bucket of 2 rows: the rules on a story small enough to read."""
   config = tpe.DynamicVocabulary(
     min_count=2, eviction="lru", ttl_steps=3, bucket_size=2
@@ -126,7 +144,9 @@ def test_admission_eviction_and_expiry_by_hand():
   v = VocabularyVariables(config, 2)
 
   def step(*keys):
-    return advance(v, tf.constant(keys, tf.int64)).rows.numpy().tolist()
+    with _path(kernel):
+      rows = advance(v, tf.constant(keys, tf.int64)).rows
+    return rows.numpy().tolist()
 
   assert step(10) == [2]  # seen once: no row (the default row is 2)
   assert step(10, 11) == [0, 2]  # 10 reaches min_count: row 0
@@ -145,8 +165,30 @@ def test_admission_eviction_and_expiry_by_hand():
   assert find(v, tf.constant([11, 12], tf.int64)).numpy().tolist() == [2, 0]
 
 
-def test_step_without_keys_advances_the_step():
+@pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
+def test_step_without_keys_advances_the_step(kernel):
   v = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=2), 4)
-  result = advance(v, tf.zeros([0], tf.int64))
+  with _path(kernel):
+    result = advance(v, tf.zeros([0], tf.int64))
   assert result.rows.shape == [0] and result.new_rows.shape == [0]
   assert int(v["step"].numpy()) == 1
+
+
+def test_training_steps_use_the_kernel_and_serving_never_does():
+  if kernels.load() is None:
+    pytest.skip("the kernel library did not build")
+  v = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=2), 4)
+
+  def ops(fn):
+    graph = tf.function(fn).get_concrete_function().graph
+    return {op.type for op in graph.get_operations()}
+
+  keys = tf.constant([3, 4], tf.int64)
+
+  def in_training_step():
+    with kernels.training_step():
+      return advance(v, keys).rows
+
+  assert "TpeVocabularyStep" in ops(in_training_step)
+  assert "TpeVocabularyStep" not in ops(lambda: advance(v, keys).rows)
+  assert not {o for o in ops(lambda: find(v, keys)) if o.startswith("Tpe")}

@@ -323,11 +323,11 @@ class OffTPUEngine(Engine, Trackable):
       return look_up(
         self.config, prepared, self._backend.gather_tables, self._stacks
       )
-    if self._dynamic:
-      prepared = self._dynamic.rows_for_training(
-        prepared, replica, replica, self._stores
-      )
     with self._training_step():  # This package's kernels may serve.
+      if self._dynamic:
+        prepared = self._dynamic.rows_for_training(
+          prepared, replica, replica, self._stores
+        )
       source = self._backend.gather_for_training
       return look_up(self.config, prepared, source, self._stacks)
 

@@ -40,6 +40,7 @@ SOURCES = (
   "unique.cc",
   "gather_rows.cc",
   "segment_sum.cc",
+  "vocabulary_step.cc",
 )
 
 #: Headers the sources include (part of the library's cache key).

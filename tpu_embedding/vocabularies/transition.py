@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tpu_embedding.kernels.vocabulary_step import vocabulary_step
 from tpu_embedding.vocabularies.buckets import BucketLayout
 from tpu_embedding.vocabularies.buckets import bucket_of
 from tpu_embedding.vocabularies.config import DynamicVocabulary
@@ -228,6 +229,9 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   Returns:
     The ``StepRows`` of the occurrences.
   """
+  done = vocabulary_step(variables, occurrences)
+  if done is not None:  # The kernel (training steps): the same step.
+    return StepRows(*done)
   vocabulary, layout = variables.vocabulary, variables.layout
   ttl, capacity = vocabulary.ttl_steps, layout.capacity
   # Nothing moves before the keys exist (a failed input check stops here).

@@ -1,0 +1,322 @@
+// TpeVocabularyStep: one training step of a dynamic vocabulary
+// (tpu_embedding/vocabularies/config.py has the rules), on its state
+// variables, in one pass over the step's keys and their buckets.
+//
+// Outputs exactly what vocabularies/transition.py's TensorFlow ops compute
+// (each occurrence's row, the rows given to new keys in order of their
+// keys' first occurrence) and leaves the state exactly as they do; a key
+// costs one scan of its bucket (and of its probation entries), where the
+// TensorFlow ops gather, compare and sort [keys, bucket_size] matrices.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+REGISTER_OP("TpeVocabularyStep")
+    .Input("keys: resource")
+    .Input("last_step: resource")
+    .Input("counts: resource")
+    .Input("probation_keys: resource")
+    .Input("probation_last_step: resource")
+    .Input("probation_counts: resource")
+    .Input("step: resource")
+    .Input("evictions: resource")
+    .Input("occurrences: int64")
+    .Output("rows: int64")
+    .Output("new_rows: int64")
+    .Attr("num_buckets: int >= 1")
+    .Attr("min_count: int >= 1")
+    .Attr("probation_size: int >= 0")
+    .Attr("lfu: bool")
+    .Attr("ttl_steps: int >= 0")  // 0: no expiry.
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(8));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return OkStatus();
+    });
+
+// splitmix64's finalizer (buckets.py's mix).
+inline uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+class VocabularyStepOp : public OpKernel {
+ public:
+  explicit VocabularyStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &min_count_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("probation_size", &probation_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lfu", &lfu_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &ttl_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    constexpr int kVariables = 8;
+    std::vector<core::RefCountPtr<Var>> vars(kVariables);
+    for (int v = 0; v < kVariables; ++v) {
+      OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, v), &vars[v]));
+    }
+    std::vector<Var*> order;
+    for (auto& v : vars) order.push_back(v.get());
+    std::sort(order.begin(), order.end());
+    std::vector<tsl::mutex_lock> locks;
+    locks.reserve(order.size());
+    for (Var* v : order) locks.emplace_back(*v->mu());
+    for (int v = 0; v < kVariables; ++v) {
+      OP_REQUIRES(ctx, vars[v]->is_initialized &&
+                           vars[v]->tensor()->dtype() == DT_INT64,
+                  errors::InvalidArgument("vocabulary variable ", v,
+                                          " must be an initialized int64"));
+    }
+    const int64_t capacity = vars[0]->tensor()->NumElements();
+    const int64_t entries = num_buckets_ * probation_;
+    for (int v = 1; v < 3; ++v) {
+      OP_REQUIRES(ctx, vars[v]->tensor()->NumElements() == capacity,
+                  errors::InvalidArgument("vocabulary rows differ in size"));
+    }
+    for (int v = 3; v < 6; ++v) {
+      OP_REQUIRES(ctx, vars[v]->tensor()->NumElements() == entries,
+                  errors::InvalidArgument("probation entries must number ",
+                                          entries));
+    }
+    OP_REQUIRES(ctx, num_buckets_ <= capacity,
+                errors::InvalidArgument("more buckets than rows"));
+    // Writable in place (copy-on-write, as TensorFlow's scatters).
+    for (Var* v : order) {
+      if (!v->tensor()->RefCountIsOne()) {
+        Tensor copy;
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, v->tensor()->shape(), &copy));
+        copy.flat<int64_t>() = v->tensor()->flat<int64_t>();
+        *v->tensor() = copy;
+      }
+    }
+    int64_t* keys = vars[0]->tensor()->flat<int64_t>().data();
+    int64_t* last = vars[1]->tensor()->flat<int64_t>().data();
+    int64_t* counts = vars[2]->tensor()->flat<int64_t>().data();
+    int64_t* pkeys = vars[3]->tensor()->flat<int64_t>().data();
+    int64_t* plast = vars[4]->tensor()->flat<int64_t>().data();
+    int64_t* pcounts = vars[5]->tensor()->flat<int64_t>().data();
+    int64_t& step_var = vars[6]->tensor()->scalar<int64_t>()();
+    int64_t& evictions = vars[7]->tensor()->scalar<int64_t>()();
+
+    const Tensor& occurrences_t = ctx->input(8);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(occurrences_t.shape()),
+                errors::InvalidArgument("occurrences must be a vector"));
+    const auto occurrences = occurrences_t.flat<int64_t>();
+    const int64_t m = occurrences.size();
+    const int64_t step = step_var + 1;
+    const int64_t buckets = num_buckets_;
+    auto live = [&](int64_t seen_at) {
+      return seen_at > 0 && (ttl_ == 0 || step - seen_at <= ttl_);
+    };
+    auto first_row = [&](int64_t b) {
+      return static_cast<int64_t>(static_cast<__int128>(b) * capacity / buckets);
+    };
+
+    // Distinct keys in order of first occurrence, with their counts.
+    std::unordered_map<int64_t, int64_t> slot_of;
+    slot_of.reserve(2 * m);
+    std::vector<int64_t> distinct, seen, position(m);
+    for (int64_t i = 0; i < m; ++i) {
+      auto it = slot_of.emplace(occurrences(i), distinct.size());
+      if (it.second) {
+        distinct.push_back(occurrences(i));
+        seen.push_back(0);
+      }
+      position[i] = it.first->second;
+      ++seen[it.first->second];
+    }
+    const int64_t n = distinct.size();
+    std::vector<int64_t> bucket(n), row(n, capacity), total(n), entry(n, -1);
+    std::vector<char> hit(n, 0);
+    std::unordered_set<int64_t> held;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t b = static_cast<int64_t>(
+          Mix(static_cast<uint64_t>(distinct[k])) % static_cast<uint64_t>(buckets));
+      bucket[k] = b;
+      for (int64_t r = first_row(b); r < first_row(b + 1); ++r) {
+        if (live(last[r]) && keys[r] == distinct[k]) {
+          hit[k] = 1;
+          row[k] = r;
+          held.insert(r);
+          break;
+        }
+      }
+      int64_t prior = 0;
+      if (!hit[k] && probation_ > 0) {
+        for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
+          if (live(plast[e]) && pkeys[e] == distinct[k]) {
+            entry[k] = e;
+            prior = pcounts[e];
+            break;
+          }
+        }
+      }
+      total[k] = seen[k] + prior;
+    }
+
+    // Keys asking for a row, bucket by bucket (then by count, then order).
+    auto by_bucket_then_count = [&](int64_t a, int64_t b) {
+      if (bucket[a] != bucket[b]) return bucket[a] < bucket[b];
+      if (total[a] != total[b]) return total[a] > total[b];
+      return a < b;
+    };
+    std::vector<int64_t> asking;
+    for (int64_t k = 0; k < n; ++k) {
+      if (!hit[k] && total[k] >= min_count_) asking.push_back(k);
+    }
+    std::sort(asking.begin(), asking.end(), by_bucket_then_count);
+    std::vector<char> admitted(n, 0);
+    int64_t evicted = 0;
+    std::vector<int64_t> candidates;
+    for (size_t begin = 0; begin < asking.size();) {
+      size_t end = begin;
+      const int64_t b = bucket[asking[begin]];
+      while (end < asking.size() && bucket[asking[end]] == b) ++end;
+      candidates.clear();
+      const int64_t lo = first_row(b), hi = first_row(b + 1);
+      for (int64_t r = lo; r < hi; ++r) {
+        if (!live(last[r])) candidates.push_back(r);
+      }
+      const size_t free_rows = candidates.size();
+      for (int64_t r = lo; r < hi; ++r) {
+        if (live(last[r]) && !held.count(r)) candidates.push_back(r);
+      }
+      std::sort(candidates.begin() + free_rows, candidates.end(),
+                [&](int64_t x, int64_t y) {
+                  if (lfu_) {
+                    if (counts[x] != counts[y]) return counts[x] < counts[y];
+                    if (last[x] != last[y]) return last[x] < last[y];
+                  } else {
+                    if (last[x] != last[y]) return last[x] < last[y];
+                    if (counts[x] != counts[y]) return counts[x] < counts[y];
+                  }
+                  return x < y;
+                });
+      for (size_t i = begin; i < end && i - begin < candidates.size(); ++i) {
+        const int64_t k = asking[i];
+        row[k] = candidates[i - begin];
+        admitted[k] = 1;
+        evicted += (i - begin) >= free_rows;
+      }
+      begin = end;
+    }
+
+    // Writes (hits and new rows are distinct rows).
+    std::vector<int64_t> new_rows;
+    for (int64_t k = 0; k < n; ++k) {
+      if (hit[k]) {
+        last[row[k]] = step;
+        counts[row[k]] += seen[k];
+      } else if (admitted[k]) {
+        keys[row[k]] = distinct[k];
+        last[row[k]] = step;
+        counts[row[k]] = total[k];
+        new_rows.push_back(row[k]);
+      }
+    }
+    if (probation_ > 0) Probation(distinct, bucket, total, hit, admitted, entry, step, live, pkeys, plast, pcounts);
+    evictions += evicted;
+    step_var = step;
+
+    Tensor* rows_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, occurrences_t.shape(), &rows_out));
+    auto rows_flat = rows_out->flat<int64_t>();
+    for (int64_t i = 0; i < m; ++i) rows_flat(i) = row[position[i]];
+    Tensor* new_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({static_cast<int64_t>(new_rows.size())}),
+                            &new_out));
+    std::copy(new_rows.begin(), new_rows.end(), new_out->flat<int64_t>().data());
+  }
+
+ private:
+  template <typename Live>
+  void Probation(const std::vector<int64_t>& distinct,
+                 const std::vector<int64_t>& bucket,
+                 const std::vector<int64_t>& total,
+                 const std::vector<char>& hit,
+                 const std::vector<char>& admitted,
+                 const std::vector<int64_t>& entry, int64_t step, Live live,
+                 int64_t* pkeys, int64_t* plast, int64_t* pcounts) {
+    const int64_t n = distinct.size();
+    std::unordered_set<int64_t> touched;
+    std::vector<int64_t> joining;
+    for (int64_t k = 0; k < n; ++k) {
+      if (entry[k] >= 0) touched.insert(entry[k]);
+      if (!hit[k] && !admitted[k] && entry[k] < 0) joining.push_back(k);
+    }
+    std::sort(joining.begin(), joining.end(), [&](int64_t a, int64_t b) {
+      if (bucket[a] != bucket[b]) return bucket[a] < bucket[b];
+      if (total[a] != total[b]) return total[a] > total[b];
+      return a < b;
+    });
+    // Decide every joining key's entry before writing anything.
+    std::vector<std::pair<int64_t, int64_t>> joined;  // (key, entry)
+    std::vector<int64_t> candidates;
+    for (size_t begin = 0; begin < joining.size();) {
+      size_t end = begin;
+      const int64_t b = bucket[joining[begin]];
+      while (end < joining.size() && bucket[joining[end]] == b) ++end;
+      candidates.clear();
+      for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
+        if (!touched.count(e) && !live(plast[e])) candidates.push_back(e);
+      }
+      const size_t free_entries = candidates.size();
+      for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
+        if (!touched.count(e) && live(plast[e])) candidates.push_back(e);
+      }
+      std::sort(candidates.begin() + free_entries, candidates.end(),
+                [&](int64_t x, int64_t y) {
+                  if (plast[x] != plast[y]) return plast[x] < plast[y];
+                  if (pcounts[x] != pcounts[y]) return pcounts[x] < pcounts[y];
+                  return x < y;
+                });
+      for (size_t i = begin; i < end && i - begin < candidates.size(); ++i) {
+        joined.emplace_back(joining[i], candidates[i - begin]);
+      }
+      begin = end;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      if (entry[k] < 0 || hit[k]) continue;
+      if (admitted[k]) {
+        plast[entry[k]] = 0;
+      } else {
+        pkeys[entry[k]] = distinct[k];
+        pcounts[entry[k]] = total[k];
+        plast[entry[k]] = step;
+      }
+    }
+    for (const auto& [k, e] : joined) {
+      pkeys[e] = distinct[k];
+      pcounts[e] = total[k];
+      plast[e] = step;
+    }
+  }
+
+  int64_t num_buckets_;
+  int64_t min_count_;
+  int64_t probation_;
+  bool lfu_;
+  int64_t ttl_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TpeVocabularyStep").Device(DEVICE_CPU),
+                        VocabularyStepOp);
+
+}  // namespace
+}  // namespace tensorflow

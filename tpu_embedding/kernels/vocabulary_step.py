@@ -1,0 +1,63 @@
+"""A dynamic vocabulary's training step in one kernel (``TpeVocabularyStep``).
+
+``vocabularies/transition.advance`` calls ``vocabulary_step`` first; it
+returns None where the kernel does not serve (outside a training step,
+without the kernel library), and the TensorFlow ops run instead, with the
+same outputs and the same state after the step (``tests/test_vocabulary.py``
+runs both against the oracle).
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding import kernels
+  >>> from tpu_embedding.vocabularies.transition import VocabularyVariables
+  >>> state = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=4), 4)
+  >>> with kernels.training_step():
+  ...   step = vocabulary_step(state, tf.constant([7, 9, 7], tf.int64))
+  >>> step is None or step[0].numpy().tolist() == [0, 1, 0]
+  True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding.kernels import step_kernels
+
+#: The state variables the kernel takes, in its input order.
+STATE = (
+  "keys",
+  "last_step",
+  "counts",
+  "probation_keys",
+  "probation_last_step",
+  "probation_counts",
+  "step",
+  "evictions",
+)
+
+
+def vocabulary_step(
+  variables: Any, occurrences: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor] | None:
+  """``(rows, new_rows)`` of one step by the kernel, or None.
+
+  Args:
+    variables: a ``vocabularies.transition.VocabularyVariables``.
+    occurrences: ``[m]`` int64 keys of the global batch, in order.
+  """
+  module = step_kernels()
+  if module is None:
+    return None
+  vocabulary = variables.vocabulary
+  return module.tpe_vocabulary_step(
+    *[variables[name].handle for name in STATE],
+    occurrences,
+    num_buckets=variables.layout.num_buckets,
+    min_count=vocabulary.min_count,
+    probation_size=variables.probation,
+    lfu=vocabulary.eviction == "lfu",
+    ttl_steps=vocabulary.ttl_steps or 0,
+  )
