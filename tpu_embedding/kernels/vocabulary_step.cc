@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -127,23 +125,29 @@ class VocabularyStepOp : public OpKernel {
       return static_cast<int64_t>(static_cast<__int128>(b) * capacity / buckets);
     };
 
-    // Distinct keys in order of first occurrence, with their counts.
-    std::unordered_map<int64_t, int64_t> slot_of;
-    slot_of.reserve(2 * m);
+    // Distinct keys in order of first occurrence, with their counts (an
+    // open-addressing table of at least twice the occurrences).
+    uint64_t size = 16;
+    while (size < 2 * static_cast<uint64_t>(m)) size <<= 1;
+    std::vector<int64_t> table(size, -1);
     std::vector<int64_t> distinct, seen, position(m);
     for (int64_t i = 0; i < m; ++i) {
-      auto it = slot_of.emplace(occurrences(i), distinct.size());
-      if (it.second) {
-        distinct.push_back(occurrences(i));
+      const int64_t key = occurrences(i);
+      uint64_t at = Mix(static_cast<uint64_t>(key)) & (size - 1);
+      while (table[at] >= 0 && distinct[table[at]] != key) {
+        at = (at + 1) & (size - 1);
+      }
+      if (table[at] < 0) {
+        table[at] = distinct.size();
+        distinct.push_back(key);
         seen.push_back(0);
       }
-      position[i] = it.first->second;
-      ++seen[it.first->second];
+      position[i] = table[at];
+      ++seen[table[at]];
     }
     const int64_t n = distinct.size();
     std::vector<int64_t> bucket(n), row(n, capacity), total(n), entry(n, -1);
     std::vector<char> hit(n, 0);
-    std::unordered_set<int64_t> held;
     for (int64_t k = 0; k < n; ++k) {
       const int64_t b = static_cast<int64_t>(
           Mix(static_cast<uint64_t>(distinct[k])) % static_cast<uint64_t>(buckets));
@@ -152,7 +156,6 @@ class VocabularyStepOp : public OpKernel {
         if (live(last[r]) && keys[r] == distinct[k]) {
           hit[k] = 1;
           row[k] = r;
-          held.insert(r);
           break;
         }
       }
@@ -167,6 +170,15 @@ class VocabularyStepOp : public OpKernel {
         }
       }
       total[k] = seen[k] + prior;
+    }
+
+    // Hits first: from here a row hit at this step is one whose last step
+    // is this step (no row had it before), never evicted.
+    for (int64_t k = 0; k < n; ++k) {
+      if (hit[k]) {
+        last[row[k]] = step;
+        counts[row[k]] += seen[k];
+      }
     }
 
     // Keys asking for a row, bucket by bucket (then by count, then order).
@@ -194,7 +206,7 @@ class VocabularyStepOp : public OpKernel {
       }
       const size_t free_rows = candidates.size();
       for (int64_t r = lo; r < hi; ++r) {
-        if (live(last[r]) && !held.count(r)) candidates.push_back(r);
+        if (live(last[r]) && last[r] != step) candidates.push_back(r);
       }
       std::sort(candidates.begin() + free_rows, candidates.end(),
                 [&](int64_t x, int64_t y) {
@@ -216,13 +228,10 @@ class VocabularyStepOp : public OpKernel {
       begin = end;
     }
 
-    // Writes (hits and new rows are distinct rows).
+    // The new rows (never a row hit at this step).
     std::vector<int64_t> new_rows;
     for (int64_t k = 0; k < n; ++k) {
-      if (hit[k]) {
-        last[row[k]] = step;
-        counts[row[k]] += seen[k];
-      } else if (admitted[k]) {
+      if (admitted[k]) {
         keys[row[k]] = distinct[k];
         last[row[k]] = step;
         counts[row[k]] = total[k];
@@ -254,10 +263,18 @@ class VocabularyStepOp : public OpKernel {
                  const std::vector<int64_t>& entry, int64_t step, Live live,
                  int64_t* pkeys, int64_t* plast, int64_t* pcounts) {
     const int64_t n = distinct.size();
-    std::unordered_set<int64_t> touched;
+    // Entries of keys on probation first: their last step becomes this
+    // step (no entry had it before), which keeps joining keys off them;
+    // admitted keys' entries are freed at the end.
     std::vector<int64_t> joining;
     for (int64_t k = 0; k < n; ++k) {
-      if (entry[k] >= 0) touched.insert(entry[k]);
+      if (entry[k] >= 0) {
+        if (!admitted[k]) {
+          pkeys[entry[k]] = distinct[k];
+          pcounts[entry[k]] = total[k];
+        }
+        plast[entry[k]] = step;
+      }
       if (!hit[k] && !admitted[k] && entry[k] < 0) joining.push_back(k);
     }
     std::sort(joining.begin(), joining.end(), [&](int64_t a, int64_t b) {
@@ -274,11 +291,11 @@ class VocabularyStepOp : public OpKernel {
       while (end < joining.size() && bucket[joining[end]] == b) ++end;
       candidates.clear();
       for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
-        if (!touched.count(e) && !live(plast[e])) candidates.push_back(e);
+        if (!live(plast[e])) candidates.push_back(e);
       }
       const size_t free_entries = candidates.size();
       for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
-        if (!touched.count(e) && live(plast[e])) candidates.push_back(e);
+        if (live(plast[e]) && plast[e] != step) candidates.push_back(e);
       }
       std::sort(candidates.begin() + free_entries, candidates.end(),
                 [&](int64_t x, int64_t y) {
@@ -292,14 +309,7 @@ class VocabularyStepOp : public OpKernel {
       begin = end;
     }
     for (int64_t k = 0; k < n; ++k) {
-      if (entry[k] < 0 || hit[k]) continue;
-      if (admitted[k]) {
-        plast[entry[k]] = 0;
-      } else {
-        pkeys[entry[k]] = distinct[k];
-        pcounts[entry[k]] = total[k];
-        plast[entry[k]] = step;
-      }
+      if (entry[k] >= 0 && admitted[k]) plast[entry[k]] = 0;
     }
     for (const auto& [k, e] : joined) {
       pkeys[e] = distinct[k];

@@ -195,17 +195,27 @@ class DynamicTables:
     return prepared
 
   def updated_rows(self, table: TableConfig, ids, grads, index):
-    """``(ids, grads, index)`` of an update without the default row."""
+    """``(ids, grads, index)`` of an update without the default row.
+
+    Most steps have no key without a row: then nothing is copied.
+    """
     if table.vocabulary is None:
       return ids, grads, index
     keep = tf.not_equal(ids, capacity(table))
-    new_slot = tf.cumsum(tf.cast(keep, tf.int32)) - 1
-    kept = tf.gather(keep, index)
-    return (
-      tf.boolean_mask(ids, keep),
-      tf.boolean_mask(concat_pieces(grads), kept),
-      tf.boolean_mask(tf.gather(new_slot, index), kept),
-    )
+
+    def drop():
+      new_slot = tf.cumsum(tf.cast(keep, tf.int32)) - 1
+      kept = tf.gather(keep, index)
+      return (
+        tf.boolean_mask(ids, keep),
+        tf.boolean_mask(concat_pieces(grads), kept),
+        tf.boolean_mask(tf.gather(new_slot, index), kept),
+      )
+
+    def as_they_are():
+      return ids, concat_pieces(grads), index
+
+    return tf.cond(tf.reduce_all(keep), as_they_are, drop)
 
 
 def _from_every_replica(values: list[tf.Tensor]) -> list[list[tf.Tensor]]:
