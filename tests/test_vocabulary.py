@@ -118,6 +118,7 @@ def test_steps_match_the_oracle(
   oracle = OracleVocabulary(
     capacity, 4, min_count, eviction, ttl_steps, probation_size=3
   )
+
   def run(v, keys):
     with _path(kernel):
       return advance(v, keys)
