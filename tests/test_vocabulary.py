@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
-from tpu_embedding import kernels
 from tests.vocabulary_oracle import OracleVocabulary
 from tests.vocabulary_oracle import splitmix64_finalizer
+from tpu_embedding import kernels
 from tpu_embedding.vocabularies.buckets import bucket_of
 from tpu_embedding.vocabularies.buckets import key_ids
 from tpu_embedding.vocabularies.transition import VocabularyVariables
