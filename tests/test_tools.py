@@ -36,6 +36,7 @@ EXAMPLES = sorted(
 #: Tools whose flags are argparse's (``build_parser()``); the others absl's.
 ARGPARSE_TOOLS = (
   "benchmark.py",
+  "dynamic_benchmark.py",
   "export.py",
   "pipelining_benchmark.py",
   "sharding_report.py",
@@ -189,6 +190,28 @@ def test_pipelining_benchmark(tmp_path):
     ["embedding_part", "dense_part", "unpipelined_step", "pipelined_step"],
     2,
   )
+
+
+def test_dynamic_benchmark(tmp_path):
+  out = run_tool(
+    "dynamic_benchmark.py",
+    "--tables=2", "--rows=300", "--dim=4", "--batch_size=64",
+    "--key_space=5000", "--steps=2", "--warmup=1", "--repeats=2",
+    "--stream_keys=2000", "--log_every=5", f"--json={tmp_path / 'd.json'}",
+  ).stdout  # fmt: skip
+  assert re.search(r"step time, dynamic / fixed : [\d.]+ x \(median of 2", out)
+  assert re.search(r"stream step 15/15: 1,920 distinct keys", out), out
+  assert re.search(r"after 1,920 distinct keys: [\d,]+ MiB", out), out
+  measurements = _json(tmp_path / "d.json")["measurements"]
+  assert sorted(measurements) == [
+    "dynamic_tables",
+    "fixed_tables",
+    "peak_resident_after_fill",
+    "peak_resident_at_end",
+    "step_ratio_dynamic_vs_fixed",
+  ]
+  assert len(measurements["step_ratio_dynamic_vs_fixed"]["values"]) == 2
+  assert measurements["peak_resident_at_end"]["median"] > 0
 
 
 def test_input_benchmark(tmp_path):
