@@ -46,6 +46,15 @@ def _stream(seed: int):
   return steps
 
 
+def _loss_terms(seed: int) -> list:
+  """Per step, the fixed terms ``r`` of the loss of features a and b."""
+  rng = np.random.default_rng(seed)
+  return [
+    tuple(tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32) for _ in "ab")
+    for _ in range(STEPS)
+  ]
+
+
 def _make(strategy, optimizer, min_count, eviction):
   table = tpe.TableConfig(
     CAPACITY,
@@ -173,15 +182,7 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
   )
   make_optimizer, hparams = OPTIMIZERS[name]
   emb, table = _make(strategy, make_optimizer(), min_count, eviction)
-  stream = _stream(seed=7)
-  rng = np.random.default_rng(3)
-  loss_r = [
-    (
-      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
-      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
-    )
-    for _ in range(STEPS)
-  ]
+  stream, loss_r = _stream(seed=7), _loss_terms(seed=3)
   got = _train(strategy, emb, stream, loss_r)
   want, params, slots, vocab = _oracle_run(
     stream, loss_r, name, hparams, min_count, eviction
@@ -298,15 +299,7 @@ def test_a_failed_step_changes_no_row_or_state():
 
 
 def test_checkpoint_moves_between_replica_counts(tmp_path):
-  stream = _stream(seed=11)
-  rng = np.random.default_rng(5)
-  loss_r = [
-    (
-      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
-      tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32),
-    )
-    for _ in range(STEPS)
-  ]
+  stream, loss_r = _stream(seed=11), _loss_terms(seed=5)
   two = mirrored_strategy(2)
   emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru")
   _train(two, emb, stream[:4], loss_r[:4])

@@ -58,6 +58,14 @@ def test_signatures_match_tensorflow(name):
     _parameters(getattr(tpe, name)),
     _parameters(getattr(TF_EMB, name)),
   )
+  # TensorFlow's parameters, in order, then our keyword-only additions
+  # (TableConfig's vocabulary).
+  target = getattr(tpe, name)
+  target = target.__init__ if inspect.isclass(target) else target
+  signature = inspect.signature(target).parameters
+  extra = [n for n, _ in ours[len(theirs) :]]
+  assert all(signature[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extra)
+  ours = ours[: len(theirs)]
   assert [n for n, _ in ours] == [n for n, _ in theirs]
   for (param, mine), (_, tf_default) in zip(ours, theirs, strict=True):
     if param == "dtype":

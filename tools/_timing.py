@@ -83,6 +83,21 @@ def repeat(
   return Measurement(name, unit, [float(measure()) for _ in range(repeats)])
 
 
+def examples_per_second(step, batches, args) -> float:
+  """Examples per second of ``step`` cycling through ``batches``.
+
+  ``args.warmup`` untimed calls first, then ``args.steps`` timed ones
+  (``args.batch_size`` examples each), waited for once at the end.
+  """
+  for i in range(args.warmup):
+    step(batches[i % len(batches)]).numpy()
+  start = time.perf_counter()
+  for i in range(args.steps):
+    loss = step(batches[i % len(batches)])
+  loss.numpy()
+  return args.steps * args.batch_size / (time.perf_counter() - start)
+
+
 def write_json(
   path: str, settings: dict[str, Any], measurements: list[Measurement]
 ) -> None:

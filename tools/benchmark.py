@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -210,16 +209,6 @@ def sharded_step(args, head, replicas: int):
   return step
 
 
-def examples_per_second(step, batches, args) -> float:
-  for i in range(args.warmup):
-    step(batches[i % len(batches)]).numpy()
-  start = time.perf_counter()
-  for i in range(args.steps):
-    loss = step(batches[i % len(batches)])
-  loss.numpy()
-  return args.steps * args.batch_size / (time.perf_counter() - start)
-
-
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
@@ -333,7 +322,7 @@ def _measure(name: str, step, batches, args) -> _timing.Measurement:
   return _timing.repeat(
     name,
     "examples/s",
-    lambda: examples_per_second(step, batches, args),
+    lambda: _timing.examples_per_second(step, batches, args),
     args.repeats,
   )
 
@@ -516,7 +505,7 @@ def replica_scaling(args, counts: list[int]) -> list[_timing.Measurement]:
   rates: dict[int, list[float]] = {r: [] for r in steps}
   for _ in range(args.repeats):
     for replicas, step in steps.items():
-      rates[replicas].append(examples_per_second(step, batches, args))
+      rates[replicas].append(_timing.examples_per_second(step, batches, args))
   results = [
     _timing.Measurement(
       "one_device" if r == 1 else f"sharded_{r}_replicas", "examples/s", v

@@ -83,16 +83,6 @@ def key_batches(args, rng) -> list[np.ndarray]:
   return batches
 
 
-def examples_per_second(step, batches, args) -> float:
-  for i in range(args.warmup):
-    step(batches[i % len(batches)]).numpy()
-  start = time.perf_counter()
-  for i in range(args.steps):
-    loss = step(batches[i % len(batches)])
-  loss.numpy()
-  return args.steps * args.batch_size / (time.perf_counter() - start)
-
-
 def speed(args) -> list[_timing.Measurement]:
   rng = np.random.default_rng(1)
   keys = key_batches(args, rng)
@@ -107,8 +97,12 @@ def speed(args) -> list[_timing.Measurement]:
   dynamic = make_step(args, make_embedding(args, dynamic=True))
   rates: dict[str, list[float]] = {"fixed": [], "dynamic": []}
   for repeat in range(args.repeats):
-    rates["fixed"].append(examples_per_second(fixed, fixed_batches, args))
-    rates["dynamic"].append(examples_per_second(dynamic, raw_batches, args))
+    rates["fixed"].append(
+      _timing.examples_per_second(fixed, fixed_batches, args)
+    )
+    rates["dynamic"].append(
+      _timing.examples_per_second(dynamic, raw_batches, args)
+    )
     print(
       f"  repeat {repeat + 1}/{args.repeats}: fixed "
       f"{rates['fixed'][-1]:,.0f}, dynamic {rates['dynamic'][-1]:,.0f} "

@@ -132,6 +132,7 @@ class TableConfig:
     quantization_config: QuantizationConfig | None = None,
     layout: Any | None = None,
     dtype: tf.DType = tf.float32,
+    *,
     vocabulary: DynamicVocabulary | None = None,
   ):
     """Creates a table configuration.
@@ -148,7 +149,8 @@ class TableConfig:
       quantization_config: optional ``QuantizationConfig``.
       layout: optional precomputed TPU layout (TPU only).
       dtype: float32 (int32 tables are TPU-serving only and not supported).
-      vocabulary: None (ids are rows), or a ``DynamicVocabulary``: the
+      vocabulary: (keyword only; not in TensorFlow's ``TableConfig``)
+        None (ids are rows), or a ``DynamicVocabulary``: the
         table takes raw keys and gives them its ``vocabulary_size`` rows
         as they come (``tpu_embedding/vocabularies/config.py``).
 

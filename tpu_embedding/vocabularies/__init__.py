@@ -2,7 +2,14 @@
 
 ``config.py`` holds ``DynamicVocabulary`` (the rules, with their math);
 ``buckets.py`` where keys live; ``transition.py`` one training step of
-the state, in TensorFlow ops.
+the state, in TensorFlow ops; ``state.py`` the state's copies and
+checkpoint; ``dynamic_tables.py`` what the engine calls around a lookup.
+
+Example:
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding import vocabularies
+  >>> vocabularies.DynamicVocabulary is tpe.DynamicVocabulary
+  True
 """
 
 from tpu_embedding.vocabularies.config import DynamicVocabulary

@@ -97,6 +97,12 @@ class DynamicVocabulary:
   Raises:
     ValueError: for an invalid argument; the message gives what was
       received and what is allowed.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> vocabulary = DynamicVocabulary(min_count=3, key_dtype=tf.string)
+    >>> vocabulary.probation_size, vocabulary.replace(min_count=1).min_count
+    (64, 1)
   """
 
   def __init__(

@@ -13,8 +13,8 @@ Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
   >>> state = VocabularyState(tpe.DynamicVocabulary(bucket_size=2), 4, [None])
-  >>> sorted(state._serialize_to_tensors())[:3]
-  ['counts', 'keys', 'last_step']
+  >>> sorted(state._serialize_to_tensors())[:4]
+  ['counts', 'evictions', 'keys', 'last_step']
 """
 
 from __future__ import annotations
