@@ -78,10 +78,10 @@ EMPTY_STRING_KEYS = (
   "DynamicVocabulary); every key must be a non-empty string."
 )
 DYNAMIC_EXPORT = (
-  "Tables {tables} have a DynamicVocabulary: serving them outside the "
-  "embedding object (TPUEmbeddingForServing, SavedModel export) is not "
-  "supported yet. Look keys up with the trained embedding itself "
-  "(embedding(features) maps them with its vocabulary)."
+  "Tables {tables} have a DynamicVocabulary, whose state lives in the "
+  "trained TPUEmbedding: serve them from it (embedding(features), "
+  "export.ServingLookup, export.export_for_serving). TPUEmbeddingForServing "
+  "and exports from a checkpoint (tools/export.py) do not support them yet."
 )
 IDS_OUT_OF_RANGE = (
   "Input {path} has ids outside [0, {vocabulary_size}) for table "

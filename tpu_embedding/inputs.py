@@ -53,6 +53,7 @@ from tpu_embedding.config import FeatureConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.types import FeatureInput
 from tpu_embedding.vocabularies.buckets import key_ids
+from tpu_embedding.vocabularies.serving import check_key_dtype
 
 #: ``(ids, segments, weights, output_shape)`` of a flattened input.
 _Flattened = tuple[tf.Tensor, tf.Tensor, tf.Tensor | None, tf.Tensor]
@@ -373,20 +374,8 @@ def _dynamic_keys(
   """
   if not isinstance(inp, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     return inp, []  # check_input_type names the type.
-  vocabulary = feature.table.vocabulary
-  assert vocabulary is not None  # Only dynamic tables come here.
-  strings = vocabulary.key_dtype == tf.string
-  if (inp.dtype == tf.string) != strings or not (
-    strings or inp.dtype.is_integer
-  ):
-    raise ValueError(
-      errors.DYNAMIC_KEY_DTYPE.format(
-        path=path,
-        dtype=inp.dtype.name,
-        table=table_name(feature.table),
-        expected="tf.string" if strings else "int32 or int64",
-      )
-    )
+  check_key_dtype(inp.dtype, feature, path)
+  strings = inp.dtype == tf.string
   if isinstance(inp, tf.Tensor):
     values = inp
   elif isinstance(inp, tf.SparseTensor):

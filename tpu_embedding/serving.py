@@ -61,6 +61,8 @@ from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
 from tpu_embedding.types import WeightsNest
+from tpu_embedding.vocabularies.serving import KeysToRows
+from tpu_embedding.vocabularies.serving import rows_input
 
 #: Reads rows of one table by id, in id order.
 RowReader = Callable[[tf.Tensor], tf.Tensor]
@@ -99,6 +101,7 @@ def lookup_with_readers(
   weights: Any,
   readers: Mapping[TableConfig, RowReader],
   feature_config: Any,
+  translators: Mapping[TableConfig, KeysToRows] | None = None,
 ) -> Any:
   """``serving_embedding_lookup`` reading rows through ``readers``.
 
@@ -108,6 +111,9 @@ def lookup_with_readers(
     readers: ``{TableConfig: function(ids) -> rows}``, e.g. a table
       store's ``gather``.
     feature_config: the nest of ``FeatureConfig`` the inputs refer to.
+    translators: ``{TableConfig: function(keys) -> row ids}`` of the
+      dynamic tables (their inputs are raw keys;
+      ``vocabularies/serving.py``).
   """
   flat_inputs = flatten_with_paths(inputs)
   flat_weights = [None] * len(flat_inputs)
@@ -129,9 +135,15 @@ def lookup_with_readers(
       raise ValueError(
         f"No table given for feature {path} (table {feature.table.name!r})."
       )
-    outputs.append(
-      _lookup_one(inp, weight, feature, readers[feature.table], path)
-    )
+    read = readers[feature.table]
+    if feature.table.vocabulary is not None:
+      translate = (translators or {}).get(feature.table)
+      if translate is None:
+        raise ValueError(
+          errors.DYNAMIC_EXPORT.format(tables=[feature.table.name])
+        )
+      inp, feature = rows_input(inp, feature, path, translate)
+    outputs.append(_lookup_one(inp, weight, feature, read, path))
   return tf.nest.pack_sequence_as(inputs, outputs)
 
 

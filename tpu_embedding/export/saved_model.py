@@ -296,7 +296,10 @@ def export_for_serving(
       raise ValueError(e.args[0]) from None
     raise
   copies = lookup.copies
-  own = {id(v) for v in copies.values()}
+  vocabularies = lookup.vocabulary_variables
+  own = {id(v) for v in copies.values()} | {
+    id(v) for state in vocabularies.values() for v in state.values()
+  }
   model_variables = [v for v in concrete.variables if id(v) not in own]
   leaked = _embedding_variable_ids(table_stores_of(embedding))
   for variable in model_variables:
@@ -308,6 +311,7 @@ def export_for_serving(
       )
   root = tf.Module()
   root.tables = copies
+  root.vocabularies = vocabularies
   root.model_variables = model_variables
   root.serve = serve
   logging.info(

@@ -27,6 +27,7 @@ from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import TableSubset
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.vocabularies.serving import check_key_dtype
 
 #: The id that pads a ``[B, L]`` id tensor; such entries are no ids.
 PADDING_ID = -1
@@ -44,7 +45,8 @@ class FeatureSpec:
       up to ``L`` ids per example, padded with ``PADDING_ID`` (-1), for
       the table's combiner or a sequence feature. Higher ranks pad the
       last dimension (``[B, S, L]`` gives ``(B, S, dim)``).
-    dtype: ``tf.int64`` or ``tf.int32``.
+    dtype: ``tf.int64`` or ``tf.int32``; ``tf.string`` for a table with
+      a ``DynamicVocabulary`` of string keys (padded with ``""``).
     weights: also take ``<name>_weights``, float32 of the same shape
       (rank >= 2 only, not for sequence features).
     feature: the feature path in the feature config (``"query/user"``
@@ -72,9 +74,10 @@ name='genres_weights')}
         f"FeatureSpec shape must be [batch] or [batch, ..., ids], got "
         f"{self.shape!r}."
       )
-    if tf.as_dtype(self.dtype) not in (tf.int32, tf.int64):
+    if tf.as_dtype(self.dtype) not in (tf.int32, tf.int64, tf.string):
       raise ValueError(
-        f"FeatureSpec dtype must be tf.int32 or tf.int64, got {self.dtype!r}."
+        "FeatureSpec dtype must be tf.int32 or tf.int64 (or tf.string for "
+        f"string keys), got {self.dtype!r}."
       )
     if self.weights and shape.rank < 2:
       raise ValueError(
@@ -103,7 +106,8 @@ def padded_to_sparse(
   """The ids ``!= PADDING_ID`` of a padded tensor, as a SparseTensor.
 
   Args:
-    ids: ``[B, ..., L]`` integer ids padded with ``PADDING_ID``.
+    ids: ``[B, ..., L]`` integer ids padded with ``PADDING_ID``, or
+      string keys padded with ``""``.
     weights: None, or float weights of the same shape (their values at
       padded positions are ignored).
 
@@ -118,7 +122,8 @@ def padded_to_sparse(
     >>> sp.indices.numpy().tolist(), sp.values.numpy().tolist()
     ([[0, 0], [2, 0], [2, 1]], [3, 1, 2])
   """
-  indices = tf.where(tf.not_equal(ids, tf.cast(PADDING_ID, ids.dtype)))
+  padding = "" if ids.dtype == tf.string else tf.cast(PADDING_ID, ids.dtype)
+  indices = tf.where(tf.not_equal(ids, padding))
   dense_shape = tf.shape(ids, out_type=tf.int64)
   sparse_ids = tf.SparseTensor(indices, tf.gather_nd(ids, indices), dense_shape)
   if weights is None:
@@ -205,6 +210,14 @@ def _parse_signature(
       if feature.max_sequence_length > 0 and spec.weights and rank == 2:
         raise ValueError(
           f"Feature {path!r} is a sequence feature: it takes no weights."
+        )
+      dtype = tf.as_dtype(spec.dtype)
+      if feature.table.vocabulary is not None:
+        check_key_dtype(dtype, feature, name)
+      elif dtype == tf.string:
+        raise ValueError(
+          f"Feature {path!r} takes integer ids (table "
+          f"{feature.table.name!r} has no DynamicVocabulary of strings)."
         )
       features[name] = (spec, path, feature)
       new = spec.tensor_specs(name)

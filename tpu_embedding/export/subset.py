@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,8 @@ from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import row_reader
+from tpu_embedding.vocabularies.transition import VocabularyVariables
+from tpu_embedding.vocabularies.transition import find
 
 #: A selection of tables: names or the user's ``TableConfig`` objects.
 TableSelection = Union[
@@ -122,9 +125,6 @@ class TableSubset:
     self._resolved = resolve(feature_config, None)
     self._selected = _select(self._resolved, tables)
     self._all_features = dict(flatten_with_paths(feature_config))
-    dynamic = [t.name for t in self.tables if t.vocabulary is not None]
-    if dynamic:
-      raise ValueError(errors.DYNAMIC_EXPORT.format(tables=dynamic))
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -250,11 +250,22 @@ class ServingLookup:
           f"{type(embedding).__name__}.table_stores (got {found})."
         )
       self._sources[table_name(table)] = store
+    # Dynamic tables: their vocabulary maps keys to rows first.
+    self._vocabularies: dict[str, VocabularyVariables] = {}
+    for table in self.subset.tables:
+      if table.vocabulary is not None:
+        self._vocabularies[table_name(table)] = _vocabulary_of(
+          embedding, table_name(table)
+        )
     self._copies: dict[str, tf.Variable] | None = None
     if copy:
       self._copies = {
         name: _copy_to_cpu(source, name)
         for name, source in self._sources.items()
+      }
+      self._vocabularies = {
+        name: _copy_vocabulary(variables)
+        for name, variables in self._vocabularies.items()
       }
 
   @property
@@ -271,6 +282,15 @@ class ServingLookup:
   def copies(self) -> dict[str, tf.Variable]:
     """``{table name: plain variable}`` (empty unless ``copy=True``)."""
     return dict(self._copies or {})
+
+  @property
+  def vocabulary_variables(self) -> dict[str, dict[str, tf.Variable]]:
+    """``{dynamic table name: {state name: variable}}`` the lookups map
+    keys with (copies with ``copy=True``)."""
+    return {
+      name: dict(variables.variables)
+      for name, variables in self._vocabularies.items()
+    }
 
   def __call__(self, features: Any, weights: Any = None) -> Any:
     """Activations of ``features`` with the selected tables.
@@ -297,8 +317,14 @@ class ServingLookup:
         readers[user] = row_reader(self._copies[name])
       else:
         readers[user] = self._sources[name].gather
+    translators = {}
+    for user, name in zip(
+      self.subset.user_tables, self.subset.names, strict=True
+    ):
+      if name in self._vocabularies:
+        translators[user] = functools.partial(find, self._vocabularies[name])
     return lookup_with_readers(
-      features, weights, readers, self.subset.feature_config
+      features, weights, readers, self.subset.feature_config, translators
     )
 
 
@@ -311,6 +337,36 @@ def table_stores_of(embedding: Any) -> dict[str, TableStore]:
       f"Cannot read the tables of {type(embedding).__name__} on this host "
       f"({e}). Save a checkpoint and export with tools/export.py."
     ) from e
+
+
+def _vocabulary_of(embedding: Any, name: str) -> VocabularyVariables:
+  """The live vocabulary of dynamic table ``name`` (its first copy)."""
+  try:
+    states = embedding.engine.dynamic_tables.states
+  except AttributeError as e:
+    raise ValueError(errors.DYNAMIC_EXPORT.format(tables=[name])) from e
+  return states[name].copy(0)
+
+
+def _copy_vocabulary(variables: VocabularyVariables) -> VocabularyVariables:
+  """Plain CPU copies of a vocabulary's state (what a SavedModel holds)."""
+
+  def plain_variable(next_creator, **kwargs):
+    del next_creator
+    return compat.ResourceVariable(
+      initial_value=kwargs["initial_value"],
+      trainable=False,
+      name=kwargs.get("name"),
+    )
+
+  with tf.init_scope(), tf.device("/CPU:0"):
+    with tf.variable_creator_scope(plain_variable):
+      copy = VocabularyVariables(
+        variables.vocabulary, variables.layout.capacity
+      )
+    for name, variable in copy.variables.items():
+      variable.assign(variables[name].read_value())
+  return copy
 
 
 def _copy_to_cpu(source: TableStore, name: str) -> tf.Variable:

@@ -45,14 +45,10 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.vocabularies.config import capacity_of
 from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import find
-
-
-def capacity(table: TableConfig) -> int:
-  """Rows a resolved dynamic table gives to keys (the default row's id)."""
-  return table.vocabulary_size - 1
 
 
 def check_dynamic_support(
@@ -121,11 +117,11 @@ class DynamicTables:
     for table in self._tables:
       name, vocabulary = table_name(table), table.vocabulary
       assert vocabulary is not None
-      state = VocabularyState(vocabulary, capacity(table), devices)
+      state = VocabularyState(vocabulary, capacity_of(table), devices)
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
       default = tf.fill([1, table.dim], vocabulary.default_value)
-      stores[name].write_rows(capacity(table), default)
+      stores[name].write_rows(capacity_of(table), default)
 
   def statistics(self) -> dict[str, dict[str, int]]:
     """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
@@ -140,7 +136,7 @@ class DynamicTables:
       if ttl is not None:
         live = tf.logical_and(live, step - last <= ttl)
       result[table_name(table)] = {
-        "capacity": capacity(table),
+        "capacity": capacity_of(table),
         "rows_in_use": int(tf.reduce_sum(tf.cast(live, tf.int64))),
         "evictions": int(variables["evictions"].read_value()),
         "step": int(step),
@@ -201,7 +197,7 @@ class DynamicTables:
     """
     if table.vocabulary is None:
       return ids, grads, index
-    keep = tf.not_equal(ids, capacity(table))
+    keep = tf.not_equal(ids, capacity_of(table))
 
     def drop():
       new_slot = tf.cumsum(tf.cast(keep, tf.int32)) - 1
