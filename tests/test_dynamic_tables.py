@@ -55,19 +55,19 @@ def _loss_terms(seed: int) -> list:
   ]
 
 
-def _make(strategy, optimizer, min_count, eviction):
-  table = tpe.TableConfig(
+def _users(**vocabulary) -> tpe.TableConfig:
+  """The dynamic table ``users``: ``CAPACITY`` rows, constant init."""
+  return tpe.TableConfig(
     CAPACITY,
     DIM,
     name="users",
     initializer=tf.constant_initializer(INIT),
-    vocabulary=tpe.DynamicVocabulary(
-      min_count=min_count,
-      eviction=eviction,
-      bucket_size=BUCKET,
-      default_value=DEFAULT,
-    ),
+    vocabulary=tpe.DynamicVocabulary(bucket_size=BUCKET, **vocabulary),
   )
+
+
+def _make(strategy, optimizer, min_count, eviction):
+  table = _users(min_count=min_count, eviction=eviction, default_value=DEFAULT)
   with strategy.scope():
     emb = tpe.TPUEmbedding(
       {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)},
@@ -218,15 +218,7 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
 
 
 def _single_feature(key_dtype=tf.int64, optimizer=None, **kwargs):
-  table = tpe.TableConfig(
-    CAPACITY,
-    DIM,
-    name="users",
-    initializer=tf.constant_initializer(INIT),
-    vocabulary=tpe.DynamicVocabulary(
-      bucket_size=BUCKET, key_dtype=key_dtype, min_count=2
-    ),
-  )
+  table = _users(key_dtype=key_dtype, min_count=2)
   emb = tpe.TPUEmbedding(
     {"u": tpe.FeatureConfig(table)}, optimizer or tpe.Adagrad(0.5), **kwargs
   )
@@ -354,14 +346,7 @@ def test_keras_layer_trains_like_the_mid_level_loop():
   y = tf.constant([[1.0], [0.0], [1.0], [-1.0]])
 
   def features():
-    table = tpe.TableConfig(
-      CAPACITY,
-      DIM,
-      name="users",
-      initializer=tf.constant_initializer(INIT),
-      vocabulary=tpe.DynamicVocabulary(bucket_size=BUCKET),
-    )
-    return {"u": tpe.FeatureConfig(table)}
+    return {"u": tpe.FeatureConfig(_users())}
 
   layer = TPUEmbedding(features(), tpe.Adagrad(0.3))
   model = builders.LinearModel(layer, kernel)
