@@ -262,6 +262,24 @@ def test_sharding_report_builds_and_measures():
   assert "measured bytes per device: [" in out
 
 
+def test_sharding_report_of_dynamic_tables():
+  out = run_tool(
+    "sharding_report.py", "--tables=2", "--rows=300", "--dim=4",
+    "--replicas=2", "--dynamic", "--build", "--steps=6", "--batch_size=100",
+  ).stdout  # fmt: skip
+  # 300 rows: 3 * 300 int64 per table + the step and evictions.
+  assert "2 dynamic table(s), capacity 600 rows (+1 default row each)" in out
+  assert "vocabulary state 0.0 MiB on every replica" in out
+  found = re.findall(
+    r"t\d: capacity 300, rows in use ([\d,]+) \([\d.]+%\), evictions (\d+)",
+    out,
+  )
+  assert len(found) == 2, out
+  for in_use, evictions in found:
+    # 600 keys from 900 into 300 rows: full, and keys were evicted.
+    assert int(in_use) == 300 and int(evictions) > 0
+
+
 @pytest.fixture(scope="module")
 def ranking_run(tmp_path_factory):
   """A tiny ``model_garden.ranking.train`` run (its model_dir)."""

@@ -11,6 +11,11 @@ With ``--experiment NAME`` the tables are those of a named ranking
 experiment (``model_garden.ranking``: its table names, vocabularies,
 widths, embedding optimizer and sharding threshold).
 
+With ``--dynamic`` the tables have a ``DynamicVocabulary``: it prints each
+one's capacity and the vocabulary state every replica holds beside its
+rows; with ``--build`` also the rows in use and the evictions after
+``--steps`` steps of random keys (the same on any replica count).
+
 Run:
   python3 tools/sharding_report.py --replicas 1,2,4
   python3 tools/sharding_report.py --config benchmark --rows 20000 --build
@@ -73,10 +78,49 @@ def tables_for(args) -> list[tpe.TableConfig]:
     sizes = CRITEO_VOCAB_SIZES
   else:
     sizes = [args.rows] * args.tables
+  vocabulary = tpe.DynamicVocabulary() if args.dynamic else None
   return [
-    tpe.TableConfig(size, args.dim, name=f"t{i}", optimizer=tpe.Adagrad(0.1))
+    tpe.TableConfig(
+      size, args.dim, name=f"t{i}", optimizer=tpe.Adagrad(0.1),
+      vocabulary=vocabulary,
+    )
     for i, size in enumerate(sizes)
-  ]
+  ]  # fmt: skip
+
+
+def vocabulary_bytes(table) -> int:
+  """Bytes of a dynamic table's vocabulary state (on every replica)."""
+  from tpu_embedding.vocabularies.buckets import BucketLayout  # noqa: PLC0415
+  from tpu_embedding.vocabularies.config import capacity_of  # noqa: PLC0415
+
+  vocabulary = table.vocabulary
+  capacity = capacity_of(table)
+  layout = BucketLayout(capacity, vocabulary.bucket_size)
+  probation = vocabulary.probation_size if vocabulary.min_count > 1 else 0
+  return 8 * (3 * capacity + 3 * layout.num_buckets * probation + 2)
+
+
+def dynamic_statistics(tables, steps: int, batch: int) -> dict:
+  """Each dynamic table's statistics after ``steps`` of random keys drawn
+  from three times its capacity (one device)."""
+  emb = tpe.TPUEmbedding({t.name: tpe.FeatureConfig(t) for t in tables})
+  rng = tf.random.Generator.from_seed(0)
+
+  @tf.function
+  def step():
+    emb.enqueue(
+      {
+        t.name: rng.uniform([batch], 0, 3 * t.vocabulary_size, tf.int64)
+        for t in tables
+      },
+      training=True,
+    )
+    activations = emb.dequeue()
+    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, activations))
+
+  for _ in range(steps):
+    step()
+  return emb.engine.dynamic_tables.statistics()
 
 
 def stacking_value(text: str):
@@ -148,6 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     action="store_true",
     help="Create the variables on logical CPU devices and measure them.",
   )
+  parser.add_argument(
+    "--dynamic",
+    action="store_true",
+    help="Tables with a DynamicVocabulary (raw keys, bounded rows).",
+  )
+  parser.add_argument(
+    "--steps",
+    type=int,
+    default=20,
+    help="With --dynamic --build: steps of random keys before the "
+    "vocabulary statistics.",
+  )
+  parser.add_argument(
+    "--batch_size", type=int, default=4096, help="Keys per table per step."
+  )
   return parser
 
 
@@ -194,7 +253,26 @@ def main(argv: list[str] | None = None) -> None:
       )
       print(f"measured bytes per device: {measured}")
       assert measured == plan.bytes_per_replica(), "plan and variables differ"
+    dynamic = [t for t in resolved if t.vocabulary is not None]
+    if dynamic:
+      state = sum(vocabulary_bytes(t) for t in dynamic)
+      print(
+        f"{len(dynamic)} dynamic table(s), capacity "
+        f"{sum(t.vocabulary_size - 1 for t in dynamic):,} rows (+1 default "
+        f"row each); vocabulary state {state / 2**20:,.1f} MiB on every "
+        f"replica beside its rows"
+      )
     print()
+  if args.dynamic and args.build:
+    print(f"after {args.steps} steps of random keys (any replica count):")
+    for name, stats in dynamic_statistics(
+      tables, args.steps, args.batch_size
+    ).items():
+      used = stats["rows_in_use"]
+      print(
+        f"  {name}: capacity {stats['capacity']:,}, rows in use {used:,} "
+        f"({used / stats['capacity']:.1%}), evictions {stats['evictions']:,}"
+      )
 
 
 if __name__ == "__main__":
