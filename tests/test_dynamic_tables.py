@@ -27,6 +27,10 @@ OPTIMIZERS = {
     lambda: tpe.Adagrad(0.3, initial_accumulator_value=0.2),
     {"learning_rate": 0.3, "initial_accumulator_value": 0.2},
   ),
+  "adagrad_momentum": (
+    lambda: tpe.AdagradMomentum(0.2, momentum=0.9),
+    {"learning_rate": 0.2, "momentum": 0.9},
+  ),
   "adam": (lambda: tpe.Adam(0.1), {"learning_rate": 0.1}),
   "ftrl": (lambda: tpe.FTRL(0.2), {"learning_rate": 0.2}),
 }
@@ -458,3 +462,44 @@ def test_export_serves_raw_keys(tmp_path):
     np.testing.assert_allclose(
       np.load(tmp_path / "out" / f"{k}.npy"), want[k].numpy(), atol=1e-6
     )
+
+
+def test_sequence_feature_matches_the_oracles():
+  """A sequence feature: ids past max_sequence_length are never looked up,
+  so they are neither counted nor given rows."""
+  length = 2
+  emb = tpe.TPUEmbedding(
+    {"s": tpe.FeatureConfig(_users(), max_sequence_length=length)},
+    tpe.SGD(0.5),
+  )
+  vocab = OracleVocabulary(CAPACITY, BUCKET)
+  params = np.full((CAPACITY + 1, DIM), INIT)
+  params[CAPACITY] = 0.0
+  rng = np.random.default_rng(9)
+  for _ in range(5):
+    lists = [
+      list(rng.integers(-5, 20, rng.integers(0, 4))) for _ in range(BATCH)
+    ]
+    r = rng.normal(size=(BATCH, length, DIM)).astype(np.float32)
+    emb.enqueue({"s": tf.ragged.constant(lists, tf.int64)}, training=True)
+    with tf.GradientTape() as tape:
+      acts = emb.dequeue()
+      tape.watch(acts)
+      loss = tf.reduce_sum(acts["s"] * r + 0.25 * acts["s"] ** 2)
+    emb.apply_gradients(tape.gradient(loss, acts))
+    kept = [keys[:length] for keys in lists]
+    rows, given = vocab.advance([k for keys in kept for k in keys])
+    for row in given:
+      params[row] = INIT
+    splits = np.cumsum([0, *map(len, kept)])
+    row_lists = [rows[splits[i] : splits[i + 1]] for i in range(BATCH)]
+    want = oracle.lookup(params, row_lists, max_sequence_length=length)
+    np.testing.assert_allclose(acts["s"].numpy(), want, atol=1e-6)
+    grads = oracle.row_gradients(
+      row_lists, 0.5 * want + r, max_sequence_length=length
+    )
+    grads.pop(CAPACITY, None)
+    for row, g in grads.items():
+      params[row] -= 0.5 * g
+  (table,) = emb.embedding_tables.values()
+  np.testing.assert_allclose(table.numpy(), params, atol=1e-5)
