@@ -221,8 +221,8 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
   }
 
 
-def _single_feature(key_dtype=tf.int64, optimizer=None, **kwargs):
-  table = _users(key_dtype=key_dtype, min_count=2)
+def _single_feature(key_dtype=tf.int64, optimizer=None, min_count=2, **kwargs):
+  table = _users(key_dtype=key_dtype, min_count=min_count)
   emb = tpe.TPUEmbedding(
     {"u": tpe.FeatureConfig(table)}, optimizer or tpe.Adagrad(0.5), **kwargs
   )
@@ -503,3 +503,26 @@ def test_sequence_feature_matches_the_oracles():
       params[row] -= 0.5 * g
   (table,) = emb.embedding_tables.values()
   np.testing.assert_allclose(table.numpy(), params, atol=1e-5)
+
+
+def test_export_with_another_padding_serves_key_minus_one(tmp_path):
+  from tpu_embedding.export import FeatureSpec
+  from tpu_embedding.export import export_for_serving
+
+  emb, table = _single_feature(tf.int64, min_count=1)
+  step = _train_step(emb)
+  step(tf.constant([-1, 5, -1], tf.int64))
+  pad = -(2**63)
+  result = export_for_serving(
+    str(tmp_path / "m"),
+    emb,
+    model=None,
+    input_signature={"u": FeatureSpec([None, None], padding=pad)},
+  )
+  serve = tf.saved_model.load(result.export_dir).signatures["serving_default"]
+  got = serve(u=tf.constant([[-1, pad], [5, -1]], tf.int64))["u"].numpy()
+  want = emb({"u": tf.ragged.constant([[-1], [5, -1]], tf.int64)})["u"]
+  np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+  assert not np.allclose(got[0], INIT)  # key -1 has a trained row
+  with pytest.raises(ValueError, match="padding must be an int"):
+    FeatureSpec([None, None], padding="")

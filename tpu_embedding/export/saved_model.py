@@ -172,7 +172,7 @@ def _make_serve(
       ids = inputs[name]
       weights = inputs[weights_name(name)] if spec.weights else None
       if ids.shape.rank > 1:
-        ids, weights = padded_to_sparse(ids, weights)
+        ids, weights = padded_to_sparse(ids, weights, spec.padding)
       activations = lookup(
         {path: ids}, None if weights is None else {path: weights}
       )[path]

@@ -51,6 +51,9 @@ class FeatureSpec:
       (rank >= 2 only, not for sequence features).
     feature: the feature path in the feature config (``"query/user"``
       for nested configs); defaults to the signature input's name.
+    padding: the value that pads ``[B, L]`` inputs (never looked up);
+      None: ``PADDING_ID`` (-1) for ids, ``""`` for string keys. A
+      ``DynamicVocabulary`` of int keys where -1 is a key takes another.
 
   Example:
     >>> from tpu_embedding.export import FeatureSpec
@@ -64,6 +67,7 @@ name='genres_weights')}
   dtype: tf.DType = tf.int64
   weights: bool = False
   feature: str | None = None
+  padding: int | str | None = None
 
   def __post_init__(self) -> None:
     shape = tf.TensorShape(self.shape)
@@ -78,6 +82,15 @@ name='genres_weights')}
       raise ValueError(
         "FeatureSpec dtype must be tf.int32 or tf.int64 (or tf.string for "
         f"string keys), got {self.dtype!r}."
+      )
+    strings = tf.as_dtype(self.dtype) == tf.string
+    if self.padding is not None and (
+      isinstance(self.padding, bool)
+      or not isinstance(self.padding, str if strings else int)
+    ):
+      raise ValueError(
+        f"FeatureSpec padding must be {'a str' if strings else 'an int'} "
+        f"for dtype {tf.as_dtype(self.dtype).name}, got {self.padding!r}."
       )
     if self.weights and shape.rank < 2:
       raise ValueError(
@@ -101,15 +114,18 @@ def weights_name(name: str) -> str:
 
 
 def padded_to_sparse(
-  ids: tf.Tensor, weights: tf.Tensor | None = None
+  ids: tf.Tensor,
+  weights: tf.Tensor | None = None,
+  padding: int | str | None = None,
 ) -> tuple[tf.SparseTensor, tf.SparseTensor | None]:
-  """The ids ``!= PADDING_ID`` of a padded tensor, as a SparseTensor.
+  """The ids ``!= padding`` of a padded tensor, as a SparseTensor.
 
   Args:
     ids: ``[B, ..., L]`` integer ids padded with ``PADDING_ID``, or
-      string keys padded with ``""``.
+      string keys padded with ``""`` (or with ``padding``).
     weights: None, or float weights of the same shape (their values at
       padded positions are ignored).
+    padding: the padding value; None: ``PADDING_ID`` or ``""``.
 
   Returns:
     ``(ids, weights)`` SparseTensors with the dense shape of ``ids``
@@ -122,8 +138,10 @@ def padded_to_sparse(
     >>> sp.indices.numpy().tolist(), sp.values.numpy().tolist()
     ([[0, 0], [2, 0], [2, 1]], [3, 1, 2])
   """
-  padding = "" if ids.dtype == tf.string else tf.cast(PADDING_ID, ids.dtype)
-  indices = tf.where(tf.not_equal(ids, padding))
+  if padding is None:
+    padding = "" if ids.dtype == tf.string else PADDING_ID
+  pad = tf.constant(padding, ids.dtype)
+  indices = tf.where(tf.not_equal(ids, pad))
   dense_shape = tf.shape(ids, out_type=tf.int64)
   sparse_ids = tf.SparseTensor(indices, tf.gather_nd(ids, indices), dense_shape)
   if weights is None:
