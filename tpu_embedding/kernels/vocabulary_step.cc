@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -50,6 +51,45 @@ inline uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
+}
+
+// Gives keys the entries of their bucket (rows, or probation entries), as
+// transition.py's _allot does: per bucket, its keys in order of count
+// (descending), then first occurrence, take in turn the bucket's free
+// entries (not live) by entry, then the live ones not touched at this step
+// (last != step), least first by `before`. Calls give(key, entry, free)
+// for each key that gets one; keys beyond the entries get none.
+//   keys: the keys asking (sorted here); bucket, total: per key;
+//   range(b): the bucket's entries [first, end); last: per entry.
+template <typename Range, typename Live, typename Before, typename Give>
+void Allot(std::vector<int64_t>* keys, const std::vector<int64_t>& bucket,
+           const std::vector<int64_t>& total, Range range, const int64_t* last,
+           int64_t step, Live live, Before before, Give give) {
+  std::sort(keys->begin(), keys->end(), [&](int64_t a, int64_t b) {
+    if (bucket[a] != bucket[b]) return bucket[a] < bucket[b];
+    if (total[a] != total[b]) return total[a] > total[b];
+    return a < b;
+  });
+  std::vector<int64_t> candidates;
+  for (size_t begin = 0; begin < keys->size();) {
+    size_t end = begin;
+    const int64_t b = bucket[(*keys)[begin]];
+    while (end < keys->size() && bucket[(*keys)[end]] == b) ++end;
+    const auto [lo, hi] = range(b);
+    candidates.clear();
+    for (int64_t e = lo; e < hi; ++e) {
+      if (!live(last[e])) candidates.push_back(e);
+    }
+    const size_t free_entries = candidates.size();
+    for (int64_t e = lo; e < hi; ++e) {
+      if (live(last[e]) && last[e] != step) candidates.push_back(e);
+    }
+    std::sort(candidates.begin() + free_entries, candidates.end(), before);
+    for (size_t i = begin; i < end && i - begin < candidates.size(); ++i) {
+      give((*keys)[i], candidates[i - begin], i - begin < free_entries);
+    }
+    begin = end;
+  }
 }
 
 class VocabularyStepOp : public OpKernel {
@@ -181,52 +221,33 @@ class VocabularyStepOp : public OpKernel {
       }
     }
 
-    // Keys asking for a row, bucket by bucket (then by count, then order).
-    auto by_bucket_then_count = [&](int64_t a, int64_t b) {
-      if (bucket[a] != bucket[b]) return bucket[a] < bucket[b];
-      if (total[a] != total[b]) return total[a] > total[b];
-      return a < b;
-    };
+    // Keys asking for a row: the rows of their bucket, evicting least
+    // recently (LRU) or least often (LFU) seen keys.
     std::vector<int64_t> asking;
     for (int64_t k = 0; k < n; ++k) {
       if (!hit[k] && total[k] >= min_count_) asking.push_back(k);
     }
-    std::sort(asking.begin(), asking.end(), by_bucket_then_count);
     std::vector<char> admitted(n, 0);
     int64_t evicted = 0;
-    std::vector<int64_t> candidates;
-    for (size_t begin = 0; begin < asking.size();) {
-      size_t end = begin;
-      const int64_t b = bucket[asking[begin]];
-      while (end < asking.size() && bucket[asking[end]] == b) ++end;
-      candidates.clear();
-      const int64_t lo = first_row(b), hi = first_row(b + 1);
-      for (int64_t r = lo; r < hi; ++r) {
-        if (!live(last[r])) candidates.push_back(r);
-      }
-      const size_t free_rows = candidates.size();
-      for (int64_t r = lo; r < hi; ++r) {
-        if (live(last[r]) && last[r] != step) candidates.push_back(r);
-      }
-      std::sort(candidates.begin() + free_rows, candidates.end(),
-                [&](int64_t x, int64_t y) {
-                  if (lfu_) {
-                    if (counts[x] != counts[y]) return counts[x] < counts[y];
-                    if (last[x] != last[y]) return last[x] < last[y];
-                  } else {
-                    if (last[x] != last[y]) return last[x] < last[y];
-                    if (counts[x] != counts[y]) return counts[x] < counts[y];
-                  }
-                  return x < y;
-                });
-      for (size_t i = begin; i < end && i - begin < candidates.size(); ++i) {
-        const int64_t k = asking[i];
-        row[k] = candidates[i - begin];
-        admitted[k] = 1;
-        evicted += (i - begin) >= free_rows;
-      }
-      begin = end;
-    }
+    Allot(
+        &asking, bucket, total,
+        [&](int64_t b) { return std::make_pair(first_row(b), first_row(b + 1)); },
+        last, step, live,
+        [&](int64_t x, int64_t y) {
+          if (lfu_) {
+            if (counts[x] != counts[y]) return counts[x] < counts[y];
+            if (last[x] != last[y]) return last[x] < last[y];
+          } else {
+            if (last[x] != last[y]) return last[x] < last[y];
+            if (counts[x] != counts[y]) return counts[x] < counts[y];
+          }
+          return x < y;
+        },
+        [&](int64_t k, int64_t r, bool free_row) {
+          row[k] = r;
+          admitted[k] = 1;
+          evicted += !free_row;
+        });
 
     // The new rows (never a row hit at this step).
     std::vector<int64_t> new_rows;
@@ -238,7 +259,10 @@ class VocabularyStepOp : public OpKernel {
         new_rows.push_back(row[k]);
       }
     }
-    if (probation_ > 0) Probation(distinct, bucket, total, hit, admitted, entry, step, live, pkeys, plast, pcounts);
+    if (probation_ > 0) {
+      Probation(distinct, bucket, total, hit, admitted, entry, step, live,
+                pkeys, plast, pcounts);
+    }
     evictions += evicted;
     step_var = step;
 
@@ -277,37 +301,20 @@ class VocabularyStepOp : public OpKernel {
       }
       if (!hit[k] && !admitted[k] && entry[k] < 0) joining.push_back(k);
     }
-    std::sort(joining.begin(), joining.end(), [&](int64_t a, int64_t b) {
-      if (bucket[a] != bucket[b]) return bucket[a] < bucket[b];
-      if (total[a] != total[b]) return total[a] > total[b];
-      return a < b;
-    });
     // Decide every joining key's entry before writing anything.
     std::vector<std::pair<int64_t, int64_t>> joined;  // (key, entry)
-    std::vector<int64_t> candidates;
-    for (size_t begin = 0; begin < joining.size();) {
-      size_t end = begin;
-      const int64_t b = bucket[joining[begin]];
-      while (end < joining.size() && bucket[joining[end]] == b) ++end;
-      candidates.clear();
-      for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
-        if (!live(plast[e])) candidates.push_back(e);
-      }
-      const size_t free_entries = candidates.size();
-      for (int64_t e = b * probation_; e < (b + 1) * probation_; ++e) {
-        if (live(plast[e]) && plast[e] != step) candidates.push_back(e);
-      }
-      std::sort(candidates.begin() + free_entries, candidates.end(),
-                [&](int64_t x, int64_t y) {
-                  if (plast[x] != plast[y]) return plast[x] < plast[y];
-                  if (pcounts[x] != pcounts[y]) return pcounts[x] < pcounts[y];
-                  return x < y;
-                });
-      for (size_t i = begin; i < end && i - begin < candidates.size(); ++i) {
-        joined.emplace_back(joining[i], candidates[i - begin]);
-      }
-      begin = end;
-    }
+    Allot(
+        &joining, bucket, total,
+        [&](int64_t b) {
+          return std::make_pair(b * probation_, (b + 1) * probation_);
+        },
+        plast, step, live,
+        [&](int64_t x, int64_t y) {
+          if (plast[x] != plast[y]) return plast[x] < plast[y];
+          if (pcounts[x] != pcounts[y]) return pcounts[x] < pcounts[y];
+          return x < y;
+        },
+        [&](int64_t k, int64_t e, bool) { joined.emplace_back(k, e); });
     for (int64_t k = 0; k < n; ++k) {
       if (entry[k] >= 0 && admitted[k]) plast[entry[k]] = 0;
     }
