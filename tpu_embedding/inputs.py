@@ -54,6 +54,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.types import FeatureInput
 from tpu_embedding.vocabularies.buckets import key_ids
 from tpu_embedding.vocabularies.serving import check_key_dtype
+from tpu_embedding.vocabularies.serving import map_values
 
 #: ``(ids, segments, weights, output_shape)`` of a flattened input.
 _Flattened = tuple[tf.Tensor, tf.Tensor, tf.Tensor | None, tf.Tensor]
@@ -375,30 +376,22 @@ def _dynamic_keys(
   if not isinstance(inp, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     return inp, []  # check_input_type names the type.
   check_key_dtype(inp.dtype, feature, path)
-  strings = inp.dtype == tf.string
-  if isinstance(inp, tf.Tensor):
-    values = inp
-  elif isinstance(inp, tf.SparseTensor):
-    values = inp.values
-  else:
-    values = inp.flat_values
   checks = []
-  if strings:
-    empty = tf.equal(tf.strings.length(values), 0)
-    checks.append(
-      Check(
-        ~tf.reduce_any(empty),
-        errors.EMPTY_STRING_KEYS.format(
-          path=path, table=table_name(feature.table)
-        ),
+
+  def to_keys(values: tf.Tensor) -> tf.Tensor:
+    if values.dtype == tf.string:
+      empty = tf.equal(tf.strings.length(values), 0)
+      checks.append(
+        Check(
+          ~tf.reduce_any(empty),
+          errors.EMPTY_STRING_KEYS.format(
+            path=path, table=table_name(feature.table)
+          ),
+        )
       )
-    )
-  keys = key_ids(values)
-  if isinstance(inp, tf.Tensor):
-    return keys, checks
-  if isinstance(inp, tf.SparseTensor):
-    return tf.SparseTensor(inp.indices, keys, inp.dense_shape), checks
-  return inp.with_flat_values(keys), checks
+    return key_ids(values)
+
+  return map_values(inp, to_keys), checks
 
 
 def _shape_tensor(

@@ -326,7 +326,7 @@ class OffTPUEngine(Engine, Trackable):
     with self._training_step():  # This package's kernels may serve.
       if self._dynamic:
         prepared = self._dynamic.rows_for_training(
-          prepared, replica, replica, self._stores
+          prepared, replica, self._stores
         )
       source = self._backend.gather_for_training
       return look_up(self.config, prepared, source, self._stacks)

@@ -39,6 +39,7 @@ from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import row_reader
+from tpu_embedding.vocabularies.state import variables_on
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import find
 
@@ -350,20 +351,8 @@ def _vocabulary_of(embedding: Any, name: str) -> VocabularyVariables:
 
 def _copy_vocabulary(variables: VocabularyVariables) -> VocabularyVariables:
   """Plain CPU copies of a vocabulary's state (what a SavedModel holds)."""
-
-  def plain_variable(next_creator, **kwargs):
-    del next_creator
-    return compat.ResourceVariable(
-      initial_value=kwargs["initial_value"],
-      trainable=False,
-      name=kwargs.get("name"),
-    )
-
-  with tf.init_scope(), tf.device("/CPU:0"):
-    with tf.variable_creator_scope(plain_variable):
-      copy = VocabularyVariables(
-        variables.vocabulary, variables.layout.capacity
-      )
+  copy = variables_on("/CPU:0", variables.vocabulary, variables.layout.capacity)
+  with tf.init_scope():
     for name, variable in copy.variables.items():
       variable.assign(variables[name].read_value())
   return copy

@@ -49,6 +49,7 @@ from tpu_embedding.vocabularies.config import capacity_of
 from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import find
+from tpu_embedding.vocabularies.transition import is_live
 
 
 def check_dynamic_support(
@@ -130,14 +131,14 @@ class DynamicTables:
     for table in self._tables:
       variables = self._states[table_name(table)].copy(0)
       step = variables["step"].read_value()
-      last = variables["last_step"].read_value()
-      live = last > 0
-      ttl = table.vocabulary.ttl_steps if table.vocabulary else None
-      if ttl is not None:
-        live = tf.logical_and(live, step - last <= ttl)
+      in_use = is_live(
+        variables["last_step"].read_value(),
+        step,
+        variables.vocabulary.ttl_steps,
+      )
       result[table_name(table)] = {
         "capacity": capacity_of(table),
-        "rows_in_use": int(tf.reduce_sum(tf.cast(live, tf.int64))),
+        "rows_in_use": int(tf.reduce_sum(tf.cast(in_use, tf.int64))),
         "evictions": int(variables["evictions"].read_value()),
         "step": int(step),
       }
@@ -157,15 +158,15 @@ class DynamicTables:
     self,
     prepared: list[PreparedFeature],
     replica: int,
-    block: int,
     stores: dict[str, TableStore],
   ) -> list:
     """Runs each dynamic table's step, then maps keys to rows.
 
     Args:
       prepared: this replica's prepared features.
-      replica: this replica's index among the local ones.
-      block: the block of each store this replica writes.
+      replica: this replica's index among the local ones (all replicas
+        are local: its place among the gathered keys, and the block of
+        each store it writes).
       stores: the table stores by name.
     """
     prepared = list(prepared)
@@ -175,17 +176,16 @@ class DynamicTables:
       # The global batch's keys: feature by feature, each feature's
       # examples in order (replica after replica), as on one device.
       parts = _from_every_replica([prepared[i].ids for i in features])
-      here = _this_replica(len(parts[0]))
       step = advance(
         self._states[name].copy(replica),
         tf.concat([p for feature in parts for p in feature], 0),
       )
-      _reset_rows(stores[name], block, step.new_rows)
+      _reset_rows(stores[name], replica, step.new_rows)
       offset = tf.constant(0, tf.int64)
       for i, feature in zip(features, parts, strict=True):
         sizes = [tf.size(p, out_type=tf.int64) for p in feature]
-        start = offset + sum(sizes[:here], tf.constant(0, tf.int64))
-        rows = step.rows[start:][: sizes[here]]
+        start = offset + sum(sizes[:replica], tf.constant(0, tf.int64))
+        rows = step.rows[start:][: sizes[replica]]
         prepared[i] = dataclasses.replace(prepared[i], ids=rows)
         offset += tf.add_n(sizes)
     return prepared
@@ -227,24 +227,10 @@ def _from_every_replica(values: list[tf.Tensor]) -> list[list[tf.Tensor]]:
   return [list(v) for v in context.merge_call(merge, args=(values,))]
 
 
-def _this_replica(count: int) -> int:
-  if count == 1:
-    return 0
-  context = tf.distribute.get_replica_context()
-  return int(tf.get_static_value(context.replica_id_in_sync_group))
-
-
 def _first_replicas(values: list[tf.Tensor]) -> list[tf.Tensor]:
   """Replica 0's ``values``, on every replica (equal copies stay equal
   even where the initializer is random)."""
-  context = tf.distribute.get_replica_context()
-  if context is None or context.num_replicas_in_sync == 1:
-    return values
-
-  def merge(strategy, values):
-    return [strategy.experimental_local_results(v)[0] for v in values]
-
-  return list(context.merge_call(merge, args=(values,)))
+  return [parts[0] for parts in _from_every_replica(values)]
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):

@@ -80,9 +80,19 @@ def rows_input(
   fixed = feature.replace(
     table=feature.table.replace(vocabulary=None, vocabulary_size=rows)
   )
+  return map_values(inp, lambda keys: rows_of(key_ids(keys))), fixed
+
+
+def map_values(inp: Any, fn: Callable[[tf.Tensor], tf.Tensor]) -> Any:
+  """``inp`` (dense, sparse or ragged) with ``fn`` applied to its values.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> map_values(tf.ragged.constant([[1], [2, 3]]), lambda v: v * 10)
+    <tf.RaggedTensor [[10], [20, 30]]>
+  """
   if isinstance(inp, tf.Tensor):
-    return rows_of(key_ids(inp)), fixed
+    return fn(inp)
   if isinstance(inp, tf.SparseTensor):
-    rows = rows_of(key_ids(inp.values))
-    return tf.SparseTensor(inp.indices, rows, inp.dense_shape), fixed
-  return inp.with_flat_values(rows_of(key_ids(inp.flat_values))), fixed
+    return tf.SparseTensor(inp.indices, fn(inp.values), inp.dense_shape)
+  return inp.with_flat_values(fn(inp.flat_values))

@@ -29,6 +29,25 @@ from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 
 
+def variables_on(
+  device: str | None, vocabulary: DynamicVocabulary, capacity: int
+) -> VocabularyVariables:
+  """A vocabulary's variables on ``device``: plain variables of that
+  device, never mirrored (even inside a strategy's scope)."""
+
+  def plain_variable(next_creator, **kwargs):
+    del next_creator
+    return compat.ResourceVariable(
+      initial_value=kwargs["initial_value"],
+      trainable=False,
+      name=kwargs.get("name"),
+    )
+
+  with tf.init_scope(), tf.device(device):
+    with tf.variable_creator_scope(plain_variable):
+      return VocabularyVariables(vocabulary, capacity)
+
+
 class VocabularyState(compat.Trackable):
   """Equal copies of a vocabulary's variables, saved as one.
 
@@ -46,20 +65,9 @@ class VocabularyState(compat.Trackable):
   ):
     self.vocabulary = vocabulary
     self.capacity = capacity
-    self.copies: list[VocabularyVariables] = []
-
-    def plain_variable(next_creator, **kwargs):
-      del next_creator  # This device's own variable, never a mirrored one.
-      return compat.ResourceVariable(
-        initial_value=kwargs["initial_value"],
-        trainable=False,
-        name=kwargs.get("name"),
-      )
-
-    for device in devices:
-      with tf.init_scope(), tf.device(device):
-        with tf.variable_creator_scope(plain_variable):
-          self.copies.append(VocabularyVariables(vocabulary, capacity))
+    self.copies = [
+      variables_on(device, vocabulary, capacity) for device in devices
+    ]
 
   def copy(self, replica: int) -> VocabularyVariables:
     """The copy of local replica ``replica``."""

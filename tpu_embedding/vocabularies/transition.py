@@ -84,7 +84,7 @@ class StepRows(NamedTuple):
   new_rows: tf.Tensor
 
 
-def _live(last: tf.Tensor, step: tf.Tensor, ttl: int | None) -> tf.Tensor:
+def is_live(last: tf.Tensor, step: tf.Tensor, ttl: int | None) -> tf.Tensor:
   """Entries holding a key, seen within ``ttl`` steps of ``step``."""
   held = last > 0
   if ttl is None:
@@ -126,7 +126,7 @@ def find(
   stored = tf.gather(variables["keys"], rows)
   last = tf.gather(variables["last_step"], rows)
   live = tf.logical_and(
-    valid, _live(last, step, variables.vocabulary.ttl_steps)
+    valid, is_live(last, step, variables.vocabulary.ttl_steps)
   )
   found, at = _matches(flat, stored, live)
   (row,) = _pick(at[:, None], rows)
@@ -247,7 +247,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   # Hits: keys holding a live row.
   rows, valid = layout.rows(buckets)
   live = tf.logical_and(
-    valid, _live(tf.gather(variables["last_step"], rows), step, ttl)
+    valid, is_live(tf.gather(variables["last_step"], rows), step, ttl)
   )
   hit, at = _matches(keys, tf.gather(variables["keys"], rows), live)
   (hit_row,) = _pick(at[:, None], rows)
@@ -261,7 +261,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
     on_probation, column = _matches(
       keys,
       tf.gather(variables["probation_keys"], entries),
-      _live(entry_last, step, ttl),
+      is_live(entry_last, step, ttl),
     )
     on_probation = tf.logical_and(on_probation, ~hit)
     entry, prior = _pick(
@@ -283,7 +283,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   candidate_rows, candidate_valid = layout.rows(touched)
   candidate_last = tf.gather(variables["last_step"], candidate_rows)
   candidate_live = tf.logical_and(
-    candidate_valid, _live(candidate_last, step, ttl)
+    candidate_valid, is_live(candidate_last, step, ttl)
   )
   held = tf.sort(tf.boolean_mask(hit_row, hit))
   protected = _in_sorted(candidate_rows, held)
@@ -309,7 +309,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   )
   admitted = tf.boolean_mask(asking, got)
   new_rows = tf.boolean_mask(new_row, got)
-  evicted = _live(tf.gather(variables["last_step"], new_rows), step, ttl)
+  evicted = is_live(tf.gather(variables["last_step"], new_rows), step, ttl)
 
   # Writes: hits, then the admitted keys' rows (disjoint rows).
   hits = tf.where(hit)[:, 0]
@@ -368,7 +368,7 @@ def _update_probation(
     probation, dtype=tf.int64
   )
   candidate_last = tf.gather(variables["probation_last_step"], candidates)
-  free = ~_live(candidate_last, step, ttl)
+  free = ~is_live(candidate_last, step, ttl)
   available = ~_in_sorted(candidates, touched_entries)
   zero = tf.zeros_like(candidate_last)
   got, new_entry = _allot(
