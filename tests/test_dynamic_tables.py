@@ -218,6 +218,9 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
     "rows_in_use": sum(vocab.live(last, vocab.step) for last in vocab.last),
     "evictions": vocab.evictions,
     "step": STEPS,
+    # keys, last steps and counts per row and per probation entry (P =
+    # bucket_size entries in each of CAPACITY / BUCKET buckets), + 2.
+    "state_bytes": 8 * (3 * CAPACITY + 3 * (min_count > 1) * CAPACITY + 2),
   }
 
 

@@ -4,7 +4,9 @@ As Model Garden's ``_get_tpu_embedding_feature_config``: categorical
 feature ``i`` (keyed ``str(i)``, as the Criteo readers name it) has its
 own table ``embedding_table_{i:02d}`` of ``vocab_sizes[i]`` rows,
 ``combiner="mean"`` (multi-hot ids are averaged) and a truncated normal
-initializer of standard deviation ``1 / sqrt(dim)``. ``make_embedding``
+initializer of standard deviation ``1 / sqrt(dim)``; with
+``ModelConfig.vocabulary="dynamic"`` each table is a
+``tpe.DynamicVocabulary`` of that many rows, fed raw int64 keys. ``make_embedding``
 creates the ``tpu_embedding.TPUEmbedding`` under the current strategy:
 tables above ``ModelConfig.size_threshold`` rows are row-sharded across
 the replicas, the others replicated.
@@ -65,6 +67,7 @@ def feature_config(
         seed=None if seed is None else seed + i,
       ),
       name=table_name(i),
+      vocabulary=_vocabulary(config),
     )
     features[str(i)] = tpe.FeatureConfig(
       table=table,
@@ -72,6 +75,17 @@ def feature_config(
       output_shape=[per_replica_batch_size] if per_replica_batch_size else None,
     )
   return features
+
+
+def _vocabulary(config: definitions.ModelConfig) -> Any:
+  """Each table's ``DynamicVocabulary`` (None for fixed tables)."""
+  if config.vocabulary != "dynamic":
+    return None
+  return tpe.DynamicVocabulary(
+    min_count=config.vocabulary_min_count,
+    eviction=config.vocabulary_eviction,
+    ttl_steps=config.vocabulary_ttl_steps or None,
+  )
 
 
 def make_embedding(

@@ -126,7 +126,9 @@ class DynamicTables:
 
   def statistics(self) -> dict[str, dict[str, int]]:
     """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
-    last step), ``evictions`` (live keys evicted so far) and ``step``."""
+    last step), ``evictions`` (live keys evicted so far), ``step`` and
+    ``state_bytes`` (of one copy of the vocabulary's variables: one copy
+    per local replica; the table's rows and slots not included)."""
     result = {}
     for table in self._tables:
       variables = self._states[table_name(table)].copy(0)
@@ -141,6 +143,10 @@ class DynamicTables:
         "rows_in_use": int(tf.reduce_sum(tf.cast(in_use, tf.int64))),
         "evictions": int(variables["evictions"].read_value()),
         "step": int(step),
+        "state_bytes": sum(
+          v.shape.num_elements() * v.dtype.size
+          for v in variables.variables.values()
+        ),
       }
     return result
 

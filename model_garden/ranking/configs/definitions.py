@@ -24,6 +24,8 @@ import dataclasses
 
 #: The interactions a ``ModelConfig`` may name.
 INTERACTIONS = ("dot", "cross", "multi_layer_dcn")
+#: ``ModelConfig.vocabulary`` values.
+VOCABULARIES = ("fixed", "dynamic")
 #: Embedding optimizers by Keras name (``optimizers.embedding_optimizer``).
 EMBEDDING_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "FTRL")
 #: Dense optimizers by Keras name (``optimizers.dense_optimizer``).
@@ -219,6 +221,23 @@ class ModelConfig:
 
   dcn_use_bias: bool = True
   """Whether cross layers have biases."""
+
+  vocabulary: str = "fixed"
+  """Ours: ``"fixed"``: ids in ``[0, vocab_sizes[i])``; ``"dynamic"``: raw
+  int64 keys of any value, each table a ``tpu_embedding.DynamicVocabulary``
+  of ``vocab_sizes[i]`` rows (a key gets a row after
+  ``vocabulary_min_count`` sightings; when its bucket is full the least
+  recently or least often seen key is evicted)."""
+
+  vocabulary_min_count: int = 1
+  """Ours: sightings before a key of a dynamic table gets a row."""
+
+  vocabulary_eviction: str = "lru"
+  """Ours: ``"lru"`` or ``"lfu"``, which key a full dynamic table evicts."""
+
+  vocabulary_ttl_steps: int = 0
+  """Ours: a dynamic table's key unseen for this many steps loses its row
+  to the next new key of its bucket; 0: never expires."""
 
   use_partial_tpu_embedding: bool = True
   """Model Garden's partial TPU embedding: False puts every table in the
@@ -492,6 +511,20 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
       f"{model.interaction!r}.",
     ),
     (bool(model.vocab_sizes), "task.model.vocab_sizes is empty."),
+    (
+      model.vocabulary in VOCABULARIES,
+      f"task.model.vocabulary must be one of {VOCABULARIES}, got "
+      f"{model.vocabulary!r}.",
+    ),
+    (
+      model.vocabulary_eviction in ("lru", "lfu")
+      and model.vocabulary_min_count >= 1
+      and model.vocabulary_ttl_steps >= 0,
+      "task.model.vocabulary_eviction must be 'lru' or 'lfu', "
+      "vocabulary_min_count >= 1 and vocabulary_ttl_steps >= 0; got "
+      f"{model.vocabulary_eviction!r}, {model.vocabulary_min_count}, "
+      f"{model.vocabulary_ttl_steps}.",
+    ),
     (
       min(model.vocab_sizes, default=1) >= 1,
       "task.model.vocab_sizes must all be >= 1.",

@@ -196,8 +196,7 @@ class SyntheticCriteo:
 
     u = hashing.uniform_np(seed, _CAT, sparse_f, rows)
     ranks = zipf_ranks(u, vocab, self.zipf_exponent)
-    offset = hashing.hash_to_range_np(vocab, seed, _CAT, sparse_f)
-    ids = (ranks * _PERMUTATION_PRIME + offset) % vocab
+    ids = self._ids_of_ranks(ranks, rows)
     cat_missing = (
       hashing.uniform_np(seed, _CAT_MISSING, sparse_f, rows)
       < self.missing_categorical_rate
@@ -223,6 +222,15 @@ class SyntheticCriteo:
       "ids": ids,
       "categorical_missing": cat_missing,
     }
+
+  def _ids_of_ranks(self, ranks: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``[n, 26]`` ids of Zipf ``ranks`` at examples ``rows`` (``[n, 1]``):
+    each feature's ranks scattered over its ids by a fixed permutation."""
+    del rows  # The same ids at every example.
+    sparse_f = np.arange(NUM_SPARSE)[None, :]
+    vocab = np.array(self.vocab_sizes, np.int64)[None, :]
+    offset = hashing.hash_to_range_np(vocab, self.seed, _CAT, sparse_f)
+    return (ranks * _PERMUTATION_PRIME + offset) % vocab
 
   @functools.cached_property
   def _bias(self) -> float:
