@@ -121,9 +121,7 @@ def experiment(args: argparse.Namespace, variant: str) -> Any:
     configs.get_config("dlrm_criteo_cpu_small"),
     {
       "task.model.vocab_sizes": list(table_rows(args)),
-      "task.model.vocabulary": (
-        "dynamic" if variant == "dynamic" else "fixed"
-      ),
+      "task.model.vocabulary": ("dynamic" if variant == "dynamic" else "fixed"),
       "task.model.vocabulary_min_count": args.min_count,
       "task.model.vocabulary_eviction": args.eviction,
       "task.train_data.global_batch_size": args.batch_size,
@@ -206,8 +204,10 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
   seconds = time.perf_counter() - started
   peak_after_training = peak_resident_bytes()
   held_out = RankingMetrics()
-  for features, labels in distributed(steps * args.batch_size, args.eval_examples):
-    held_out.add({k: v.numpy() for k, v in task.eval_step(features, labels).items()})
+  after = distributed(steps * args.batch_size, args.eval_examples)
+  for features, labels in after:
+    statistics = task.eval_step(features, labels)
+    held_out.add({k: v.numpy() for k, v in statistics.items()})
   return {
     "variant": variant,
     "rows": sum(config.task.model.vocab_sizes),

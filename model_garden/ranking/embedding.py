@@ -6,10 +6,10 @@ own table ``embedding_table_{i:02d}`` of ``vocab_sizes[i]`` rows,
 ``combiner="mean"`` (multi-hot ids are averaged) and a truncated normal
 initializer of standard deviation ``1 / sqrt(dim)``; with
 ``ModelConfig.vocabulary="dynamic"`` each table is a
-``tpe.DynamicVocabulary`` of that many rows, fed raw int64 keys. ``make_embedding``
-creates the ``tpu_embedding.TPUEmbedding`` under the current strategy:
-tables above ``ModelConfig.size_threshold`` rows are row-sharded across
-the replicas, the others replicated.
+``tpe.DynamicVocabulary`` of that many rows, fed raw int64 keys.
+``make_embedding`` creates the ``tpu_embedding.TPUEmbedding`` under the
+current strategy: tables above ``ModelConfig.size_threshold`` rows are
+row-sharded across the replicas, the others replicated.
 
 Example:
   >>> from model_garden.ranking import embedding

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from model_garden.ranking import configs
 from model_garden.ranking import drift_comparison
 from model_garden.ranking import embedding
 from model_garden.ranking.configs import definitions
@@ -89,9 +90,8 @@ def test_dynamic_vocabulary_config_of_the_ranking_tables():
     ({"vocabulary_min_count": 0}, "vocabulary_min_count >= 1"),
     ({"vocabulary_eviction": "fifo"}, "'lru' or 'lfu'"),
   ):
-    from model_garden.ranking import configs  # noqa: PLC0415
-
-    bad = configs.override(base, {f"task.model.{k}": v for k, v in change.items()})
+    changes = {f"task.model.{k}": v for k, v in change.items()}
+    bad = configs.override(base, changes)
     with pytest.raises(ValueError, match=message):
       definitions.validate(bad)
 
@@ -132,10 +132,10 @@ def test_comparison_trains_both_variants_and_reports_them(tmp_path):
     assert 0.5 < result["progressive"]["auc"] < 1.0
     assert 0.5 < result["held_out"]["auc"] < 1.0
     assert result["held_out"]["label_mean"] > 0.1
-    assert [p["examples"] for p in result["curve"]] == [8192, 16384, 24576, 32768]
-    assert result["peak_resident_bytes"]["end"] >= result["peak_resident_bytes"][
-      "after_build"
-    ]
+    windows = [p["examples"] for p in result["curve"]]
+    assert windows == [8192, 16384, 24576, 32768]
+    peaks = result["peak_resident_bytes"]
+    assert peaks["end"] >= peaks["after_training"] >= peaks["after_build"]
   assert "rows_in_use" in dynamic["curve"][-1]
   with open(tmp_path / "comparison.json") as f:
     assert json.load(f)["dynamic"]["vocabularies"] == vocabularies
