@@ -39,6 +39,7 @@ NOTEBOOKS = (
   "movielens_ranking.ipynb",
   "keras_rs_movielens.ipynb",
   "dlrm_synthetic_criteo.ipynb",
+  "dynamic_vocabularies_criteo.ipynb",
 )
 #: Seconds any one cell may take.
 CELL_TIMEOUT = 600
@@ -266,3 +267,25 @@ def test_dlrm_synthetic_criteo():
   assert len(losses) == 3 and losses[-1] < losses[0] - 0.03
   # Model Garden's trainer: 30 SGD steps already learn something.
   assert number(out, r"trainer validation AUC: ([\d.]+)") > 0.6
+
+
+def test_dynamic_vocabularies_criteo():
+  out = run_notebook("dynamic_vocabularies_criteo.ipynb")
+  # The large features drift (few keys come back), the small ones do not.
+  assert number(out, r"feature  0: .* ([\d]+)% of those") < 20
+  assert number(out, r"feature  5: .* ([\d]+)% of those") > 90
+  # Admission after 2 sightings, the default row before, SGD after.
+  assert "step 0: keys [4611686018427387905, -7] read [[0.0, 0.0], " in out
+  assert (
+    "step 1: keys [4611686018427387905, 123456789] read [[1.0, 1.0], " in out
+  )
+  assert "after training: [[0.5, 0.5], [0.0, 0.0], [0.0, 0.0]]" in out
+  # On the drifting stream dynamic tables beat key mod rows, even given
+  # the dynamic tables' whole memory as rows.
+  for name in ("progressive", "held_out"):
+    dynamic = number(out, rf"{name} AUC: dynamic ([\d.]+)")
+    hashed = number(out, rf"{name} AUC: dynamic [\d.]+, hashed ([\d.]+)")
+    same = number(out, rf"{name} AUC: .*same bytes ([\d.]+)")
+    assert dynamic > hashed + 0.01 and dynamic > same, name
+  assert re.search(r"dynamic .*vocabulary state\s+[1-9][\d.]* MiB", out)
+  assert re.search(r"embedding_table_00: [\d,]+ of 10,000 rows in use", out)

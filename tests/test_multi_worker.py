@@ -39,3 +39,11 @@ def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(tmp_path):
   assert sorted(want) == ["momenta", "parameters", "velocities"]
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+DYNAMIC = pathlib.Path(__file__).parent / "distributed" / "mwms_dynamic.py"
+
+
+def test_two_workers_train_dynamic_tables_like_one_device(tmp_path):
+  for worker in cluster.run_workers([DYNAMIC, tmp_path]):
+    worker.check()

@@ -45,11 +45,14 @@ class Exchange:
     self._context = context
     self.num_replicas = context.num_replicas_in_sync
     self.lengths = [tf.shape(t)[0] for t in lists]
-    all_lengths = context.all_gather(tf.stack(self.lengths)[None, :], axis=0)
+    #: ``[num_replicas, num_tables]``: every replica's list lengths.
+    self.all_lengths = context.all_gather(
+      tf.stack(self.lengths)[None, :], axis=0
+    )
     # At least 1: collectives on empty tensors are not safe (padding ids
     # are -1 and never owned).
     self.widths = tf.unstack(
-      tf.maximum(tf.reduce_max(all_lengths, axis=0), 1), num=len(lists)
+      tf.maximum(tf.reduce_max(self.all_lengths, axis=0), 1), num=len(lists)
     )
 
   def all_gather(

@@ -85,15 +85,6 @@ class ShardedBackend(Backend):
     )
 
   @property
-  def dynamic_vocabularies_unsupported(self) -> str | None:  # type: ignore[override]
-    if self._multi_worker:
-      return (
-        "MultiWorkerMirroredStrategy over several workers (not supported "
-        "yet: replicas of one process only)"
-      )
-    return None
-
-  @property
   def plan(self) -> ShardingPlan:
     """Where each table lives (known before any variable exists)."""
     return self._plan

@@ -63,6 +63,7 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import variables_by_name
 from tpu_embedding.tracking import VariableTracker
+from tpu_embedding.vocabularies import sharing
 from tpu_embedding.vocabularies.dynamic_tables import DynamicTables
 from tpu_embedding.vocabularies.dynamic_tables import check_dynamic_support
 
@@ -97,7 +98,7 @@ class OffTPUEngine(Engine, Trackable):
       [stack.config for stack in self._stacks],
       stack_threshold(self._stacks, row_sharding_threshold, placement),
     )
-    self._dynamic = DynamicTables(config)
+    self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
     if self._dynamic:
       check_dynamic_support(
         config.tables, backend, pipeline_execution_with_tensor_core

@@ -46,6 +46,7 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tracking import VariableTracker
 from tpu_embedding.vocabularies.config import capacity_of
+from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import find
@@ -93,10 +94,13 @@ class DynamicTables:
 
   Args:
     config: the resolved config.
+    sharing: how the step's replicas share keys and new rows
+      (``sharing.for_strategy``).
   """
 
-  def __init__(self, config: ResolvedConfig):
+  def __init__(self, config: ResolvedConfig, sharing: ReplicaSharing):
     self._config = config
+    self._sharing = sharing
     self._tables = [t for t in config.tables if t.vocabulary is not None]
     self._states: dict[str, VocabularyState] = {}
 
@@ -170,9 +174,8 @@ class DynamicTables:
 
     Args:
       prepared: this replica's prepared features.
-      replica: this replica's index among the local ones (all replicas
-        are local: its place among the gathered keys, and the block of
-        each store it writes).
+      replica: this replica's index among the local ones (its copy of
+        the state, and the block of each store it writes).
       stores: the table stores by name.
     """
     prepared = list(prepared)
@@ -181,20 +184,46 @@ class DynamicTables:
       features = self._config.features_of(table)
       # The global batch's keys: feature by feature, each feature's
       # examples in order (replica after replica), as on one device.
-      parts = _from_every_replica([prepared[i].ids for i in features])
+      parts, mine = self._sharing.every_replica(
+        [prepared[i].ids for i in features]
+      )
       step = advance(
         self._states[name].copy(replica),
         tf.concat([p for feature in parts for p in feature], 0),
       )
-      _reset_rows(stores[name], replica, step.new_rows)
+      self._reset_rows(stores[name], replica, step.new_rows)
       offset = tf.constant(0, tf.int64)
       for i, feature in zip(features, parts, strict=True):
-        sizes = [tf.size(p, out_type=tf.int64) for p in feature]
-        start = offset + sum(sizes[:replica], tf.constant(0, tf.int64))
-        rows = step.rows[start:][: sizes[replica]]
+        sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
+        start = offset + tf.reduce_sum(sizes[:mine])
+        rows = step.rows[start:][: sizes[mine]]
         prepared[i] = dataclasses.replace(prepared[i], ids=rows)
-        offset += tf.add_n(sizes)
+        offset += tf.reduce_sum(sizes)
     return prepared
+
+  def _reset_rows(self, store: TableStore, block: int, rows: tf.Tensor):
+    """Writes initial values (parameters and slots) to ``rows`` of the
+    ``block`` this replica holds: replica 0's values, so that every copy
+    of a replicated table stays equal even with a random initializer."""
+    table = store.table
+    count = tf.size(rows, out_type=tf.int64)
+    specs = variable_specs(table)
+    values = [
+      initial_rows(initializer, count, table.dim, table_name(table))
+      for _, initializer, _ in specs
+    ]
+    values = tf.split(
+      self._sharing.first_replica(tf.concat(values, axis=1)), len(specs), 1
+    )
+    first, size = store.block_rows(block)
+    mine = tf.logical_and(rows >= first, rows < first + size)
+    local = tf.boolean_mask(rows - first, mine)
+    for (key, _, _), value in zip(specs, values, strict=True):
+      tf.raw_ops.ResourceScatterUpdate(
+        resource=store.blocks[block][key].handle,
+        indices=local,
+        updates=tf.boolean_mask(value, mine),
+      )
 
   def updated_rows(self, table: TableConfig, ids, grads, index):
     """``(ids, grads, index)`` of an update without the default row.
@@ -220,25 +249,6 @@ class DynamicTables:
     return tf.cond(tf.reduce_all(keep), as_they_are, drop)
 
 
-def _from_every_replica(values: list[tf.Tensor]) -> list[list[tf.Tensor]]:
-  """Per tensor of ``values``, every local replica's, replicas in order
-  (in replica context; a single replica gets its own)."""
-  context = tf.distribute.get_replica_context()
-  if context is None or context.num_replicas_in_sync == 1:
-    return [[value] for value in values]
-
-  def merge(strategy, values):
-    return [list(strategy.experimental_local_results(v)) for v in values]
-
-  return [list(v) for v in context.merge_call(merge, args=(values,))]
-
-
-def _first_replicas(values: list[tf.Tensor]) -> list[tf.Tensor]:
-  """Replica 0's ``values``, on every replica (equal copies stay equal
-  even where the initializer is random)."""
-  return [parts[0] for parts in _from_every_replica(values)]
-
-
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):
   """``count`` rows of ``initializer``'s values (shape ``[count, dim]``).
 
@@ -260,24 +270,3 @@ def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):
       "random initializer."
     ) from e
   return tf.tile(row, tf.stack([count, 1]))
-
-
-def _reset_rows(store: TableStore, block: int, rows: tf.Tensor) -> None:
-  """Writes initial values (parameters and slots) to ``rows`` of the
-  ``block`` this replica holds."""
-  table = store.table
-  count = tf.size(rows, out_type=tf.int64)
-  values = [
-    initial_rows(initializer, count, table.dim, table_name(table))
-    for _, initializer, _ in variable_specs(table)
-  ]
-  values = _first_replicas(values)
-  first, size = store.block_rows(block)
-  mine = tf.logical_and(rows >= first, rows < first + size)
-  local = tf.boolean_mask(rows - first, mine)
-  for (key, _, _), value in zip(variable_specs(table), values, strict=True):
-    tf.raw_ops.ResourceScatterUpdate(
-      resource=store.blocks[block][key].handle,
-      indices=local,
-      updates=tf.boolean_mask(value, mine),
-    )
