@@ -53,3 +53,26 @@ def concat_pieces(grads: Gradients) -> tf.Tensor:
     return tf.gather(concat_pieces(grads.pieces), grads.positions)
   parts = pieces(grads)
   return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+
+
+def keep_rows(
+  ids: tf.Tensor, grads: Gradients, index: tf.Tensor, keep: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """An update ``(ids, grads, index)`` without the rows where ``keep`` is
+  false: their occurrences go too, the others are re-indexed.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> ids, grads, index = keep_rows(
+    ...   tf.constant([4, 9]), tf.constant([[1.0], [2.0], [3.0]]),
+    ...   tf.constant([1, 0, 1]), tf.constant([False, True]))
+    >>> ids.numpy().tolist(), grads.numpy().tolist(), index.numpy().tolist()
+    ([9], [[1.0], [3.0]], [0, 0])
+  """
+  new_slot = tf.cumsum(tf.cast(keep, index.dtype)) - 1
+  kept = tf.gather(keep, index)
+  return (
+    tf.boolean_mask(ids, keep),
+    tf.boolean_mask(concat_pieces(grads), kept),
+    tf.boolean_mask(tf.gather(new_slot, index), kept),
+  )

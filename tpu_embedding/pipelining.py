@@ -47,6 +47,7 @@ from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import keep_rows
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
@@ -86,6 +87,15 @@ class HeldUpdates:
       held_ids.assign(ids)
       held_grads.assign(concat_pieces(grads))
       held_index.assign(index)
+
+  def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
+    """Removes ``rows`` (and their occurrences) from ``table``'s held
+    update."""
+    held = self._held[replica][table]
+    ids, grads, index = (variable.read_value() for variable in held)
+    kept = keep_rows(ids, grads, index, tf.logical_not(_is_in(ids, rows)))
+    for variable, value in zip(held, kept, strict=True):
+      variable.assign(value)
 
   def take(self, replica: int) -> list:
     """The held ``[(table, ids, grads, index)]``; the holding empties."""
@@ -156,10 +166,22 @@ class PipelinedBackend(Backend):
       self._holding().take(local_replica(self._strategy))
     )
 
+  def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
+    self._holding().drop_rows(local_replica(self._strategy), table, rows)
+
   def _holding(self) -> HeldUpdates:
     if self._held is None:
       raise RuntimeError("The pipelined backend has no tables yet (build).")
     return self._held
+
+
+def _is_in(values: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:
+  """Whether each of the (non-negative) ``values`` is among
+  ``candidates``; sorts the candidates, no table-sized mask."""
+  options = tf.sort(tf.concat([tf.constant([-1], tf.int64), candidates], 0))
+  at = tf.searchsorted(options, values, side="left")
+  at = tf.minimum(at, tf.size(options, out_type=at.dtype) - 1)
+  return tf.equal(tf.gather(options, at), values)
 
 
 def _unshaped_variable(initial: tf.Tensor) -> tf.Variable:

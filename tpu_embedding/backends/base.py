@@ -143,6 +143,12 @@ class Backend(metaclass=abc.ABCMeta):
     """Applies any update held back (pipelining); a no-op otherwise."""
     return None
 
+  def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
+    """Removes ``rows`` of table ``table`` from an update held back
+    (pipelining; a no-op otherwise): a dynamic table gave them to new
+    keys and reset them, so the previous key's update must not land."""
+    del table, rows
+
 
 class HostBackend(Backend):
   """Rows read and written through the stores by the calling host."""

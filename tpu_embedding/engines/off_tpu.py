@@ -326,9 +326,11 @@ class OffTPUEngine(Engine, Trackable):
       )
     with self._training_step():  # This package's kernels may serve.
       if self._dynamic:
-        prepared = self._dynamic.rows_for_training(
+        prepared, new_rows = self._dynamic.rows_for_training(
           prepared, replica, self._stores
         )
+        for name, rows in new_rows.items():
+          self._backend.drop_held_rows(name, rows)
       source = self._backend.gather_for_training
       return look_up(self.config, prepared, source, self._stacks)
 

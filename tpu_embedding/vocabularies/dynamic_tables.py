@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import keep_rows
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
@@ -63,8 +64,6 @@ def check_dynamic_support(
   """
   dynamic = [table_name(t) for t in tables if t.vocabulary is not None]
   why = backend.dynamic_vocabularies_unsupported
-  if why is None and pipelining:
-    why = "pipeline_execution_with_tensor_core=True (not supported yet)"
   if why is not None:
     raise ValueError(
       f"Tables {dynamic} have a DynamicVocabulary, which does not train "
@@ -169,7 +168,7 @@ class DynamicTables:
     prepared: list[PreparedFeature],
     replica: int,
     stores: dict[str, TableStore],
-  ) -> list:
+  ) -> tuple[list, dict[str, tf.Tensor]]:
     """Runs each dynamic table's step, then maps keys to rows.
 
     Args:
@@ -177,8 +176,13 @@ class DynamicTables:
       replica: this replica's index among the local ones (its copy of
         the state, and the block of each store it writes).
       stores: the table stores by name.
+
+    Returns:
+      ``prepared`` with rows for keys, and per dynamic table the rows
+      given to new keys at this step (reset: an update held back by
+      pipelining must not touch them).
     """
-    prepared = list(prepared)
+    prepared, new_rows = list(prepared), {}
     for table in self._tables:
       name = table_name(table)
       features = self._config.features_of(table)
@@ -192,6 +196,7 @@ class DynamicTables:
         tf.concat([p for feature in parts for p in feature], 0),
       )
       self._reset_rows(stores[name], replica, step.new_rows)
+      new_rows[name] = step.new_rows
       offset = tf.constant(0, tf.int64)
       for i, feature in zip(features, parts, strict=True):
         sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
@@ -199,7 +204,7 @@ class DynamicTables:
         rows = step.rows[start:][: sizes[mine]]
         prepared[i] = dataclasses.replace(prepared[i], ids=rows)
         offset += tf.reduce_sum(sizes)
-    return prepared
+    return prepared, new_rows
 
   def _reset_rows(self, store: TableStore, block: int, rows: tf.Tensor):
     """Writes initial values (parameters and slots) to ``rows`` of the
@@ -235,13 +240,7 @@ class DynamicTables:
     keep = tf.not_equal(ids, capacity_of(table))
 
     def drop():
-      new_slot = tf.cumsum(tf.cast(keep, tf.int32)) - 1
-      kept = tf.gather(keep, index)
-      return (
-        tf.boolean_mask(ids, keep),
-        tf.boolean_mask(concat_pieces(grads), kept),
-        tf.boolean_mask(tf.gather(new_slot, index), kept),
-      )
+      return keep_rows(ids, grads, index, keep)
 
     def as_they_are():
       return ids, concat_pieces(grads), index
