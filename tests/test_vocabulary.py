@@ -136,6 +136,63 @@ def test_steps_match_the_oracle(
     )
 
 
+@pytest.mark.parametrize("num_shards", [2, 4, 7])  # 7: one owns no bucket
+@pytest.mark.parametrize(
+  "min_count, eviction, ttl_steps", [(3, "lru", 4), (1, "lfu", None)]
+)
+@pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
+def test_sharded_state_steps_match_the_oracle(
+  rng, num_shards, min_count, eviction, ttl_steps, kernel
+):
+  """Each shard of the state owns a range of buckets: its keys get their
+  row from it alone (-1 from the others), and the shards side by side are
+  the one-device state."""
+  config = tpe.DynamicVocabulary(
+    min_count=min_count,
+    eviction=eviction,
+    ttl_steps=ttl_steps,
+    bucket_size=4,
+    probation_size=3,
+  )
+  capacity = 22  # 6 buckets of 3 or 4 rows
+  shards = [
+    VocabularyVariables(config, capacity, shard, num_shards)
+    for shard in range(num_shards)
+  ]
+  assert sum(v.layout.local_rows for v in shards) == capacity
+  oracle = OracleVocabulary(
+    capacity, 4, min_count, eviction, ttl_steps, probation_size=3
+  )
+
+  @tf.function
+  def step(variables, keys):
+    with _path(kernel):
+      return advance(variables, keys)
+
+  for keys in _stream(rng, steps=20, batch=24, key_space=120):
+    results = [step(v, tf.constant(keys)) for v in shards]
+    rows, given = oracle.advance(keys.tolist())
+    answers = np.stack([r.rows.numpy() for r in results])
+    assert ((answers >= 0).sum(axis=0) == 1).all()  # one owner per key
+    np.testing.assert_array_equal(answers.max(axis=0), rows)
+    new_rows = [r for result in results for r in result.new_rows.numpy()]
+    assert sorted(new_rows) == sorted(given)
+    found = np.stack([find(v, tf.constant(keys)).numpy() for v in shards])
+    np.testing.assert_array_equal(found.max(axis=0), rows)
+  whole = {
+    name: np.concatenate([v[name].numpy() for v in shards])
+    for name in ("keys", "last_step", "counts", "probation_keys")
+  }
+  np.testing.assert_array_equal(whole["keys"], oracle.keys)
+  np.testing.assert_array_equal(whole["last_step"], oracle.last)
+  np.testing.assert_array_equal(whole["counts"], oracle.count)
+  if oracle.p:
+    entries = np.array(oracle.probation).reshape(-1, 3)
+    np.testing.assert_array_equal(whole["probation_keys"], entries[:, 0])
+  assert {int(v["step"].numpy()) for v in shards} == {oracle.step}
+  assert sum(int(v["evictions"].numpy()) for v in shards) == oracle.evictions
+
+
 @pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
 def test_admission_eviction_and_expiry_by_hand(kernel):
   """One bucket of 2 rows: the rules on a story small enough to read."""

@@ -7,6 +7,11 @@
 // keys' first occurrence) and leaves the state exactly as they do; a key
 // costs one scan of its bucket (and of its probation entries), where the
 // TensorFlow ops gather, compare and sort [keys, bucket_size] matrices.
+//
+// The state may be one shard's (buckets.py's BucketLayout): the buckets
+// [first_bucket, first_bucket + local buckets) of `num_buckets`, the rows
+// of those buckets of `capacity`; keys of other buckets get row -1 and
+// change nothing. Rows in and out are global; the state is local.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -35,6 +40,9 @@ REGISTER_OP("TpeVocabularyStep")
     .Output("rows: int64")
     .Output("new_rows: int64")
     .Attr("num_buckets: int >= 1")
+    .Attr("first_bucket: int >= 0")
+    .Attr("local_buckets: int >= 0")
+    .Attr("capacity: int >= 1")
     .Attr("min_count: int >= 1")
     .Attr("probation_size: int >= 0")
     .Attr("lfu: bool")
@@ -96,6 +104,9 @@ class VocabularyStepOp : public OpKernel {
  public:
   explicit VocabularyStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_bucket", &first_bucket_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("local_buckets", &local_buckets_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &capacity_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("min_count", &min_count_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("probation_size", &probation_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("lfu", &lfu_));
@@ -120,10 +131,21 @@ class VocabularyStepOp : public OpKernel {
                   errors::InvalidArgument("vocabulary variable ", v,
                                           " must be an initialized int64"));
     }
-    const int64_t capacity = vars[0]->tensor()->NumElements();
-    const int64_t entries = num_buckets_ * probation_;
+    // Global rows of global bucket b; this shard's buckets and rows.
+    auto global_first_row = [&](int64_t b) {
+      return static_cast<int64_t>(static_cast<__int128>(b) * capacity_ /
+                                  num_buckets_);
+    };
+    const int64_t local_buckets = local_buckets_;
+    const int64_t offset = global_first_row(first_bucket_);
+    const int64_t rows_here = vars[0]->tensor()->NumElements();
+    const int64_t entries = local_buckets * probation_;
+    OP_REQUIRES(ctx,
+                first_bucket_ + local_buckets <= num_buckets_ &&
+                    rows_here == global_first_row(first_bucket_ + local_buckets) - offset,
+                errors::InvalidArgument("vocabulary rows do not match the shard"));
     for (int v = 1; v < 3; ++v) {
-      OP_REQUIRES(ctx, vars[v]->tensor()->NumElements() == capacity,
+      OP_REQUIRES(ctx, vars[v]->tensor()->NumElements() == rows_here,
                   errors::InvalidArgument("vocabulary rows differ in size"));
     }
     for (int v = 3; v < 6; ++v) {
@@ -131,7 +153,7 @@ class VocabularyStepOp : public OpKernel {
                   errors::InvalidArgument("probation entries must number ",
                                           entries));
     }
-    OP_REQUIRES(ctx, num_buckets_ <= capacity,
+    OP_REQUIRES(ctx, num_buckets_ <= capacity_,
                 errors::InvalidArgument("more buckets than rows"));
     // Writable in place (copy-on-write, as TensorFlow's scatters).
     for (Var* v : order) {
@@ -157,12 +179,12 @@ class VocabularyStepOp : public OpKernel {
     const auto occurrences = occurrences_t.flat<int64_t>();
     const int64_t m = occurrences.size();
     const int64_t step = step_var + 1;
-    const int64_t buckets = num_buckets_;
     auto live = [&](int64_t seen_at) {
       return seen_at > 0 && (ttl_ == 0 || step - seen_at <= ttl_);
     };
+    // Local rows of local bucket b.
     auto first_row = [&](int64_t b) {
-      return static_cast<int64_t>(static_cast<__int128>(b) * capacity / buckets);
+      return global_first_row(b + first_bucket_) - offset;
     };
 
     // Distinct keys in order of first occurrence, with their counts (an
@@ -186,12 +208,16 @@ class VocabularyStepOp : public OpKernel {
       ++seen[table[at]];
     }
     const int64_t n = distinct.size();
-    std::vector<int64_t> bucket(n), row(n, capacity), total(n), entry(n, -1);
-    std::vector<char> hit(n, 0);
+    std::vector<int64_t> bucket(n), row(n, rows_here), total(n), entry(n, -1);
+    std::vector<char> hit(n, 0), owned(n, 0);
     for (int64_t k = 0; k < n; ++k) {
-      const int64_t b = static_cast<int64_t>(
-          Mix(static_cast<uint64_t>(distinct[k])) % static_cast<uint64_t>(buckets));
+      const int64_t b =
+          static_cast<int64_t>(Mix(static_cast<uint64_t>(distinct[k])) %
+                               static_cast<uint64_t>(num_buckets_)) -
+          first_bucket_;
       bucket[k] = b;
+      if (b < 0 || b >= local_buckets) continue;  // Another shard's key.
+      owned[k] = 1;
       for (int64_t r = first_row(b); r < first_row(b + 1); ++r) {
         if (live(last[r]) && keys[r] == distinct[k]) {
           hit[k] = 1;
@@ -225,7 +251,7 @@ class VocabularyStepOp : public OpKernel {
     // recently (LRU) or least often (LFU) seen keys.
     std::vector<int64_t> asking;
     for (int64_t k = 0; k < n; ++k) {
-      if (!hit[k] && total[k] >= min_count_) asking.push_back(k);
+      if (owned[k] && !hit[k] && total[k] >= min_count_) asking.push_back(k);
     }
     std::vector<char> admitted(n, 0);
     int64_t evicted = 0;
@@ -256,12 +282,12 @@ class VocabularyStepOp : public OpKernel {
         keys[row[k]] = distinct[k];
         last[row[k]] = step;
         counts[row[k]] = total[k];
-        new_rows.push_back(row[k]);
+        new_rows.push_back(row[k] + offset);
       }
     }
     if (probation_ > 0) {
-      Probation(distinct, bucket, total, hit, admitted, entry, step, live,
-                pkeys, plast, pcounts);
+      Probation(distinct, bucket, total, owned, hit, admitted, entry, step,
+                live, pkeys, plast, pcounts);
     }
     evictions += evicted;
     step_var = step;
@@ -269,7 +295,11 @@ class VocabularyStepOp : public OpKernel {
     Tensor* rows_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, occurrences_t.shape(), &rows_out));
     auto rows_flat = rows_out->flat<int64_t>();
-    for (int64_t i = 0; i < m; ++i) rows_flat(i) = row[position[i]];
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t k = position[i];
+      rows_flat(i) = !owned[k] ? -1 : row[k] == rows_here ? capacity_
+                                                          : row[k] + offset;
+    }
     Tensor* new_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             1, TensorShape({static_cast<int64_t>(new_rows.size())}),
@@ -282,6 +312,7 @@ class VocabularyStepOp : public OpKernel {
   void Probation(const std::vector<int64_t>& distinct,
                  const std::vector<int64_t>& bucket,
                  const std::vector<int64_t>& total,
+                 const std::vector<char>& owned,
                  const std::vector<char>& hit,
                  const std::vector<char>& admitted,
                  const std::vector<int64_t>& entry, int64_t step, Live live,
@@ -299,7 +330,9 @@ class VocabularyStepOp : public OpKernel {
         }
         plast[entry[k]] = step;
       }
-      if (!hit[k] && !admitted[k] && entry[k] < 0) joining.push_back(k);
+      if (owned[k] && !hit[k] && !admitted[k] && entry[k] < 0) {
+        joining.push_back(k);
+      }
     }
     // Decide every joining key's entry before writing anything.
     std::vector<std::pair<int64_t, int64_t>> joined;  // (key, entry)
@@ -326,6 +359,9 @@ class VocabularyStepOp : public OpKernel {
   }
 
   int64_t num_buckets_;
+  int64_t first_bucket_;
+  int64_t local_buckets_;
+  int64_t capacity_;
   int64_t min_count_;
   int64_t probation_;
   bool lfu_;

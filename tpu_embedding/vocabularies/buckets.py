@@ -55,30 +55,75 @@ def bucket_of(keys: tf.Tensor, num_buckets: int) -> tf.Tensor:
 
 
 class BucketLayout:
-  """Where each bucket's rows are.
+  """Where each bucket's rows are, and which buckets a shard owns.
+
+  The vocabulary's state may be split by bucket over ``num_shards``
+  shards (the replicas holding a row-sharded table): shard ``i`` owns
+  buckets ``[floor(i B / n), floor((i + 1) B / n))``, a contiguous range
+  of rows, and keeps the state of those rows and buckets only. Local
+  coordinates (state indices, local buckets) count from the shard's
+  first row and bucket; rows handed out are global.
 
   Args:
     capacity: rows, ``C >= 1``.
     bucket_size: at most this many rows per bucket (clipped to ``C``).
+    shard: which shard this layout is.
+    num_shards: shards of the state.
+
+  Example:
+    >>> second = BucketLayout(capacity=10, bucket_size=4, shard=1,
+    ...                       num_shards=2)
+    >>> second.first_bucket, second.num_local_buckets, second.row_offset
+    (1, 2, 3)
+    >>> second.local_rows
+    7
   """
 
-  def __init__(self, capacity: int, bucket_size: int):
+  def __init__(
+    self, capacity: int, bucket_size: int, shard: int = 0, num_shards: int = 1
+  ):
     self.capacity = int(capacity)
     size = min(int(bucket_size), self.capacity)
     self.num_buckets = -(-self.capacity // size)
     #: The most rows a bucket has.
     self.max_rows = -(-self.capacity // self.num_buckets)
+    self.shard, self.num_shards = int(shard), int(num_shards)
+    #: The shard's buckets: ``first_bucket`` and the next
+    #: ``num_local_buckets - 1``.
+    self.first_bucket = self.shard * self.num_buckets // self.num_shards
+    end = (self.shard + 1) * self.num_buckets // self.num_shards
+    self.num_local_buckets = end - self.first_bucket
+    #: The shard's rows: ``[row_offset, row_offset + local_rows)``.
+    self.row_offset = self.first_row(self.first_bucket)
+    self.local_rows = self.first_row(end) - self.row_offset
 
   def first_row(self, bucket: int) -> int:
-    """First row of ``bucket`` (``first_row(B)`` is ``C``)."""
+    """First (global) row of global ``bucket`` (``first_row(B)`` is ``C``)."""
     return bucket * self.capacity // self.num_buckets
 
+  def local_buckets(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(owned, local)``: whether the shard owns each int64 key's bucket,
+    and that bucket in local coordinates (meaningful where owned)."""
+    local = bucket_of(keys, self.num_buckets) - self.first_bucket
+    owned = tf.logical_and(local >= 0, local < self.num_local_buckets)
+    return owned, local
+
   def rows(self, buckets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(rows, valid)``: ``[n, max_rows]`` rows of each bucket, and which
-    of them exist (invalid entries hold row 0)."""
-    buckets = tf.cast(buckets, tf.int64)
+    """``(rows, valid)``: ``[n, max_rows]`` local rows of each local
+    bucket, and which of them exist (invalid entries hold row 0)."""
+    buckets = tf.cast(buckets, tf.int64) + self.first_bucket
     first = buckets * self.capacity // self.num_buckets
     end = (buckets + 1) * self.capacity // self.num_buckets
     rows = first[:, None] + tf.range(self.max_rows, dtype=tf.int64)[None, :]
     valid = rows < end[:, None]
+    rows = rows - self.row_offset
     return tf.where(valid, rows, tf.zeros_like(rows)), valid
+
+  def global_rows(self, local_rows: tf.Tensor) -> tf.Tensor:
+    """Local rows as global ones; ``local_rows`` (no row) becomes
+    ``capacity`` (the default row)."""
+    return tf.where(
+      tf.equal(local_rows, self.local_rows),
+      tf.constant(self.capacity, tf.int64),
+      local_rows + self.row_offset,
+    )

@@ -25,36 +25,47 @@ import tensorflow as tf
 
 from tpu_embedding.kernels.vocabulary_step import vocabulary_step
 from tpu_embedding.vocabularies.buckets import BucketLayout
-from tpu_embedding.vocabularies.buckets import bucket_of
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 
 class VocabularyVariables:
   """A dynamic vocabulary's state: per row and per probation entry, the
   key, the step it was last seen (0: empty) and its count; the step and
-  the number of live keys evicted so far.
+  the number of live keys evicted so far. With several shards, the rows
+  and buckets of one shard only (``BucketLayout``).
 
   Args:
     vocabulary: the configuration.
-    capacity: its rows.
+    capacity: its rows (all shards').
+    shard: which shard of the state this is.
+    num_shards: shards of the state.
   """
 
-  def __init__(self, vocabulary: DynamicVocabulary, capacity: int):
+  def __init__(
+    self,
+    vocabulary: DynamicVocabulary,
+    capacity: int,
+    shard: int = 0,
+    num_shards: int = 1,
+  ):
     self.vocabulary = vocabulary
-    self.layout = BucketLayout(capacity, vocabulary.bucket_size)
+    self.layout = BucketLayout(
+      capacity, vocabulary.bucket_size, shard, num_shards
+    )
     self.probation = (
       vocabulary.probation_size if vocabulary.min_count > 1 else 0
     )
-    entries = self.layout.num_buckets * self.probation
+    entries = self.layout.num_local_buckets * self.probation
+    rows = self.layout.local_rows
 
     def zeros(size: int, name: str) -> tf.Variable:
       return tf.Variable(tf.zeros([size], tf.int64), trainable=False, name=name)
 
     #: name -> variable, in checkpoint order.
     self.variables = {
-      "keys": zeros(capacity, "keys"),
-      "last_step": zeros(capacity, "last_step"),
-      "counts": zeros(capacity, "counts"),
+      "keys": zeros(rows, "keys"),
+      "last_step": zeros(rows, "last_step"),
+      "counts": zeros(rows, "counts"),
       "probation_keys": zeros(entries, "probation_keys"),
       "probation_last_step": zeros(entries, "probation_last_step"),
       "probation_counts": zeros(entries, "probation_counts"),
@@ -75,7 +86,7 @@ class StepRows(NamedTuple):
 
   Attributes:
     rows: ``[m]`` int64 row of each key given (``capacity``: the default
-      row, for keys without one).
+      row, for keys without one; -1: a key of another shard's buckets).
     new_rows: ``[r]`` int64 rows given to new keys this step: their
       values and optimizer slots are to be reset.
   """
@@ -111,7 +122,8 @@ def find(
   keys: tf.Tensor,
   step: tf.Tensor | None = None,
 ) -> tf.Tensor:
-  """The row of each int64 key (``capacity`` for keys without one).
+  """The row of each int64 key (``capacity`` for keys without one, -1
+  for keys of another shard's buckets).
 
   Args:
     variables: the vocabulary's state.
@@ -122,7 +134,11 @@ def find(
   flat = tf.reshape(keys, [-1])
   if step is None:
     step = variables["step"].read_value()
-  rows, valid = layout.rows(bucket_of(flat, layout.num_buckets))
+  if not layout.local_rows:  # A shard without buckets owns no key.
+    return tf.fill(tf.shape(keys, out_type=tf.int64), tf.constant(-1, tf.int64))
+  owned, buckets = layout.local_buckets(flat)
+  rows, valid = layout.rows(tf.where(owned, buckets, 0))
+  valid = tf.logical_and(valid, owned[:, None])
   stored = tf.gather(variables["keys"], rows)
   last = tf.gather(variables["last_step"], rows)
   live = tf.logical_and(
@@ -130,7 +146,8 @@ def find(
   )
   found, at = _matches(flat, stored, live)
   (row,) = _pick(at[:, None], rows)
-  result = tf.where(found, row[:, 0], layout.capacity)
+  result = layout.global_rows(tf.where(found, row[:, 0], layout.local_rows))
+  result = tf.where(owned, result, tf.constant(-1, tf.int64))
   return tf.reshape(result, tf.shape(keys, out_type=tf.int64))
 
 
@@ -233,16 +250,20 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   if done is not None:  # The kernel (training steps): the same step.
     return StepRows(*done)
   vocabulary, layout = variables.vocabulary, variables.layout
-  ttl, capacity = vocabulary.ttl_steps, layout.capacity
+  ttl, no_row = vocabulary.ttl_steps, layout.local_rows
   # Nothing moves before the keys exist (a failed input check stops here).
   with tf.control_dependencies([occurrences]):
     step = variables["step"].read_value() + 1
-  keys, position = tf.unique(occurrences, out_idx=tf.int64)
-  num_keys = tf.size(keys, out_type=tf.int64)
-  seen = tf.math.unsorted_segment_sum(
-    tf.ones_like(position), position, num_keys
+  all_keys, position = tf.unique(occurrences, out_idx=tf.int64)
+  all_seen = tf.math.unsorted_segment_sum(
+    tf.ones_like(position), position, tf.size(all_keys, out_type=tf.int64)
   )
-  buckets = bucket_of(keys, layout.num_buckets)
+  # This shard's keys (local coordinates from here).
+  owned, all_buckets = layout.local_buckets(all_keys)
+  mine = tf.where(owned)[:, 0]
+  keys, seen, buckets = (
+    tf.gather(v, mine) for v in (all_keys, all_seen, all_buckets)
+  )
 
   # Hits: keys holding a live row.
   rows, valid = layout.rows(buckets)
@@ -324,7 +345,7 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
   _scatter(variables["last_step"], new_rows, tf.fill(tf.shape(admitted), step))
   _scatter(variables["counts"], new_rows, tf.gather(total, admitted))
   key_row = tf.tensor_scatter_nd_update(
-    tf.where(hit, hit_row, capacity), admitted[:, None], new_rows
+    tf.where(hit, hit_row, no_row), admitted[:, None], new_rows
   )
 
   if probation:
@@ -341,7 +362,14 @@ def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
     )
   variables["evictions"].assign_add(tf.reduce_sum(tf.cast(evicted, tf.int64)))
   variables["step"].assign(step)
-  return StepRows(tf.gather(key_row, position), new_rows)
+  every_key_row = tf.tensor_scatter_nd_update(
+    tf.fill(tf.shape(all_keys, out_type=tf.int64), tf.constant(-1, tf.int64)),
+    mine[:, None],
+    layout.global_rows(key_row),
+  )
+  return StepRows(
+    tf.gather(every_key_row, position), new_rows + layout.row_offset
+  )
 
 
 def _update_probation(
