@@ -70,13 +70,18 @@ def _users(**vocabulary) -> tpe.TableConfig:
   )
 
 
-def _make(strategy, optimizer, min_count, eviction, pipelined=False):
+def _make(
+  strategy, optimizer, min_count, eviction, pipelined=False, sharded=False
+):
+  """``sharded``: the table (and its vocabulary's state) row-sharded over
+  the replicas; else replicated."""
   table = _users(min_count=min_count, eviction=eviction, default_value=DEFAULT)
   with strategy.scope():
     emb = tpe.TPUEmbedding(
       {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)},
       optimizer,
       pipeline_execution_with_tensor_core=pipelined,
+      row_sharding_threshold=0 if sharded else 10**9,
     )
     emb.build()
   return emb, table
@@ -191,17 +196,44 @@ def _oracle_run(
   return outputs, params, slots, vocab
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 4])
+def _state_bytes(replicas: int, sharded: bool, min_count: int) -> int:
+  """Bytes of the vocabulary one replica holds at most: keys, last steps
+  and counts per row and per probation entry (P = bucket_size entries a
+  bucket), step and evictions; shard i of R owns buckets [iB/R, (i+1)B/R)."""
+  buckets, probation = CAPACITY // BUCKET, BUCKET if min_count > 1 else 0
+  shards = replicas if sharded else 1
+  sizes = []
+  for i in range(shards):
+    first, end = i * buckets // shards, (i + 1) * buckets // shards
+    rows = end * CAPACITY // buckets - first * CAPACITY // buckets
+    sizes.append(8 * (3 * rows + 3 * (end - first) * probation + 2))
+  return max(sizes)
+
+
+@pytest.mark.parametrize(
+  "replicas, sharded",
+  [(1, False), (2, False), (2, True), (4, False), (4, True)],
+  ids=["1", "2", "2-sharded", "4", "4-sharded"],
+)
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("min_count, eviction", [(1, "lru"), (2, "lfu")])
-def test_training_matches_the_oracles(replicas, name, min_count, eviction):
+def test_training_matches_the_oracles(
+  replicas, sharded, name, min_count, eviction
+):
   strategy = (
     tf.distribute.get_strategy()
     if replicas == 1
     else mirrored_strategy(replicas)
   )
   make_optimizer, hparams = OPTIMIZERS[name]
-  emb, table = _make(strategy, make_optimizer(), min_count, eviction)
+  emb, table = _make(
+    strategy, make_optimizer(), min_count, eviction, sharded=sharded
+  )
+  state = emb.engine.dynamic_tables.states["users"]
+  assert state.sharded == sharded
+  assert emb.sharding_plan is None or (
+    emb.sharding_plan.placements["users"].sharded == sharded
+  )
   stream, loss_r = _stream(seed=7), _loss_terms(seed=3)
   got = _train(strategy, emb, stream, loss_r)
   want, params, slots, vocab = _oracle_run(
@@ -234,9 +266,7 @@ def test_training_matches_the_oracles(replicas, name, min_count, eviction):
     "rows_in_use": sum(vocab.live(last, vocab.step) for last in vocab.last),
     "evictions": vocab.evictions,
     "step": STEPS,
-    # keys, last steps and counts per row and per probation entry (P =
-    # bucket_size entries in each of CAPACITY / BUCKET buckets), + 2.
-    "state_bytes": 8 * (3 * CAPACITY + 3 * (min_count > 1) * CAPACITY + 2),
+    "state_bytes": _state_bytes(replicas, sharded, min_count),
   }
 
 
@@ -313,15 +343,24 @@ def test_a_failed_step_changes_no_row_or_state():
     np.testing.assert_array_equal(a, b)
 
 
-def test_checkpoint_moves_between_replica_counts(tmp_path):
+@pytest.mark.parametrize("sharded", [False, True])
+def test_checkpoint_moves_between_replica_counts(tmp_path, sharded):
+  """Saved on 2 replicas (the state replicated, or sharded with the
+  rows), restored on 1 and on 4 replicas in both layouts."""
   stream, loss_r = _stream(seed=11), _loss_terms(seed=5)
   two = mirrored_strategy(2)
-  emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru")
+  emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru", sharded=sharded)
   _train(two, emb, stream[:4], loss_r[:4])
   path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ckpt"))
+  saved = dict(tf.train.list_variables(path))
+  assert saved["embedding/users.Svocabulary/.ATTRIBUTES/keys"] == [CAPACITY]
   expected = _train(two, emb, stream[4:], loss_r[4:])
-  for strategy in (tf.distribute.get_strategy(), mirrored_strategy(4)):
-    restored, _ = _make(strategy, tpe.Adagrad(0.3), 2, "lru")
+  for strategy, layout in (
+    (tf.distribute.get_strategy(), False),
+    (mirrored_strategy(4), False),
+    (mirrored_strategy(4), True),
+  ):
+    restored, _ = _make(strategy, tpe.Adagrad(0.3), 2, "lru", sharded=layout)
     tf.train.Checkpoint(embedding=restored).restore(path).assert_consumed()
     got = _train(strategy, restored, stream[4:], loss_r[4:])
     for g, w in zip(got, expected, strict=True):
@@ -329,11 +368,15 @@ def test_checkpoint_moves_between_replica_counts(tmp_path):
         np.testing.assert_allclose(g[k], w[k], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 4])
+@pytest.mark.parametrize(
+  "replicas, sharded",
+  [(1, False), (2, False), (4, False), (4, True)],
+  ids=["1", "2", "4", "4-sharded"],
+)
 @pytest.mark.parametrize("name", ["adagrad", "adam"])
 @pytest.mark.parametrize("min_count, eviction", [(1, "lru"), (2, "lfu")])
 def test_pipelined_training_matches_the_oracles(
-  replicas, name, min_count, eviction
+  replicas, sharded, name, min_count, eviction
 ):
   """One step stale; a row given to a new key loses the held update of
   the key it evicted."""
@@ -343,7 +386,9 @@ def test_pipelined_training_matches_the_oracles(
     else mirrored_strategy(replicas)
   )
   make_optimizer, hparams = OPTIMIZERS[name]
-  emb, table = _make(strategy, make_optimizer(), min_count, eviction, True)
+  emb, table = _make(
+    strategy, make_optimizer(), min_count, eviction, True, sharded
+  )
   # A stream where rows held for an update are given to new keys.
   stream, loss_r = _stream(seed=4), _loss_terms(seed=3)
   got = _train(strategy, emb, stream, loss_r)

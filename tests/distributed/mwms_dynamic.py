@@ -8,7 +8,9 @@ initializer). Each worker trains 5 steps with gradients that depend on the
 activations and checks:
 
 * ``users``: the activations of its replica, the whole table, its slots and
-  the vocabulary's statistics and state equal the same steps on one device;
+  the vocabulary's statistics and state equal the same steps on one device,
+  while each worker holds half of the vocabulary's state (sharded like the
+  rows);
 * ``tags``: both workers' copies are equal (rows given to new keys take
   replica 0's random values everywhere);
 * a checkpoint saved by both workers restores into a one-device object:
@@ -70,9 +72,10 @@ def loss_fn(activations, projection):
 
 
 def state(emb, name):
-  """The vocabulary's variables (this process's copy 0), as numpy."""
-  variables = emb.engine.dynamic_tables.states[name].copy(0).variables
-  return {k: v.numpy() for k, v in variables.items()}
+  """The vocabulary's whole state, as numpy (sharded over the workers: a
+  collective)."""
+  whole = emb.engine.dynamic_tables.states[name].whole()
+  return {k: v.numpy() for k, v in whole.items()}
 
 
 def main(checkpoint_dir: str) -> None:
@@ -156,9 +159,14 @@ def main(checkpoint_dir: str) -> None:
       err_msg=slot,
     )
   statistics = emb.engine.dynamic_tables.statistics()
-  assert (
-    statistics["users"] == single.engine.dynamic_tables.statistics()["users"]
-  )
+  alone = single.engine.dynamic_tables.statistics()["users"]
+  # The state is sharded like the rows: each worker holds half of it.
+  states = emb.engine.dynamic_tables.states
+  assert states["users"].sharded and not states["tags"].sharded
+  assert states["users"].copy(0).layout.local_rows == CAPACITY // 2
+  assert statistics["users"]["state_bytes"] < alone["state_bytes"] * 0.6
+  for key in ("capacity", "rows_in_use", "evictions", "step"):
+    assert statistics["users"][key] == alone[key], key
   assert statistics["users"]["step"] == STEPS
   assert statistics["tags"]["rows_in_use"] > 0
   for key, value in state(single, "users").items():

@@ -346,7 +346,7 @@ def _vocabulary_of(embedding: Any, name: str) -> VocabularyVariables:
     states = embedding.engine.dynamic_tables.states
   except AttributeError as e:
     raise ValueError(errors.DYNAMIC_EXPORT.format(tables=[name])) from e
-  return states[name].copy(0)
+  return states[name].whole_variables()
 
 
 def _copy_vocabulary(variables: VocabularyVariables) -> VocabularyVariables:

@@ -41,6 +41,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
@@ -116,12 +117,31 @@ class DynamicTables:
     devices: Sequence[str | None],
     stores: dict[str, TableStore],
     tracker: VariableTracker,
+    sharded: Sequence[str] = (),
+    strategy: tf.distribute.Strategy | None = None,
   ) -> None:
-    """Creates the state copies and fills each default row."""
+    """Creates the state (a copy, or a shard, per local replica) and
+    fills each default row.
+
+    Args:
+      devices: one device per local replica.
+      stores: the table stores by name.
+      tracker: registers the states for checkpoints.
+      sharded: the row-sharded tables: their state is sharded too, one
+        shard per replica of ``strategy``.
+      strategy: the strategy (its replicas are the shards).
+    """
     for table in self._tables:
       name, vocabulary = table_name(table), table.vocabulary
       assert vocabulary is not None
-      state = VocabularyState(vocabulary, capacity_of(table), devices)
+      shards = {}
+      if name in sharded and strategy is not None:
+        shards = {
+          "first_shard": first_local_replica(strategy),
+          "num_shards": strategy.num_replicas_in_sync,
+          "strategy": strategy,
+        }
+      state = VocabularyState(vocabulary, capacity_of(table), devices, **shards)
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
       default = tf.fill([1, table.dim], vocabulary.default_value)
@@ -130,36 +150,61 @@ class DynamicTables:
   def statistics(self) -> dict[str, dict[str, int]]:
     """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
     last step), ``evictions`` (live keys evicted so far), ``step`` and
-    ``state_bytes`` (of one copy of the vocabulary's variables: one copy
-    per local replica; the table's rows and slots not included)."""
+    ``state_bytes`` (of the vocabulary's variables one replica holds: a
+    whole copy, or its shard of a row-sharded table's state; the rows
+    and slots not included). Sharded across workers: a collective every
+    worker joins."""
     result = {}
     for table in self._tables:
-      variables = self._states[table_name(table)].copy(0)
-      step = variables["step"].read_value()
+      state = self._states[table_name(table)]
+      whole = state.whole()
       in_use = is_live(
-        variables["last_step"].read_value(),
-        step,
-        variables.vocabulary.ttl_steps,
+        whole["last_step"], whole["step"], state.vocabulary.ttl_steps
       )
       result[table_name(table)] = {
         "capacity": capacity_of(table),
         "rows_in_use": int(tf.reduce_sum(tf.cast(in_use, tf.int64))),
-        "evictions": int(variables["evictions"].read_value()),
-        "step": int(step),
-        "state_bytes": sum(
-          v.shape.num_elements() * v.dtype.size
-          for v in variables.variables.values()
+        "evictions": int(whole["evictions"]),
+        "step": int(whole["step"]),
+        "state_bytes": max(
+          sum(
+            v.shape.num_elements() * v.dtype.size
+            for v in copy.variables.values()
+          )
+          for copy in state.copies
         ),
       }
     return result
 
   def rows(self, prepared: list[PreparedFeature], replica: int) -> list:
-    """``prepared`` with each dynamic feature's keys replaced by rows."""
+    """``prepared`` with each dynamic feature's keys replaced by rows.
+
+    A sharded state answers for the keys of its buckets only: in replica
+    context the replicas exchange keys and answers; outside (a direct
+    lookup) every local shard answers.
+    """
     prepared = list(prepared)
     for table in self._tables:
-      variables = self._states[table_name(table)].copy(replica)
-      for i in self._config.features_of(table):
-        rows = find(variables, prepared[i].ids)
+      state = self._states[table_name(table)]
+      features = self._config.features_of(table)
+      if not state.sharded:
+        for i in features:
+          rows = find(state.copy(replica), prepared[i].ids)
+          prepared[i] = dataclasses.replace(prepared[i], ids=rows)
+        continue
+      if tf.distribute.get_replica_context() is None:
+        for i in features:
+          answers = [find(copy, prepared[i].ids) for copy in state.copies]
+          rows = tf.reduce_max(tf.stack(answers), axis=0)
+          prepared[i] = dataclasses.replace(prepared[i], ids=rows)
+        continue
+      ids = [tf.reshape(prepared[i].ids, [-1]) for i in features]
+      parts, mine = self._sharing.every_replica(ids)
+      answers = self._sharing.combine_owned(
+        find(state.copy(replica), tf.concat(_flat(parts), 0))
+      )
+      for i, feature in zip(features, _mine(answers, parts, mine), strict=True):
+        rows = tf.reshape(feature, tf.shape(prepared[i].ids, out_type=tf.int64))
         prepared[i] = dataclasses.replace(prepared[i], ids=rows)
     return prepared
 
@@ -191,19 +236,17 @@ class DynamicTables:
       parts, mine = self._sharing.every_replica(
         [prepared[i].ids for i in features]
       )
-      step = advance(
-        self._states[name].copy(replica),
-        tf.concat([p for feature in parts for p in feature], 0),
-      )
-      self._reset_rows(stores[name], replica, step.new_rows)
-      new_rows[name] = step.new_rows
-      offset = tf.constant(0, tf.int64)
-      for i, feature in zip(features, parts, strict=True):
-        sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
-        start = offset + tf.reduce_sum(sizes[:mine])
-        rows = step.rows[start:][: sizes[mine]]
-        prepared[i] = dataclasses.replace(prepared[i], ids=rows)
-        offset += tf.reduce_sum(sizes)
+      state = self._states[name]
+      step = advance(state.copy(replica), tf.concat(_flat(parts), 0))
+      rows, given = step.rows, step.new_rows
+      if state.sharded:  # Each key's row is known by its shard alone.
+        rows = self._sharing.combine_owned(rows)
+        (every,), _ = self._sharing.every_replica([given])
+        given = tf.concat(every, 0)
+      self._reset_rows(stores[name], replica, given)
+      new_rows[name] = given
+      for i, feature in zip(features, _mine(rows, parts, mine), strict=True):
+        prepared[i] = dataclasses.replace(prepared[i], ids=feature)
     return prepared, new_rows
 
   def _reset_rows(self, store: TableStore, block: int, rows: tf.Tensor):
@@ -246,6 +289,26 @@ class DynamicTables:
       return ids, concat_pieces(grads), index
 
     return tf.cond(tf.reduce_all(keep), as_they_are, drop)
+
+
+def _flat(parts: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+  """Feature by feature, replica after replica: the global batch's order."""
+  return [p for feature in parts for p in feature]
+
+
+def _mine(
+  values: tf.Tensor, parts: list[list[tf.Tensor]], mine: Any
+) -> list[tf.Tensor]:
+  """Per feature, this replica's slice of ``values`` (one per element of
+  ``_flat(parts)``, in that order)."""
+  result = []
+  offset = tf.constant(0, tf.int64)
+  for feature in parts:
+    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
+    start = offset + tf.reduce_sum(sizes[:mine])
+    result.append(values[start:][: sizes[mine]])
+    offset += tf.reduce_sum(sizes)
+  return result
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):

@@ -42,6 +42,12 @@ class ReplicaSharing(abc.ABC):
     (outside, or with a single replica: its own, place 0)."""
 
   @abc.abstractmethod
+  def combine_owned(self, rows: tf.Tensor) -> tf.Tensor:
+    """Each element from the one replica that knows it: ``rows`` (int64,
+    the same shape on every replica) hold -1 where another replica's
+    shard of the state owns the key."""
+
+  @abc.abstractmethod
   def first_replica(self, value: tf.Tensor) -> tf.Tensor:
     """Replica 0's ``value`` (``[n, d]`` float32, the same ``n`` on every
     replica), on every replica."""
@@ -65,6 +71,10 @@ class LocalReplicas(ReplicaSharing):
     parts, _ = self.every_replica([value])
     return parts[0][0]
 
+  def combine_owned(self, rows):
+    parts, _ = self.every_replica([rows])
+    return tf.reduce_max(tf.stack(parts[0]), axis=0)
+
 
 class AllWorkers(ReplicaSharing):
   """Replicas in several processes: collectives across all of them."""
@@ -83,6 +93,11 @@ class AllWorkers(ReplicaSharing):
       for t in range(len(values))
     ]
     return parts, context.replica_id_in_sync_group
+
+  def combine_owned(self, rows):
+    context = tf.distribute.get_replica_context()
+    # -1 elsewhere: the sum of (row + 1) over replicas is the owner's.
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, rows + 1) - 1
 
   def first_replica(self, value):
     context = tf.distribute.get_replica_context()

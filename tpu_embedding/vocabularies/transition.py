@@ -49,9 +49,7 @@ class VocabularyVariables:
     num_shards: int = 1,
   ):
     self.vocabulary = vocabulary
-    self.layout = BucketLayout(
-      capacity, vocabulary.bucket_size, shard, num_shards
-    )
+    self.layout = self.layout_of(vocabulary, capacity, shard, num_shards)
     self.probation = (
       vocabulary.probation_size if vocabulary.min_count > 1 else 0
     )
@@ -76,6 +74,16 @@ class VocabularyVariables:
         tf.constant(0, tf.int64), trainable=False, name="evictions"
       ),
     }
+
+  @staticmethod
+  def layout_of(
+    vocabulary: DynamicVocabulary,
+    capacity: int,
+    shard: int = 0,
+    num_shards: int = 1,
+  ) -> BucketLayout:
+    """The layout of a shard's state (without creating variables)."""
+    return BucketLayout(capacity, vocabulary.bucket_size, shard, num_shards)
 
   def __getitem__(self, name: str) -> tf.Variable:
     return self.variables[name]
