@@ -418,8 +418,13 @@ def test_unsupported_settings_say_why():
   with pytest.raises(ValueError, match="changes every row"):
     _single_feature(optimizer=tpe.Adam(0.1, lazy_adam=False))
   emb, table = _single_feature()
-  with pytest.raises(ValueError, match="whose state lives in the trained"):
-    tpe.TPUEmbeddingForServing({"u": tpe.FeatureConfig(table)}, tpe.SGD(0.1))
+  with pytest.raises(ValueError, match="mapped by its vocabulary's state"):
+    tpe.serving_embedding_lookup(
+      {"u": tf.constant([3])},
+      None,
+      {table: tf.zeros([CAPACITY + 1, DIM])},
+      {"u": tpe.FeatureConfig(table)},
+    )
   other = tpe.TableConfig(CAPACITY, DIM, name="other")
   with pytest.raises(ValueError, match="never stacked"):
     tpe.TPUEmbedding(
@@ -628,3 +633,60 @@ def test_export_with_another_padding_serves_key_minus_one(tmp_path):
   assert not np.allclose(got[0], INIT)  # key -1 has a trained row
   with pytest.raises(ValueError, match="padding must be an int"):
     FeatureSpec([None, None], padding="")
+
+
+def export_spec_for_cli():
+  """What tools/export.py rebuilds the dynamic table's export from."""
+  from tpu_embedding.export import ExportSpec
+  from tpu_embedding.export import FeatureSpec
+
+  table = _users(min_count=2, eviction="lru", default_value=DEFAULT)
+  return ExportSpec(
+    feature_config={
+      "a": tpe.FeatureConfig(table),
+      "b": tpe.FeatureConfig(table),
+    },
+    input_signature={"a": FeatureSpec([None], tf.int64)},
+    model=None,
+  )
+
+
+def test_serving_and_export_from_a_checkpoint(tmp_path):
+  """A checkpoint of a table sharded (rows and vocabulary) over 2
+  replicas: TPUEmbeddingForServing restores the whole vocabulary and
+  looks raw keys up as the trained object does; tools/export.py exports
+  it from the checkpoint alone."""
+  from tests.test_export import _load_tool
+
+  stream, loss_r = _stream(seed=4), _loss_terms(seed=3)
+  two = mirrored_strategy(2)
+  emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru", sharded=True)
+  _train(two, emb, stream, loss_r)
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ckpt" / "c"))
+  probe = tf.constant([10**12, 10**12 + 7, -3, 5, -(2**40), 10**12 + 98])
+  with two.scope():
+    want = emb({"a": probe, "b": probe})["a"].numpy()
+  assert not np.allclose(want[:2], INIT)  # trained rows
+  np.testing.assert_array_equal(want[3], [DEFAULT] * DIM)  # never seen
+
+  spec = export_spec_for_cli()
+  serving = tpe.TPUEmbeddingForServing(spec.feature_config, None)
+  tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+  np.testing.assert_allclose(serving({"a": probe})["a"], want, atol=1e-6)
+  state = serving.vocabulary_states["users"].whole()
+  assert int(state["step"]) == STEPS
+
+  spec_file = tmp_path / "spec.py"
+  spec_file.write_text(
+    "from tests.test_dynamic_tables import export_spec_for_cli\n\n"
+    "def build():\n  return export_spec_for_cli()\n"
+  )
+  tool_args = [
+    "--spec", f"{spec_file}:build",
+    "--checkpoint", str(tmp_path / "ckpt"),
+    "--export_dir", str(tmp_path / "export"),
+  ]  # fmt: skip
+  assert _load_tool().main(tool_args) == 0
+  loaded = tf.saved_model.load(str(tmp_path / "export"))
+  served = loaded.signatures["serving_default"]
+  np.testing.assert_allclose(served(a=probe)["a"], want, atol=1e-6)

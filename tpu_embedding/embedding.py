@@ -176,6 +176,12 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     return self._engine.table_stores
 
   @property
+  def vocabulary_states(self) -> dict[str, Any]:
+    """``{table name: VocabularyState}``: the dynamic tables' vocabularies
+    (``vocabularies/state.py``); empty without dynamic tables."""
+    return self._engine.vocabulary_states
+
+  @property
   def backend(self) -> Backend:
     """The backend holding the tables (off TPU).
 

@@ -78,10 +78,11 @@ EMPTY_STRING_KEYS = (
   "DynamicVocabulary); every key must be a non-empty string."
 )
 DYNAMIC_EXPORT = (
-  "Tables {tables} have a DynamicVocabulary, whose state lives in the "
-  "trained TPUEmbedding: serve them from it (embedding(features), "
-  "export.ServingLookup, export.export_for_serving). TPUEmbeddingForServing "
-  "and exports from a checkpoint (tools/export.py) do not support them yet."
+  "Tables {tables} have a DynamicVocabulary: their raw keys are mapped by "
+  "its vocabulary's state, which was not given here. Look them up with the "
+  "trained TPUEmbedding (embedding(features), export.ServingLookup, "
+  "export.export_for_serving), or restore a checkpoint into "
+  "TPUEmbeddingForServing (tools/export.py does)."
 )
 IDS_OUT_OF_RANGE = (
   "Input {path} has ids outside [0, {vocabulary_size}) for table "

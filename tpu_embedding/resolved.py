@@ -115,7 +115,11 @@ def resolve(
         errors.UNSUPPORTED_OPTIMIZER.format(type=type(table_optimizer))
       )
     table = user_table.replace(name=name, optimizer=table_optimizer)
-    if table.vocabulary is not None:
+    resolved_already = (
+      table.vocabulary is not None
+      and table.vocabulary.capacity == table.vocabulary_size - 1
+    )  # (a user's capacity must equal its vocabulary_size)
+    if table.vocabulary is not None and not resolved_already:
       # Rows [0, vocabulary_size) for keys, then the default row
       # (vocabularies/dynamic_tables.py).
       size = table.vocabulary_size

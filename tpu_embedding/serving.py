@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -61,8 +62,11 @@ from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
 from tpu_embedding.types import WeightsNest
+from tpu_embedding.vocabularies.config import capacity_of
 from tpu_embedding.vocabularies.serving import KeysToRows
 from tpu_embedding.vocabularies.serving import rows_input
+from tpu_embedding.vocabularies.state import VocabularyState
+from tpu_embedding.vocabularies.transition import find
 
 #: Reads rows of one table by id, in id order.
 RowReader = Callable[[tf.Tensor], tf.Tensor]
@@ -264,10 +268,8 @@ class TPUEmbeddingForServing(Trackable):
       raise RuntimeError("Serving on TPU is not yet supported.")
     self._feature_config = feature_config
     self._config = resolve(feature_config, optimizer)
-    dynamic = [t.name for t in self._config.tables if t.vocabulary is not None]
-    if dynamic:
-      raise ValueError(errors.DYNAMIC_EXPORT.format(tables=dynamic))
     self._stores: dict[str, TableStore] = {}
+    self._vocabularies: dict[str, VocabularyState] = {}
     self._built = False
 
   def build(self) -> None:
@@ -280,7 +282,19 @@ class TPUEmbeddingForServing(Trackable):
         table_name(t): WholeTable.create(t, tracker)
         for t in self._config.tables
       }
+      # Dynamic tables: the whole vocabulary, under the training key.
+      for t in self._config.tables:
+        if t.vocabulary is not None:
+          state = VocabularyState(t.vocabulary, capacity_of(t), [None])
+          self._vocabularies[table_name(t)] = state
+          tracker.register(f"{table_name(t)}/vocabulary", state, restore=True)
     self._built = True
+
+  @property
+  def vocabulary_states(self) -> dict[str, VocabularyState]:
+    """``{table name: VocabularyState}`` of the dynamic tables."""
+    self.build()
+    return dict(self._vocabularies)
 
   @property
   def table_stores(self) -> dict[str, TableStore]:
@@ -314,7 +328,22 @@ class TPUEmbeddingForServing(Trackable):
   def embedding_lookup(
     self, features: FeatureNest, weights: WeightsNest | None = None
   ) -> ActivationsNest:
-    """Serving lookups of ``features`` (a subset of the feature config)."""
-    return serving_embedding_lookup(
-      features, weights, self.embedding_tables, self._feature_config
+    """Serving lookups of ``features`` (a subset of the feature config);
+    a dynamic table's raw keys are mapped by its vocabulary first."""
+    tables = self.embedding_tables
+    translators = {
+      user: functools.partial(
+        find, self._vocabularies[table_name(table)].copy(0)
+      )
+      for user, table in zip(
+        self._config.user_tables, self._config.tables, strict=True
+      )
+      if table.vocabulary is not None
+    }
+    return lookup_with_readers(
+      features,
+      weights,
+      {table: row_reader(value) for table, value in tables.items()},
+      self._feature_config,
+      translators,
     )

@@ -98,6 +98,11 @@ class Engine(metaclass=abc.ABCMeta):
     """Where each table's rows live; None when every table is whole."""
     return None
 
+  @property
+  def vocabulary_states(self) -> dict[str, Any]:
+    """``{table name: VocabularyState}`` of the dynamic tables."""
+    return {}
+
   # --- the training loop ---------------------------------------------------
 
   @abc.abstractmethod

@@ -139,6 +139,11 @@ class OffTPUEngine(Engine, Trackable):
     return self._dynamic
 
   @property
+  def vocabulary_states(self) -> dict[str, Any]:
+    self._maybe_build()
+    return self._dynamic.states
+
+  @property
   def stacks(self) -> list[TableStack]:
     """How the tables are stacked (``stacking.py``); one table per stack
     when not stacked."""

@@ -343,7 +343,7 @@ def table_stores_of(embedding: Any) -> dict[str, TableStore]:
 def _vocabulary_of(embedding: Any, name: str) -> VocabularyVariables:
   """The live vocabulary of dynamic table ``name`` (its first copy)."""
   try:
-    states = embedding.engine.dynamic_tables.states
+    states = embedding.vocabulary_states
   except AttributeError as e:
     raise ValueError(errors.DYNAMIC_EXPORT.format(tables=[name])) from e
   return states[name].whole_variables()

@@ -219,6 +219,11 @@ class TPUEmbedding(Layer):
     """``{table name: TableStore}``: the tables in one interface."""
     return self._tpu_embedding.table_stores
 
+  @property
+  def vocabulary_states(self) -> dict[str, Any]:
+    """``{table name: VocabularyState}`` of the dynamic tables."""
+    return self._tpu_embedding.vocabulary_states
+
   # --- calls ---------------------------------------------------------------
 
   @tf.autograph.experimental.do_not_convert
