@@ -269,7 +269,8 @@ def test_sharding_report_of_dynamic_tables():
   ).stdout  # fmt: skip
   # 300 rows: 3 * 300 int64 per table + the step and evictions.
   assert "2 dynamic table(s), capacity 600 rows (+1 default row each)" in out
-  assert "vocabulary state 0.0 MiB on every replica" in out
+  assert "vocabulary state at most 0.01 MiB per replica" in out
+  assert "(0 sharded with their rows, 2 replicated)" in out
   found = re.findall(
     r"t\d: capacity 300, rows in use ([\d,]+) \([\d.]+%\), evictions (\d+)",
     out,
@@ -278,6 +279,21 @@ def test_sharding_report_of_dynamic_tables():
   for in_use, evictions in found:
     # 600 keys from 900 into 300 rows: full, and keys were evicted.
     assert int(in_use) == 300 and int(evictions) > 0
+
+
+def test_sharding_report_of_sharded_vocabularies():
+  """A row-sharded dynamic table's state is sharded with its rows: 30,000
+  rows in 469 buckets of 64, 2 replicas: shards of 234 and 235 buckets
+  (14,968 and 15,032 rows, 3 int64 each + step and evictions)."""
+  args = ["--tables=2", "--rows=30000", "--dim=4", "--replicas=2", "--dynamic"]
+  sharded = run_tool("sharding_report.py", *args, "--row_threshold=0").stdout
+  whole = 8 * (3 * 30_000 + 2) * 2 / 2**20
+  half = 8 * (3 * 15_032 + 2) * 2 / 2**20
+  assert f"state at most {half:.2f} MiB per replica" in sharded
+  assert "(2 sharded with their rows, 0 replicated)" in sharded
+  replicated = run_tool("sharding_report.py", *args, "--row_threshold=10000000")
+  assert f"state at most {whole:.2f} MiB per replica" in replicated.stdout
+  assert "(0 sharded with their rows, 2 replicated)" in replicated.stdout
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,8 @@ import tpu_embedding as tpe  # noqa: E402
 from tpu_embedding.backends.stacks import plan_with_stacks  # noqa: E402
 from tpu_embedding.resolved import resolve  # noqa: E402
 from tpu_embedding.sharding import make_plan  # noqa: E402
+from tpu_embedding.vocabularies.config import capacity_of  # noqa: E402
+from tpu_embedding.vocabularies.transition import VocabularyVariables  # noqa: E402
 
 #: Criteo 1TB vocabulary sizes as published with Model Garden's DLRM.
 CRITEO_VOCAB_SIZES = [
@@ -88,16 +90,20 @@ def tables_for(args) -> list[tpe.TableConfig]:
   ]  # fmt: skip
 
 
-def vocabulary_bytes(table) -> int:
-  """Bytes of a dynamic table's vocabulary state (on every replica)."""
-  from tpu_embedding.vocabularies.buckets import BucketLayout  # noqa: PLC0415
-  from tpu_embedding.vocabularies.config import capacity_of  # noqa: PLC0415
-
+def vocabulary_bytes(table, shards: int = 1) -> int:
+  """Bytes of a dynamic table's vocabulary state on the replica holding
+  the most: the whole state, or (``shards`` > 1: the table is row-sharded
+  and its state with it) its largest shard."""
   vocabulary = table.vocabulary
-  capacity = capacity_of(table)
-  layout = BucketLayout(capacity, vocabulary.bucket_size)
   probation = vocabulary.probation_size if vocabulary.min_count > 1 else 0
-  return 8 * (3 * capacity + 3 * layout.num_buckets * probation + 2)
+  layouts = [
+    VocabularyVariables.layout_of(vocabulary, capacity_of(table), i, shards)
+    for i in range(shards)
+  ]
+  return max(
+    8 * (3 * lay.local_rows + 3 * lay.num_local_buckets * probation + 2)
+    for lay in layouts
+  )
 
 
 def dynamic_statistics(tables, steps: int, batch: int) -> dict:
@@ -255,12 +261,16 @@ def main(argv: list[str] | None = None) -> None:
       assert measured == plan.bytes_per_replica(), "plan and variables differ"
     dynamic = [t for t in resolved if t.vocabulary is not None]
     if dynamic:
-      state = sum(vocabulary_bytes(t) for t in dynamic)
+      sharded = [t for t in dynamic if plan.placements[t.name].sharded]
+      state = sum(
+        vocabulary_bytes(t, replicas if t in sharded else 1) for t in dynamic
+      )
       print(
         f"{len(dynamic)} dynamic table(s), capacity "
         f"{sum(t.vocabulary_size - 1 for t in dynamic):,} rows (+1 default "
-        f"row each); vocabulary state {state / 2**20:,.1f} MiB on every "
-        f"replica beside its rows"
+        f"row each); vocabulary state at most {state / 2**20:,.2f} MiB per "
+        f"replica beside its rows ({len(sharded)} sharded with their rows, "
+        f"{len(dynamic) - len(sharded)} replicated)"
       )
     print()
   if args.dynamic and args.build:
