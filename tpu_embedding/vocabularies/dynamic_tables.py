@@ -6,12 +6,18 @@ without a row read; never updated). ``resolve`` gives the table that
 size; ``DynamicTables`` does the rest around the one lookup path:
 
 * a training lookup gathers the global batch's keys of each dynamic table
-  (its features in order, replicas in order), runs the vocabulary's step
-  on this replica's copy, resets the rows given to new keys (values and
-  optimizer slots, the same values on every replica) in the block this
-  replica holds, and hands the lookup each key's row;
-* other lookups map keys with the state as it is;
-* updates drop the default row.
+  (its features in order, replicas in order; ``sharing.py``), runs the
+  vocabulary's step on this replica's copy (or shard: then each key's row
+  comes from the replica owning its bucket, and every replica learns all
+  new rows), resets the rows given to new keys (values and optimizer
+  slots, the same values on every replica) in the block this replica
+  holds, and hands the lookup each key's row;
+* other lookups map keys with the state as it is (shards combined);
+* updates drop the default row; with pipelining, the held update drops
+  the rows just given to new keys.
+
+The state of a row-sharded table is sharded with it (``state.py``): shard
+``r`` of ``R`` is a range of buckets, so no replica holds the whole map.
 
 Example:
   >>> import tensorflow as tf
