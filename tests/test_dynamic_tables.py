@@ -70,6 +70,13 @@ def _users(**vocabulary) -> tpe.TableConfig:
   )
 
 
+def _strategy(replicas: int) -> tf.distribute.Strategy:
+  """The default strategy for 1 replica, else a ``MirroredStrategy``."""
+  if replicas == 1:
+    return tf.distribute.get_strategy()
+  return mirrored_strategy(replicas)
+
+
 def _make(
   strategy, optimizer, min_count, eviction, pipelined=False, sharded=False
 ):
@@ -220,11 +227,7 @@ def _state_bytes(replicas: int, sharded: bool, min_count: int) -> int:
 def test_training_matches_the_oracles(
   replicas, sharded, name, min_count, eviction
 ):
-  strategy = (
-    tf.distribute.get_strategy()
-    if replicas == 1
-    else mirrored_strategy(replicas)
-  )
+  strategy = _strategy(replicas)
   make_optimizer, hparams = OPTIMIZERS[name]
   emb, table = _make(
     strategy, make_optimizer(), min_count, eviction, sharded=sharded
@@ -380,11 +383,7 @@ def test_pipelined_training_matches_the_oracles(
 ):
   """One step stale; a row given to a new key loses the held update of
   the key it evicted."""
-  strategy = (
-    tf.distribute.get_strategy()
-    if replicas == 1
-    else mirrored_strategy(replicas)
-  )
+  strategy = _strategy(replicas)
   make_optimizer, hparams = OPTIMIZERS[name]
   emb, table = _make(
     strategy, make_optimizer(), min_count, eviction, True, sharded

@@ -63,6 +63,21 @@ def test_string_keys_are_fingerprints():
   assert bool(tf.reduce_all(keys >= 0))
 
 
+CAPACITY = 22  # The streams' tables: 6 buckets of 3 or 4 rows.
+
+
+def _stream_config(min_count, eviction, ttl_steps) -> tpe.DynamicVocabulary:
+  """The vocabulary the streams run through (buckets of 4 rows, 3
+  probation entries each)."""
+  return tpe.DynamicVocabulary(
+    min_count=min_count,
+    eviction=eviction,
+    ttl_steps=ttl_steps,
+    bucket_size=4,
+    probation_size=3,
+  )
+
+
 def _stream(rng, steps, batch, key_space):
   """Skewed raw keys (negative and huge ones too)."""
   ranks = np.minimum(rng.zipf(1.3, size=(steps, batch)), key_space) - 1
@@ -106,14 +121,8 @@ def _path(kernel: bool):
 def test_steps_match_the_oracle(
   rng, eviction, min_count, ttl_steps, traced, kernel
 ):
-  config = tpe.DynamicVocabulary(
-    min_count=min_count,
-    eviction=eviction,
-    ttl_steps=ttl_steps,
-    bucket_size=4,
-    probation_size=3,
-  )
-  capacity = 22  # 6 buckets of 3 or 4 rows
+  config = _stream_config(min_count, eviction, ttl_steps)
+  capacity = CAPACITY
   variables = VocabularyVariables(config, capacity)
   oracle = OracleVocabulary(
     capacity, 4, min_count, eviction, ttl_steps, probation_size=3
@@ -147,14 +156,8 @@ def test_sharded_state_steps_match_the_oracle(
   """Each shard of the state owns a range of buckets: its keys get their
   row from it alone (-1 from the others), and the shards side by side are
   the one-device state."""
-  config = tpe.DynamicVocabulary(
-    min_count=min_count,
-    eviction=eviction,
-    ttl_steps=ttl_steps,
-    bucket_size=4,
-    probation_size=3,
-  )
-  capacity = 22  # 6 buckets of 3 or 4 rows
+  config = _stream_config(min_count, eviction, ttl_steps)
+  capacity = CAPACITY
   shards = [
     VocabularyVariables(config, capacity, shard, num_shards)
     for shard in range(num_shards)

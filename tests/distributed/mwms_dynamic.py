@@ -29,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from mwms_training import training_step  # noqa: E402 (this directory)
 
 import tpu_embedding as tpe  # noqa: E402
 
@@ -116,29 +117,7 @@ def main(checkpoint_dir: str) -> None:
   with strategy.scope():
     emb = make_embedding(with_tags=True)
 
-  @tf.function
-  def step(features):
-    def slice_for(ctx):
-      r = ctx.replica_id_in_sync_group
-      return tf.nest.map_structure(
-        lambda t: t[r * per : (r + 1) * per], features
-      )
-
-    emb.enqueue(
-      strategy.experimental_distribute_values_from_function(slice_for),
-      training=True,
-    )
-
-    def replica_fn():
-      r = tf.distribute.get_replica_context().replica_id_in_sync_group
-      with tf.GradientTape() as tape:
-        activations = emb.dequeue()
-        tape.watch(activations)
-        loss = loss_fn(activations, projection[r * per : (r + 1) * per])
-      emb.apply_gradients(tape.gradient(loss, activations))
-      return activations
-
-    return strategy.run(replica_fn)
+  step = training_step(strategy, emb, loss_fn, projection, per)
 
   first = strategy.cluster_resolver.task_id
   for number, (batch, expected) in enumerate(zip(batches, want, strict=True)):

@@ -58,6 +58,38 @@ def loss_fn(activations, projection):
   )
 
 
+def training_step(strategy, emb, loss_fn, projection, per):
+  """A step on a global batch: replica ``r`` takes examples ``[r * per,
+  (r + 1) * per)`` and the loss ``loss_fn(activations, its projection
+  rows)``; returns the activations."""
+
+  @tf.function
+  def step(features):
+    def slice_for(ctx):
+      r = ctx.replica_id_in_sync_group
+      return tf.nest.map_structure(
+        lambda t: t[r * per : (r + 1) * per], features
+      )
+
+    emb.enqueue(
+      strategy.experimental_distribute_values_from_function(slice_for),
+      training=True,
+    )
+
+    def replica_fn():
+      r = tf.distribute.get_replica_context().replica_id_in_sync_group
+      with tf.GradientTape() as tape:
+        activations = emb.dequeue()
+        tape.watch(activations)
+        loss = loss_fn(activations, projection[r * per : (r + 1) * per])
+      emb.apply_gradients(tape.gradient(loss, activations))
+      return activations
+
+    return strategy.run(replica_fn)
+
+  return step
+
+
 def full_values(emb):
   return {
     (t, s): np.asarray(v.read_value() if hasattr(v, "read_value") else v)
@@ -87,29 +119,7 @@ def train_and_check(
   with strategy.scope():
     emb = make_embedding(big_init, small_init, OPTIMIZERS[name]())
 
-  @tf.function
-  def step(features):
-    def slice_for(ctx):
-      r = ctx.replica_id_in_sync_group
-      return tf.nest.map_structure(
-        lambda t: t[r * per : (r + 1) * per], features
-      )
-
-    emb.enqueue(
-      strategy.experimental_distribute_values_from_function(slice_for)
-    )
-
-    def replica_fn():
-      r = tf.distribute.get_replica_context().replica_id_in_sync_group
-      with tf.GradientTape() as tape:
-        activations = emb.dequeue()
-        tape.watch(activations)
-        loss = loss_fn(activations, projection[r * per : (r + 1) * per])
-      emb.apply_gradients(tape.gradient(loss, activations))
-      return activations
-
-    return strategy.run(replica_fn)
-
+  step = training_step(strategy, emb, loss_fn, projection, per)
   first = strategy.cluster_resolver.task_id * len(
     strategy.extended.worker_devices
   )
