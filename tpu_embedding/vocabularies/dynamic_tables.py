@@ -266,9 +266,7 @@ class DynamicTables:
       initial_rows(initializer, count, table.dim, table_name(table))
       for _, initializer, _ in specs
     ]
-    values = tf.split(
-      self._sharing.first_replica(tf.concat(values, axis=1)), len(specs), 1
-    )
+    values = self._sharing.first_replica(values)
     first, size = store.block_rows(block)
     mine = tf.logical_and(rows >= first, rows < first + size)
     local = tf.boolean_mask(rows - first, mine)

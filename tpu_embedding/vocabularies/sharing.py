@@ -48,9 +48,9 @@ class ReplicaSharing(abc.ABC):
     shard of the state owns the key."""
 
   @abc.abstractmethod
-  def first_replica(self, value: tf.Tensor) -> tf.Tensor:
-    """Replica 0's ``value`` (``[n, d]`` float32, the same ``n`` on every
-    replica), on every replica."""
+  def first_replica(self, values: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Replica 0's ``values`` (``[n, d_i]`` float32, the same ``n`` on
+    every replica), on every replica."""
 
 
 class LocalReplicas(ReplicaSharing):
@@ -67,9 +67,9 @@ class LocalReplicas(ReplicaSharing):
     parts = context.merge_call(merge, args=(values,))
     return [list(p) for p in parts], context.replica_id_in_sync_group
 
-  def first_replica(self, value):
-    parts, _ = self.every_replica([value])
-    return parts[0][0]
+  def first_replica(self, values):
+    parts, _ = self.every_replica(values)
+    return [part[0] for part in parts]
 
   def combine_owned(self, rows):
     parts, _ = self.every_replica([rows])
@@ -99,16 +99,17 @@ class AllWorkers(ReplicaSharing):
     # -1 elsewhere: the sum of (row + 1) over replicas is the owner's.
     return context.all_reduce(tf.distribute.ReduceOp.SUM, rows + 1) - 1
 
-  def first_replica(self, value):
+  def first_replica(self, values):
     context = tf.distribute.get_replica_context()
     is_first = tf.equal(context.replica_id_in_sync_group, 0)
     # One padding row: collectives on empty tensors are not safe.
-    padded = tf.pad(value, [[0, 1], [0, 0]])
+    padded = tf.pad(tf.concat(values, axis=1), [[0, 1], [0, 0]])
     summed = context.all_reduce(
       tf.distribute.ReduceOp.SUM,
       tf.where(is_first, padded, tf.zeros_like(padded)),
     )
-    return summed[:-1]
+    widths = [int(v.shape[1]) for v in values]
+    return tf.split(summed[:-1], widths, axis=1)
 
 
 def for_strategy(strategy: tf.distribute.Strategy) -> ReplicaSharing:
