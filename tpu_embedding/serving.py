@@ -65,6 +65,7 @@ from tpu_embedding.types import WeightsNest
 from tpu_embedding.vocabularies.config import capacity_of
 from tpu_embedding.vocabularies.serving import KeysToRows
 from tpu_embedding.vocabularies.serving import rows_input
+from tpu_embedding.vocabularies.state import ReplicatedVocabulary
 from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import find
 
@@ -285,7 +286,7 @@ class TPUEmbeddingForServing(Trackable):
       # Dynamic tables: the whole vocabulary, under the training key.
       for t in self._config.tables:
         if t.vocabulary is not None:
-          state = VocabularyState(t.vocabulary, capacity_of(t), [None])
+          state = ReplicatedVocabulary(t.vocabulary, capacity_of(t), [None])
           self._vocabularies[table_name(t)] = state
           tracker.register(f"{table_name(t)}/vocabulary", state, restore=True)
     self._built = True

@@ -32,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 from mwms_training import training_step  # noqa: E402 (this directory)
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary  # noqa: E402
 
 CAPACITY, BUCKET, DIM, BATCH, STEPS = 24, 4, 3, 8, 5
 
@@ -141,7 +142,8 @@ def main(checkpoint_dir: str) -> None:
   alone = single.engine.dynamic_tables.statistics()["users"]
   # The state is sharded like the rows: each worker holds half of it.
   states = emb.engine.dynamic_tables.states
-  assert states["users"].sharded and not states["tags"].sharded
+  assert isinstance(states["users"], ShardedVocabulary)
+  assert not isinstance(states["tags"], ShardedVocabulary)
   assert states["users"].copy(0).layout.local_rows == CAPACITY // 2
   assert statistics["users"]["state_bytes"] < alone["state_bytes"] * 0.6
   for key in ("capacity", "rows_in_use", "evictions", "step"):

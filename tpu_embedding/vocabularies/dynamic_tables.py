@@ -47,17 +47,18 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.inputs import PreparedFeature
-from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tracking import VariableTracker
 from tpu_embedding.vocabularies.config import capacity_of
+from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary
 from tpu_embedding.vocabularies.sharing import ReplicaSharing
+from tpu_embedding.vocabularies.sharing import flat
+from tpu_embedding.vocabularies.sharing import slices_of
+from tpu_embedding.vocabularies.state import ReplicatedVocabulary
 from tpu_embedding.vocabularies.state import VocabularyState
-from tpu_embedding.vocabularies.transition import advance
-from tpu_embedding.vocabularies.transition import find
 from tpu_embedding.vocabularies.transition import is_live
 
 
@@ -140,14 +141,13 @@ class DynamicTables:
     for table in self._tables:
       name, vocabulary = table_name(table), table.vocabulary
       assert vocabulary is not None
-      shards = {}
+      state: VocabularyState
       if name in sharded and strategy is not None:
-        shards = {
-          "first_shard": first_local_replica(strategy),
-          "num_shards": strategy.num_replicas_in_sync,
-          "strategy": strategy,
-        }
-      state = VocabularyState(vocabulary, capacity_of(table), devices, **shards)
+        state = ShardedVocabulary(
+          vocabulary, capacity_of(table), devices, strategy
+        )
+      else:
+        state = ReplicatedVocabulary(vocabulary, capacity_of(table), devices)
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
       default = tf.fill([1, table.dim], vocabulary.default_value)
@@ -183,35 +183,16 @@ class DynamicTables:
     return result
 
   def rows(self, prepared: list[PreparedFeature], replica: int) -> list:
-    """``prepared`` with each dynamic feature's keys replaced by rows.
-
-    A sharded state answers for the keys of its buckets only: in replica
-    context the replicas exchange keys and answers; outside (a direct
-    lookup) every local shard answers.
-    """
+    """``prepared`` with each dynamic feature's keys replaced by rows
+    (the state as it is: ``VocabularyState.lookup``)."""
     prepared = list(prepared)
     for table in self._tables:
-      state = self._states[table_name(table)]
       features = self._config.features_of(table)
-      if not state.sharded:
-        for i in features:
-          rows = find(state.copy(replica), prepared[i].ids)
-          prepared[i] = dataclasses.replace(prepared[i], ids=rows)
-        continue
-      if tf.distribute.get_replica_context() is None:
-        for i in features:
-          answers = [find(copy, prepared[i].ids) for copy in state.copies]
-          rows = tf.reduce_max(tf.stack(answers), axis=0)
-          prepared[i] = dataclasses.replace(prepared[i], ids=rows)
-        continue
-      ids = [tf.reshape(prepared[i].ids, [-1]) for i in features]
-      parts, mine = self._sharing.every_replica(ids)
-      answers = self._sharing.combine_owned(
-        find(state.copy(replica), tf.concat(_flat(parts), 0))
+      rows = self._states[table_name(table)].lookup(
+        [prepared[i].ids for i in features], replica, self._sharing
       )
-      for i, feature in zip(features, _mine(answers, parts, mine), strict=True):
-        rows = tf.reshape(feature, tf.shape(prepared[i].ids, out_type=tf.int64))
-        prepared[i] = dataclasses.replace(prepared[i], ids=rows)
+      for i, feature_rows in zip(features, rows, strict=True):
+        prepared[i] = dataclasses.replace(prepared[i], ids=feature_rows)
     return prepared
 
   def rows_for_training(
@@ -242,16 +223,14 @@ class DynamicTables:
       parts, mine = self._sharing.every_replica(
         [prepared[i].ids for i in features]
       )
-      state = self._states[name]
-      step = advance(state.copy(replica), tf.concat(_flat(parts), 0))
-      rows, given = step.rows, step.new_rows
-      if state.sharded:  # Each key's row is known by its shard alone.
-        rows = self._sharing.combine_owned(rows)
-        (every,), _ = self._sharing.every_replica([given])
-        given = tf.concat(every, 0)
+      rows, given = self._states[name].step(
+        tf.concat(flat(parts), 0), replica, self._sharing
+      )
       self._reset_rows(stores[name], replica, given)
       new_rows[name] = given
-      for i, feature in zip(features, _mine(rows, parts, mine), strict=True):
+      for i, feature in zip(
+        features, slices_of(rows, parts, mine), strict=True
+      ):
         prepared[i] = dataclasses.replace(prepared[i], ids=feature)
     return prepared, new_rows
 
@@ -293,26 +272,6 @@ class DynamicTables:
       return ids, concat_pieces(grads), index
 
     return tf.cond(tf.reduce_all(keep), as_they_are, drop)
-
-
-def _flat(parts: list[list[tf.Tensor]]) -> list[tf.Tensor]:
-  """Feature by feature, replica after replica: the global batch's order."""
-  return [p for feature in parts for p in feature]
-
-
-def _mine(
-  values: tf.Tensor, parts: list[list[tf.Tensor]], mine: Any
-) -> list[tf.Tensor]:
-  """Per feature, this replica's slice of ``values`` (one per element of
-  ``_flat(parts)``, in that order)."""
-  result = []
-  offset = tf.constant(0, tf.int64)
-  for feature in parts:
-    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
-    start = offset + tf.reduce_sum(sizes[:mine])
-    result.append(values[start:][: sizes[mine]])
-    offset += tf.reduce_sum(sizes)
-  return result
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):

@@ -112,6 +112,28 @@ class AllWorkers(ReplicaSharing):
     return tf.split(summed[:-1], widths, axis=1)
 
 
+def flat(parts: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+  """``every_replica``'s parts feature by feature, replica after replica:
+  the global batch's order."""
+  return [p for feature in parts for p in feature]
+
+
+def slices_of(
+  values: tf.Tensor, parts: list[list[tf.Tensor]], mine: int | tf.Tensor
+) -> list[tf.Tensor]:
+  """Per feature, this replica's slice of ``values`` (one element per
+  element of ``flat(parts)``, in that order); ``mine``: this replica's
+  place."""
+  result = []
+  offset = tf.constant(0, tf.int64)
+  for feature in parts:
+    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
+    start = offset + tf.reduce_sum(sizes[:mine])
+    result.append(values[start:][: sizes[mine]])
+    offset += tf.reduce_sum(sizes)
+  return result
+
+
 def for_strategy(strategy: tf.distribute.Strategy) -> ReplicaSharing:
   """``AllWorkers`` where the strategy's replicas span several
   processes, else ``LocalReplicas``."""

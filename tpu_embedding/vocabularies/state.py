@@ -19,13 +19,15 @@ copy or shard its part, so it moves between replica counts and layouts.
 Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
-  >>> state = VocabularyState(tpe.DynamicVocabulary(bucket_size=2), 4, [None])
+  >>> state = ReplicatedVocabulary(tpe.DynamicVocabulary(bucket_size=2), 4,
+  ...                              [None])
   >>> sorted(state._serialize_to_tensors())[:4]
   ['counts', 'evictions', 'keys', 'last_step']
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +35,10 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.vocabularies.config import DynamicVocabulary
+from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.transition import VocabularyVariables
+from tpu_embedding.vocabularies.transition import advance
+from tpu_embedding.vocabularies.transition import find
 
 
 def variables_on(
@@ -61,134 +66,70 @@ def variables_on(
 
 
 #: Per-row and per-probation-entry arrays (sharded), and the scalars.
-_ROW_ARRAYS = ("keys", "last_step", "counts")
-_ENTRY_ARRAYS = ("probation_keys", "probation_last_step", "probation_counts")
+ROW_ARRAYS = ("keys", "last_step", "counts")
+ENTRY_ARRAYS = ("probation_keys", "probation_last_step", "probation_counts")
 
 
-class VocabularyState(compat.Trackable):
+class VocabularyState(compat.Trackable, abc.ABC):
   """A vocabulary's variables on every local replica, saved as one.
+
+  The layouts (``ReplicatedVocabulary``, ``ShardedVocabulary``) share one
+  interface: ``step`` (a training step on the global batch's keys),
+  ``lookup`` (keys to rows with the state as it is) and ``whole`` (the
+  whole state's values, what checkpoints hold).
 
   Args:
     vocabulary: the configuration.
     capacity: the table's rows for keys.
-    devices: one device per local replica (None: the default device).
-    first_shard: the first local replica's shard (sharded state only).
-    num_shards: 1: every local replica holds a whole copy; else the
-      number of shards (all replicas), local replica ``i`` holding shard
-      ``first_shard + i``.
-    strategy: the strategy, to gather shards held by other workers.
+    copies: each local replica's variables (a copy, or a shard).
   """
 
   def __init__(
     self,
     vocabulary: DynamicVocabulary,
     capacity: int,
-    devices: Sequence[str | None],
-    first_shard: int = 0,
-    num_shards: int = 1,
-    strategy: tf.distribute.Strategy | None = None,
+    copies: list[VocabularyVariables],
   ):
     self.vocabulary = vocabulary
     self.capacity = capacity
-    self.num_shards = num_shards
-    self._strategy = strategy
-    self._first = first_shard
-    self.copies = [
-      variables_on(
-        device,
-        vocabulary,
-        capacity,
-        first_shard + i if num_shards > 1 else 0,
-        num_shards,
-      )
-      for i, device in enumerate(devices)
-    ]
-
-  @property
-  def sharded(self) -> bool:
-    """Whether each replica holds one shard (not a whole copy)."""
-    return self.num_shards > 1
+    self.copies = copies
 
   def copy(self, replica: int) -> VocabularyVariables:
     """The copy (or shard) of local replica ``replica``."""
     return self.copies[replica]
 
+  @abc.abstractmethod
+  def step(
+    self, occurrences: tf.Tensor, replica: int, sharing: ReplicaSharing
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    """A training step on the global batch's key ``occurrences`` (every
+    replica's, in order), on local replica ``replica``'s variables.
+
+    Returns:
+      ``(rows, new_rows)``: every occurrence's row, and every row given
+      to a new key (the same on every replica).
+    """
+
+  @abc.abstractmethod
+  def lookup(
+    self, keys: list[tf.Tensor], replica: int, sharing: ReplicaSharing
+  ) -> list[tf.Tensor]:
+    """The rows of this replica's ``keys`` (any shapes), with the state
+    as it is (in replica context, or outside for a direct lookup)."""
+
+  @abc.abstractmethod
   def whole(self) -> dict[str, tf.Tensor]:
-    """The whole state's values, by variable name (shards side by side;
-    across workers a collective every worker joins)."""
-    if not self.sharded:
-      return {
-        name: variable.read_value()
-        for name, variable in self.copies[0].variables.items()
-      }
-    shards = self._all_shards()
-    whole = {
-      name: tf.concat([shard[name] for shard in shards], 0)
-      for name in _ROW_ARRAYS + _ENTRY_ARRAYS
-    }
-    whole["step"] = shards[0]["step"]
-    whole["evictions"] = tf.add_n([shard["evictions"] for shard in shards])
-    return whole
+    """The whole state's values, by variable name."""
 
   def whole_variables(self) -> VocabularyVariables:
-    """Copy 0 itself when it is whole, else a CPU snapshot of the whole
-    state (for lookups outside the replicas: serving, export)."""
-    if not self.sharded:
-      return self.copies[0]
+    """Variables of the whole state, for lookups outside the replicas
+    (serving, export): copy 0 itself where it is whole."""
     whole = variables_on("/CPU:0", self.vocabulary, self.capacity)
     values = self.whole()
     with tf.init_scope():
       for name, variable in whole.variables.items():
         variable.assign(values[name])
     return whole
-
-  def _all_shards(self) -> list[dict[str, tf.Tensor]]:
-    """Every shard's values, in shard order."""
-    local = [
-      {name: v.read_value() for name, v in copy.variables.items()}
-      for copy in self.copies
-    ]
-    if len(local) == self.num_shards:
-      return local
-    return self._gather_from_workers(local)
-
-  def _gather_from_workers(self, local):
-    """Every worker's shards (``MultiWorkerMirroredStrategy``)."""
-    strategy = self._strategy
-    assert strategy is not None, "sharded state across workers"
-    layouts = [
-      VocabularyVariables.layout_of(
-        self.vocabulary, self.capacity, shard, self.num_shards
-      )
-      for shard in range(self.num_shards)
-    ]
-    probation = self.copies[0].probation
-    sizes = {
-      **{n: [lay.local_rows for lay in layouts] for n in _ROW_ARRAYS},
-      **{
-        n: [lay.num_local_buckets * probation for lay in layouts]
-        for n in _ENTRY_ARRAYS
-      },
-      "step": [1] * self.num_shards,
-      "evictions": [1] * self.num_shards,
-    }
-    shards: list[dict[str, tf.Tensor]] = [{} for _ in layouts]
-    for name, lengths in sizes.items():
-      width = max(max(lengths), 1)
-
-      def padded(context, name=name, width=width):
-        value = local[context.replica_id_in_sync_group - self._first][name]
-        value = tf.reshape(value, [-1])
-        return tf.pad(value, [[0, width - tf.size(value)]])
-
-      stacked = strategy.gather(
-        strategy.experimental_distribute_values_from_function(padded), axis=0
-      )
-      for shard, length in enumerate(lengths):
-        value = stacked[shard * width : shard * width + length]
-        scalar = name in ("step", "evictions")
-        shards[shard][name] = value[0] if scalar else value
-    return shards
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     return self.whole()
@@ -197,8 +138,8 @@ class VocabularyState(compat.Trackable):
     whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
     probation = self.copies[0].probation
     expected = {
-      **dict.fromkeys(_ROW_ARRAYS, [whole.local_rows]),
-      **dict.fromkeys(_ENTRY_ARRAYS, [whole.num_buckets * probation]),
+      **dict.fromkeys(ROW_ARRAYS, [whole.local_rows]),
+      **dict.fromkeys(ENTRY_ARRAYS, [whole.num_buckets * probation]),
     }
     for name, shape in expected.items():
       value = restored_tensors[name]
@@ -213,9 +154,9 @@ class VocabularyState(compat.Trackable):
     for variables in self.copies:
       layout = variables.layout
       parts = {
-        **dict.fromkeys(_ROW_ARRAYS, (layout.row_offset, layout.local_rows)),
+        **dict.fromkeys(ROW_ARRAYS, (layout.row_offset, layout.local_rows)),
         **dict.fromkeys(
-          _ENTRY_ARRAYS,
+          ENTRY_ARRAYS,
           (
             layout.first_bucket * probation,
             layout.num_local_buckets * probation,
@@ -232,3 +173,44 @@ class VocabularyState(compat.Trackable):
           value = tf.zeros_like(value)
         assigns.append(variable.assign(value))
     return tf.group(assigns)
+
+
+class ReplicatedVocabulary(VocabularyState):
+  """A whole copy of the state on every local replica (replicated
+  tables): every replica runs the same step, so the copies stay equal.
+
+  Args:
+    vocabulary: the configuration.
+    capacity: the table's rows for keys.
+    devices: one device per local replica (None: the default device).
+  """
+
+  def __init__(
+    self,
+    vocabulary: DynamicVocabulary,
+    capacity: int,
+    devices: Sequence[str | None],
+  ):
+    super().__init__(
+      vocabulary,
+      capacity,
+      [variables_on(device, vocabulary, capacity) for device in devices],
+    )
+
+  def step(self, occurrences, replica, sharing):
+    del sharing  # Every copy decides alone, and alike.
+    result = advance(self.copies[replica], occurrences)
+    return result.rows, result.new_rows
+
+  def lookup(self, keys, replica, sharing):
+    del sharing
+    return [find(self.copies[replica], k) for k in keys]
+
+  def whole(self):
+    return {
+      name: variable.read_value()
+      for name, variable in self.copies[0].variables.items()
+    }
+
+  def whole_variables(self) -> VocabularyVariables:
+    return self.copies[0]
