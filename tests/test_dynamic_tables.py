@@ -204,6 +204,23 @@ def _oracle_run(
   return outputs, params, slots, vocab
 
 
+def _assert_trained_as(emb, table, got, want, params, slots):
+  """Every step's activations, then the table and its slots, equal the
+  oracle's."""
+  for step, (g, w) in enumerate(zip(got, want, strict=True)):
+    for k in ("a", "b"):
+      np.testing.assert_allclose(
+        g[k], w[k], rtol=1e-5, atol=1e-5, err_msg=f"step {step} {k}"
+      )
+  np.testing.assert_allclose(
+    emb.embedding_tables[table].numpy(), params, rtol=1e-5, atol=1e-5
+  )
+  for slot, value in slots.items():
+    np.testing.assert_allclose(
+      emb.variables["users"][slot].numpy(), value, rtol=1e-5, atol=1e-5
+    )
+
+
 def _state_bytes(replicas: int, sharded: bool, min_count: int) -> int:
   """Bytes of the vocabulary one replica holds at most: keys, last steps
   and counts per row and per probation entry (P = bucket_size entries a
@@ -243,19 +260,7 @@ def test_training_matches_the_oracles(
   want, params, slots, vocab = _oracle_run(
     stream, loss_r, name, hparams, min_count, eviction
   )
-  for step, (g, w) in enumerate(zip(got, want, strict=True)):
-    for k in ("a", "b"):
-      np.testing.assert_allclose(
-        g[k], w[k], rtol=1e-5, atol=1e-5, err_msg=f"step {step} {k}"
-      )
-  np.testing.assert_allclose(
-    emb.embedding_tables[table].numpy(), params, rtol=1e-5, atol=1e-5
-  )
-  variables = emb.variables["users"]
-  for slot, value in slots.items():
-    np.testing.assert_allclose(
-      variables[slot].numpy(), value, rtol=1e-5, atol=1e-5
-    )
+  _assert_trained_as(emb, table, got, want, params, slots)
   # Lookups map keys with the state as it is (unknown keys: the default).
   probe = np.array([10**12, 10**12 + 7, -3, 5, -(2**40)])
   with strategy.scope():
@@ -400,18 +405,7 @@ def test_pipelined_training_matches_the_oracles(
     stream, loss_r, name, hparams, min_count, eviction
   )
   assert not np.allclose(want[-1]["a"], unpipelined[-1]["a"])
-  for step, (g, w) in enumerate(zip(got, want, strict=True)):
-    for k in ("a", "b"):
-      np.testing.assert_allclose(
-        g[k], w[k], rtol=1e-5, atol=1e-5, err_msg=f"step {step} {k}"
-      )
-  np.testing.assert_allclose(
-    emb.embedding_tables[table].numpy(), params, rtol=1e-5, atol=1e-5
-  )
-  for slot, value in slots.items():
-    np.testing.assert_allclose(
-      emb.variables["users"][slot].numpy(), value, rtol=1e-5, atol=1e-5
-    )
+  _assert_trained_as(emb, table, got, want, params, slots)
 
 
 def test_unsupported_settings_say_why():

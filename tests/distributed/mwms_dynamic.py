@@ -29,7 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from mwms_training import training_step  # noqa: E402 (this directory)
+from mwms_training import one_device_step  # noqa: E402 (this directory)
+from mwms_training import training_step  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
 from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary  # noqa: E402
@@ -102,18 +103,8 @@ def main(checkpoint_dir: str) -> None:
   ]
 
   single = make_embedding(with_tags=False)
-
-  @tf.function
-  def single_step(features):
-    single.enqueue({"user": features["user"]}, training=True)
-    with tf.GradientTape() as tape:
-      activations = single.dequeue()
-      tape.watch(activations)
-      loss = loss_fn(activations, projection)
-    single.apply_gradients(tape.gradient(loss, activations))
-    return activations
-
-  want = [single_step(b)["user"].numpy() for b in batches]
+  single_step = one_device_step(single, loss_fn, projection)
+  want = [single_step({"user": b["user"]})["user"].numpy() for b in batches]
 
   with strategy.scope():
     emb = make_embedding(with_tags=True)

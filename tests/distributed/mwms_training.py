@@ -58,6 +58,22 @@ def loss_fn(activations, projection):
   )
 
 
+def one_device_step(emb, loss_fn, projection):
+  """The same step on one device (no strategy): the reference."""
+
+  @tf.function
+  def step(features):
+    emb.enqueue(features, training=True)
+    with tf.GradientTape() as tape:
+      activations = emb.dequeue()
+      tape.watch(activations)
+      loss = loss_fn(activations, projection)
+    emb.apply_gradients(tape.gradient(loss, activations))
+    return activations
+
+  return step
+
+
 def training_step(strategy, emb, loss_fn, projection, per):
   """A step on a global batch: replica ``r`` takes examples ``[r * per,
   (r + 1) * per)`` and the loss ``loss_fn(activations, its projection
@@ -103,17 +119,7 @@ def train_and_check(
 ):
   """Trains one optimizer sharded and on one device; asserts they agree."""
   single = make_embedding(big_init, small_init, OPTIMIZERS[name]())
-
-  @tf.function
-  def single_step(features):
-    single.enqueue(features)
-    with tf.GradientTape() as tape:
-      activations = single.dequeue()
-      tape.watch(activations)
-      loss = loss_fn(activations, projection)
-    single.apply_gradients(tape.gradient(loss, activations))
-    return activations
-
+  single_step = one_device_step(single, loss_fn, projection)
   want = [single_step(b) for b in batches]
 
   with strategy.scope():
