@@ -42,6 +42,7 @@ import hashlib
 import os
 import sys
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -60,6 +61,16 @@ def _worker_sharded(checkpoint: Any) -> list[WorkerShardedVariable]:
   ]
 
 
+def _worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
+  """What every worker writes its part of: multi-worker tables, and
+  state sharded like them (a dynamic table's vocabulary)."""
+  return [
+    obj
+    for obj in tf.train.TrackableView(checkpoint).descendants()
+    if isinstance(obj, slicing.WorkerParts) and obj.worker_count > 1
+  ]
+
+
 #: One compiled barrier per strategy.
 _barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -67,7 +78,7 @@ _barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class _Workers:
   """This worker's place in the cluster, and a barrier over all workers."""
 
-  def __init__(self, variable: WorkerShardedVariable):
+  def __init__(self, variable: slicing.WorkerParts):
     self.strategy = variable.strategy
     self.index, self.count = variable.worker_index, variable.worker_count
     self.chief = self.index == 0
@@ -91,9 +102,9 @@ def key_id(key: str) -> str:
 
 
 def _checkpoint_keys(
-  checkpoint: Any, variables: list[WorkerShardedVariable]
-) -> list[str]:
-  """The checkpoint key of each of ``variables`` in ``checkpoint``."""
+  checkpoint: Any, variables: Sequence[slicing.WorkerParts]
+) -> list[list[str]]:
+  """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
   # TensorFlow's own serialization names them (no value is read: the
   # variables are written apart).
   from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415
@@ -104,7 +115,7 @@ def _checkpoint_keys(
       graph_view.ObjectGraphView(checkpoint)
     )[0]
   keys = {id(obj): list(by_key) for obj, by_key in serialized.items()}
-  return [keys[id(v)][0] for v in variables]
+  return [keys[id(v)] for v in variables]
 
 
 def _remove(path: str) -> None:
@@ -137,17 +148,17 @@ def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
     ``file_prefix``.
   """
   return _write_parts(
-    checkpoint, _worker_sharded(checkpoint), file_prefix, options
+    checkpoint, _worker_parts(checkpoint), file_prefix, options
   )
 
 
 def _write_parts(
   checkpoint: Any,
-  variables: list[WorkerShardedVariable],
+  variables: list[slicing.WorkerParts],
   file_prefix: str,
   options: Any,
 ) -> str:
-  """``write`` for the multi-worker tables ``variables`` of ``checkpoint``."""
+  """``write`` for the multi-worker state ``variables`` of ``checkpoint``."""
   if not variables:
     return checkpoint.write(file_prefix, options=options)
   workers = _Workers(variables[0])
@@ -156,15 +167,17 @@ def _write_parts(
   if workers.chief:
     _remove_stale_temps(file_prefix)
   workers.barrier()
-  # The chief's part: everything but the multi-worker tables' rows (they
-  # are recorded, so a restore finds them); then every worker's rows.
+  # The chief's part: everything but the multi-worker state (recorded, so
+  # a restore finds it); then every worker's parts.
   with slicing.written_apart():
     if workers.chief:
       checkpoint.write(f"{temp}/part-main", options=options)
-  for key, variable in zip(
+  for keys, variable in zip(
     _checkpoint_keys(checkpoint, variables), variables, strict=True
   ):
-    variable.write_rows(key, f"{temp}/part-{workers.index:05d}-{key_id(key)}")
+    variable.write_parts(
+      keys, f"{temp}/part-{workers.index:05d}-{key_id(keys[0])}"
+    )
   workers.barrier()
   if workers.chief:
     parts = sorted(
@@ -195,7 +208,9 @@ def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
     TensorFlow's restore status.
   """
   variables = _worker_sharded(checkpoint)
-  keys = _checkpoint_keys(checkpoint, variables) if variables else []
+  keys = []
+  if variables:  # A table's one key each.
+    keys = [key for (key,) in _checkpoint_keys(checkpoint, variables)]
   previous = [v._update_uid for v in variables]  # noqa: SLF001
   for variable in variables:  # TensorFlow's restore leaves them alone.
     variable._update_uid = sys.maxsize  # noqa: SLF001
@@ -227,7 +242,7 @@ class _SlicedWriter:
     callbacks = list(
       getattr(options, "experimental_write_callbacks", None) or []
     )
-    variables = _worker_sharded(self._checkpoint)
+    variables = _worker_parts(self._checkpoint)
     self.chief = not variables or variables[0].worker_index == 0
     if callbacks:
       options = tf.train.CheckpointOptions()

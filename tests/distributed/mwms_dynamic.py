@@ -13,8 +13,10 @@ activations and checks:
   rows);
 * ``tags``: both workers' copies are equal (rows given to new keys take
   replica 0's random values everywhere);
-* a checkpoint saved by both workers restores into a one-device object:
-  tables, slots and vocabulary state, and its lookups of raw keys.
+* checkpoints saved by both workers (``tf.train.Checkpoint``: the state
+  gathered; ``tpe.checkpoints.write``: each worker its own shards) restore
+  into a one-device object (tables, slots, vocabulary state, lookups of
+  raw keys), and the sliced one into a fresh 2-worker job.
 
 Prints "OK" and exits 0 on success.
 """
@@ -160,27 +162,49 @@ def main(checkpoint_dir: str) -> None:
   np.testing.assert_array_equal(copies[0], copies[1])
   assert np.abs(copies[0][:6, :DIM]).max() > 0  # new rows: random values
 
+  # A plain save (every worker gathers the whole state), and the sliced
+  # save (every worker writes its own shards) to the same path.
   target = checkpoint_dir if is_chief else os.path.join(checkpoint_dir, "w1")
-  path = tf.train.Checkpoint(embedding=emb).save(os.path.join(target, "ckpt"))
-  if is_chief:
-    restored = make_embedding(with_tags=True)
-    tf.train.Checkpoint(embedding=restored).restore(path)
-    for slot, value in single.variables["users"].items():
-      np.testing.assert_allclose(
-        restored.variables["users"][slot].numpy(), value.numpy(), atol=1e-5
-      )
-    for key, value in state(single, "users").items():
-      np.testing.assert_array_equal(state(restored, "users")[key], value, key)
-    np.testing.assert_array_equal(
-      restored.variables["tags"]["parameters"].numpy(), copies[0][:, :DIM]
-    )
-    probe = {"user": tf.constant(keys), "tag": tf.constant([-3, 0, 5, 8])}
+  plain = tf.train.Checkpoint(embedding=emb).save(os.path.join(target, "ckpt"))
+  sliced = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=emb), os.path.join(checkpoint_dir, "sliced")
+  )
+  for path in (plain, sliced):
+    if is_chief:
+      check_one_device_restore(path, single, copies, keys)
+  # Restored by both workers into a fresh sharded job.
+  with strategy.scope():
+    fresh = make_embedding(with_tags=True)
+  fresh.build()
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=fresh), sliced)
+  for key, value in state(single, "users").items():
+    np.testing.assert_array_equal(state(fresh, "users")[key], value, key)
+  for slot, value in single.variables["users"].items():
     np.testing.assert_allclose(
-      restored(probe)["user"].numpy(),
-      single({"user": probe["user"]})["user"].numpy(),
-      atol=1e-5,
+      fresh.variables["users"][slot].read_value(), value.numpy(), atol=1e-5
     )
   print("OK")
+
+
+def check_one_device_restore(path, single, copies, keys):
+  """The checkpoint restores whole into one device and serves as trained."""
+  restored = make_embedding(with_tags=True)
+  tf.train.Checkpoint(embedding=restored).restore(path)
+  for slot, value in single.variables["users"].items():
+    np.testing.assert_allclose(
+      restored.variables["users"][slot].numpy(), value.numpy(), atol=1e-5
+    )
+  for key, value in state(single, "users").items():
+    np.testing.assert_array_equal(state(restored, "users")[key], value, key)
+  np.testing.assert_array_equal(
+    restored.variables["tags"]["parameters"].numpy(), copies[0][:, :DIM]
+  )
+  probe = {"user": tf.constant(keys), "tag": tf.constant([-3, 0, 5, 8])}
+  np.testing.assert_allclose(
+    restored(probe)["user"].numpy(),
+    single({"user": probe["user"]})["user"].numpy(),
+    atol=1e-5,
+  )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
 
 
-class WorkerShardedVariable(WholeValueVariable):
+class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
   """A row-sharded variable whose blocks live on several workers."""
 
   def __init__(
@@ -173,6 +173,10 @@ class WorkerShardedVariable(WholeValueVariable):
           updates=value,
         )
       del value
+
+  def write_parts(self, keys: list[str], prefix: str) -> None:
+    (key,) = keys
+    self.write_rows(key, prefix)
 
   def write_rows(self, key: str, prefix: str) -> None:
     """Writes this worker's rows under checkpoint ``key``, in chunks.

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 
@@ -56,6 +57,33 @@ def active() -> bool:
 def apart() -> bool:
   """Whether ``written_apart()`` is in effect on this thread."""
   return _mode.get() == "apart"
+
+
+class WorkerParts(abc.ABC):
+  """State spread over the workers that ``tpu_embedding.checkpoints.write``
+  saves as parts: every worker writes its own (``write_parts``) while the
+  chief's part only records the keys (``written_apart()``)."""
+
+  @property
+  @abc.abstractmethod
+  def strategy(self) -> tf.distribute.Strategy:
+    """The ``MultiWorkerMirroredStrategy`` the state lives under."""
+
+  @property
+  @abc.abstractmethod
+  def worker_index(self) -> int:
+    """This worker's index (0 is the chief)."""
+
+  @property
+  @abc.abstractmethod
+  def worker_count(self) -> int:
+    """Workers holding parts of the state."""
+
+  @abc.abstractmethod
+  def write_parts(self, keys: list[str], prefix: str) -> None:
+    """Writes this worker's part of each checkpoint key in ``keys`` (this
+    object's keys, in serialization order) under ``prefix``; every
+    worker calls it at once (collectives allowed)."""
 
 
 def warn_whole(table: str, shape: tf.TensorShape) -> None:

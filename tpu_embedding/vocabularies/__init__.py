@@ -3,8 +3,9 @@
 ``config.py`` holds ``DynamicVocabulary`` (the rules, with their math);
 ``buckets.py`` where keys live; ``transition.py`` one training step of
 the state, in TensorFlow ops; ``state.py`` the state's copies and
-checkpoint, ``sharded_state.py`` its shards (row-sharded tables); ``sharing.py`` what a step's replicas exchange;
-``dynamic_tables.py`` what the engine calls around a lookup.
+checkpoint, ``sharded_state.py`` its shards (row-sharded tables);
+``sharing.py`` what a step's replicas exchange; ``dynamic_tables.py`` what
+the engine calls around a lookup.
 
 Example:
   >>> import tpu_embedding as tpe

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.replicas import first_local_replica
+from tpu_embedding.tables import slicing
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.vocabularies.sharing import flat
 from tpu_embedding.vocabularies.sharing import slices_of
@@ -37,8 +39,14 @@ from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import find
 
 
-class ShardedVocabulary(VocabularyState):
+class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
   """Shard ``first + i`` of the state on local replica ``i``.
+
+  Checkpoints hold the whole state. Across workers, a plain
+  ``tf.train.Checkpoint`` save gathers it on every worker (a collective);
+  ``tpu_embedding.checkpoints.write`` has every worker write its shards
+  as slices of the whole arrays instead (``write_parts``), and a restore
+  reads the whole arrays, each replica keeping its part.
 
   Args:
     vocabulary: the configuration.
@@ -69,6 +77,18 @@ class ShardedVocabulary(VocabularyState):
       ],
     )
 
+  @property
+  def strategy(self) -> tf.distribute.Strategy:
+    return self._strategy
+
+  @property
+  def worker_count(self) -> int:
+    return self.num_shards // len(self.copies)
+
+  @property
+  def worker_index(self) -> int:
+    return self._first // len(self.copies)
+
   def step(self, occurrences, replica, sharing):
     result = advance(self.copies[replica], occurrences)
     (every,), _ = sharing.every_replica([result.new_rows])
@@ -98,6 +118,77 @@ class ShardedVocabulary(VocabularyState):
     whole["step"] = shards[0]["step"]
     whole["evictions"] = tf.add_n([shard["evictions"] for shard in shards])
     return whole
+
+  def _serialize_to_tensors(self):
+    if self.worker_count > 1 and slicing.active():
+      # Recorded, not read: every worker writes its own (write_parts); a
+      # restore reads each whole array.
+      device = self.copies[0]["keys"].device
+      return {
+        name: compat.SaveSpec(
+          lambda: None, "", "", dtype=tf.int64, device=device
+        )
+        for name in self.copies[0].variables
+      }
+    return super()._serialize_to_tensors()
+
+  def write_parts(self, keys: list[str], prefix: str) -> None:
+    """This worker's shards as slices of each whole array; the chief adds
+    the step and every worker's evictions (summed: a collective)."""
+    by_name = {key.rsplit("/", 1)[-1]: key for key in keys}
+    whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
+    probation = self.copies[0].probation
+    parts = []  # (names, slice specs, tensors) of each file
+    for copy in self.copies:
+      layout = copy.layout
+      extents = {
+        **dict.fromkeys(
+          ROW_ARRAYS, (whole.local_rows, layout.row_offset, layout.local_rows)
+        ),
+        **dict.fromkeys(
+          ENTRY_ARRAYS,
+          (
+            whole.num_buckets * probation,
+            layout.first_bucket * probation,
+            layout.num_local_buckets * probation,
+          ),
+        ),
+      }
+      kept = [(n, e) for n, e in extents.items() if e[2]]  # Not empty.
+      parts.append(
+        (
+          [by_name[name] for name, _ in kept],
+          [f"{size} {start},{length}" for _, (size, start, length) in kept],
+          [copy[name].read_value() for name, _ in kept],
+        )
+      )
+    evictions = self._strategy.reduce(
+      tf.distribute.ReduceOp.SUM,
+      self._strategy.experimental_distribute_values_from_function(
+        lambda context: self.copies[
+          context.replica_id_in_sync_group - self._first
+        ]["evictions"].read_value()
+      ),
+      axis=None,
+    )
+    if self.worker_index == 0:
+      step = self.copies[0]["step"].read_value()
+      parts.append(
+        (
+          [by_name["step"], by_name["evictions"]],
+          ["", ""],
+          [step, evictions],
+        )
+      )
+    for index, (names, specs, tensors) in enumerate(parts):
+      if names:
+        with tf.device("CPU"):
+          tf.raw_ops.SaveV2(
+            prefix=f"{prefix}-{index:03d}",
+            tensor_names=names,
+            shape_and_slices=specs,
+            tensors=tensors,
+          )
 
   def _all_shards(self) -> list[dict[str, tf.Tensor]]:
     """Every shard's values, in shard order."""
