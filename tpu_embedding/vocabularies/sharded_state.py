@@ -120,17 +120,68 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     return whole
 
   def _serialize_to_tensors(self):
-    if self.worker_count > 1 and slicing.active():
-      # Recorded, not read: every worker writes its own (write_parts); a
-      # restore reads each whole array.
-      device = self.copies[0]["keys"].device
+    if self.worker_count == 1 or not slicing.active():
+      return super()._serialize_to_tensors()
+    device = self.copies[0]["keys"].device
+    if slicing.apart():
+      # Recorded, not read: every worker writes its own (write_parts).
       return {
         name: compat.SaveSpec(
           lambda: None, "", "", dtype=tf.int64, device=device
         )
         for name in self.copies[0].variables
       }
-    return super()._serialize_to_tensors()
+    # A sliced restore reads this worker's range of each array (and the
+    # scalars whole): ``_restore_from_tensors`` takes the slices.
+    specs = {}
+    for name, (size, start, length) in self._worker_ranges().items():
+      spec = f"{size} {start},{length}" if length else ""
+
+      def local_values(name=name):
+        return tf.concat([copy[name].read_value() for copy in self.copies], 0)
+
+      specs[name] = {
+        spec: compat.SaveSpec(
+          local_values, spec, "", dtype=tf.int64, device=device
+        )
+      }
+    for name in ("step", "evictions"):
+      specs[name] = compat.SaveSpec(
+        self.copies[0][name].read_value, "", "", dtype=tf.int64, device=device
+      )
+    return specs
+
+  def _restore_from_tensors(self, restored_tensors):
+    if self.worker_count == 1 or not slicing.active():
+      return super()._restore_from_tensors(restored_tensors)
+    # Each array holds this worker's range of the whole one.
+    ranges = self._worker_ranges()
+    return self._restore_ranges(
+      restored_tensors, {name: start for name, (_, start, _) in ranges.items()}
+    )
+
+  def _worker_ranges(self) -> dict[str, tuple[int, int, int]]:
+    """Per array: its whole size, and the start and length of this
+    worker's (contiguous) shards."""
+    whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
+    probation = self.copies[0].probation
+    first, last = self.copies[0].layout, self.copies[-1].layout
+    rows_end = last.row_offset + last.local_rows
+    buckets_end = last.first_bucket + last.num_local_buckets
+    return {
+      **dict.fromkeys(
+        ROW_ARRAYS,
+        (whole.local_rows, first.row_offset, rows_end - first.row_offset),
+      ),
+      **dict.fromkeys(
+        ENTRY_ARRAYS,
+        (
+          whole.num_buckets * probation,
+          first.first_bucket * probation,
+          (buckets_end - first.first_bucket) * probation,
+        ),
+      ),
+    }
 
   def write_parts(self, keys: list[str], prefix: str) -> None:
     """This worker's shards as slices of each whole array; the chief adds

@@ -135,20 +135,28 @@ class VocabularyState(compat.Trackable, abc.ABC):
     return self.whole()
 
   def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+    return self._restore_ranges(restored_tensors, None)
+
+  def _restore_ranges(
+    self, restored: dict[str, Any], origins: dict[str, int] | None
+  ) -> Any:
+    """Assigns each copy its part of the restored arrays: the whole
+    arrays (``origins`` None, checked), or array ``name``'s elements from
+    ``origins[name]`` on."""
     whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
     probation = self.copies[0].probation
-    expected = {
-      **dict.fromkeys(ROW_ARRAYS, [whole.local_rows]),
-      **dict.fromkeys(ENTRY_ARRAYS, [whole.num_buckets * probation]),
+    sizes = {
+      **dict.fromkeys(ROW_ARRAYS, whole.local_rows),
+      **dict.fromkeys(ENTRY_ARRAYS, whole.num_buckets * probation),
     }
-    for name, shape in expected.items():
-      value = restored_tensors[name]
-      if value.shape != shape:
+    for name, size in sizes.items():
+      shape = restored[name].shape
+      if origins is None and shape != [size]:
         raise ValueError(
-          f"The checkpoint's vocabulary '{name}' has shape "
-          f"{value.shape}; this table's has {shape} (capacity "
-          f"{self.capacity}, bucket_size {self.vocabulary.bucket_size}, "
-          f"probation_size {self.vocabulary.probation_size})."
+          f"The checkpoint's vocabulary '{name}' has shape {shape}; this "
+          f"table's has {[size]} (capacity {self.capacity}, bucket_size "
+          f"{self.vocabulary.bucket_size}, probation_size "
+          f"{self.vocabulary.probation_size})."
         )
     assigns = []
     for variables in self.copies:
@@ -164,9 +172,10 @@ class VocabularyState(compat.Trackable, abc.ABC):
         ),
       }
       for name, variable in variables.variables.items():
-        value = restored_tensors[name]
+        value = restored[name]
         if name in parts:
           start, size = parts[name]
+          start -= 0 if origins is None else origins[name]
           value = value[start : start + size]
         elif name == "evictions" and layout.shard > 0:
           # The total is kept by shard 0; the others count from zero.
