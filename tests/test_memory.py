@@ -128,3 +128,35 @@ def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
   )
   assert finished.returncode == 0, finished.stderr
   assert f"APPLIED {applied}" in finished.stdout
+
+
+def _build_growth(tmp_path, *flags: str) -> dict[str, float]:
+  """Each worker's build-phase peak growth (bytes) of a small 2-worker
+  job (the tool's exit code 1, "over the limit", allowed: this table's
+  state is small next to a process's fixed costs)."""
+  out = tmp_path / f"report{len(flags)}.json"
+  finished = subprocess.run(
+    [
+      sys.executable, str(TOOL), "--rows=3000000", "--dim=4", "--batch=1024",
+      "--strategies=mwms", "--no-resize", "--no-export", f"--json={out}",
+      *flags,
+    ],
+    capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert finished.returncode in (0, 1), finished.stdout + finished.stderr
+  rows = json.loads(out.read_text())["rows"]
+  return {r["process"]: r["growth"] for r in rows if r["phase"] == "build"}
+
+
+def test_each_worker_holds_half_of_a_dynamic_tables_vocabulary(tmp_path):
+  """The same job with and without a DynamicVocabulary on its 3,000,000
+  rows: each worker's resident memory grows by about half of the
+  vocabulary's state (3 int64 per row, sharded like the rows), not all."""
+  if not _can_reset_peak():
+    pytest.skip("/proc/self/clear_refs is not writable here (Linux only)")
+  vocabulary = 3_000_000 * 3 * 8
+  plain = _build_growth(tmp_path)
+  dynamic = _build_growth(tmp_path, "--dynamic")
+  for worker in ("worker0", "worker1"):
+    extra = dynamic[worker] - plain[worker]
+    assert 0.4 * vocabulary < extra < 0.6 * vocabulary, (worker, extra)

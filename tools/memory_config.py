@@ -36,6 +36,9 @@ class Workload:
     parts: parts of a step's global batch (the largest job's replicas,
       one part each; a smaller job's replicas take several).
     side_rows: rows of the small table ``side`` (0: no such table).
+    dynamic: ``big`` has a ``DynamicVocabulary`` (the ids are its raw
+      keys; its vocabulary state is sharded with its rows and counts in
+      the full state).
   """
 
   rows: int = 2_000_000
@@ -46,6 +49,7 @@ class Workload:
   batch: int = 4096
   parts: int = 2
   side_rows: int = 0
+  dynamic: bool = False
 
   def to_json(self) -> str:
     """The fields as JSON (``Workload(**json.loads(text))`` reads it)."""

@@ -51,6 +51,7 @@ from memory_workload import checkpoint_method  # noqa: E402
 from memory_workload import create_embedding  # noqa: E402
 from memory_workload import full_state_bytes  # noqa: E402
 from memory_workload import save_checkpoint  # noqa: E402
+from memory_workload import vocabulary_bytes  # noqa: E402
 
 from tpu_embedding import export  # noqa: E402
 
@@ -97,12 +98,15 @@ def emit_plan(embedding, processes: dict[str, list[int]]) -> None:
   how checkpoints are written."""
   plan = embedding.sharding_plan
   per_replica = plan.bytes_per_replica()
+  vocabularies = embedding.vocabulary_states
   emit(
     "plan",
     checkpoints=checkpoint_method(),
-    full_bytes=full_state_bytes(plan),
+    full_bytes=full_state_bytes(plan, vocabularies),
     processes={
+      # (a process's own vocabulary shards: it reports for itself)
       name: sum(per_replica[r] for r in replicas)
+      + vocabulary_bytes(vocabularies)
       for name, replicas in processes.items()
     },
   )

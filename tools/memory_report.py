@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     help="largest allowed peak growth of a process of an N-process job, "
     "as a fraction of the full state",
   )
+  parser.add_argument(
+    "--dynamic",
+    action="store_true",
+    help="the table has a DynamicVocabulary (ids as raw keys): its "
+    "vocabulary state, sharded with its rows, counts in the full state "
+    "(MultiWorkerMirroredStrategy only)",
+  )
   parser.add_argument("--json", default="", help="write all figures here")
   parser.add_argument(
     "--logdir", default="", help="write TensorBoard scalars here"
@@ -237,6 +244,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.error("--batch must be > 16 (the probe rows are in every batch)")
   if args.limit <= 0:
     parser.error(f"--limit must be > 0, got {args.limit}")
+  if args.dynamic and "ps" in args.strategies:
+    parser.error(
+      "--dynamic needs --strategies=mwms: ParameterServerStrategy does not "
+      "train dynamic tables yet"
+    )
   return args
 
 

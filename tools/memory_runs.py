@@ -274,6 +274,7 @@ def run_initializer(
     batch=args.batch,
     parts=args.workers,
     side_rows=SIDE_ROWS if args.export else 0,
+    dynamic=args.dynamic,
   )
   work = os.path.join(args.work_dir, initializer)
   n = args.workers

@@ -38,6 +38,7 @@ import tensorflow as tf
 from memory_config import Workload
 
 import tpu_embedding as tpe
+from tpu_embedding.vocabularies.transition import VocabularyVariables
 
 _OPTIMIZERS = {
   "sgd": lambda: tpe.SGD(0.1),
@@ -72,6 +73,7 @@ def make_embedding(workload: Workload) -> tpe.TPUEmbedding:
         workload.dim,
         name="big",
         initializer=make_initializer(workload),
+        vocabulary=tpe.DynamicVocabulary() if workload.dynamic else None,
       )
     )
   }
@@ -364,10 +366,23 @@ def restore_checkpoint(embedding, prefix: str) -> Any:
   return checkpoint.read(prefix)
 
 
-def full_state_bytes(plan) -> int:
-  """Bytes of every table and slot, whole (the one-replica plan's bytes)."""
+def full_state_bytes(plan, vocabularies: dict) -> int:
+  """Bytes of every table and slot, whole (the one-replica plan's bytes),
+  and of the dynamic tables' vocabularies, whole."""
   total = 0
   for placement in plan.placements.values():
     per_replica = placement.bytes_per_replica()
     total += sum(per_replica) if placement.sharded else per_replica[0]
+  for state in vocabularies.values():
+    total += VocabularyVariables.bytes_of(state.vocabulary, state.capacity)
   return total
+
+
+def vocabulary_bytes(vocabularies: dict) -> int:
+  """Bytes of the vocabulary variables this process holds."""
+  return sum(
+    variable.shape.num_elements() * 8
+    for state in vocabularies.values()
+    for copy in state.copies
+    for variable in copy.variables.values()
+  )

@@ -94,15 +94,11 @@ def vocabulary_bytes(table, shards: int = 1) -> int:
   """Bytes of a dynamic table's vocabulary state on the replica holding
   the most: the whole state, or (``shards`` > 1: the table is row-sharded
   and its state with it) its largest shard."""
-  vocabulary = table.vocabulary
-  probation = vocabulary.probation_size if vocabulary.min_count > 1 else 0
-  layouts = [
-    VocabularyVariables.layout_of(vocabulary, capacity_of(table), i, shards)
-    for i in range(shards)
-  ]
   return max(
-    8 * (3 * lay.local_rows + 3 * lay.num_local_buckets * probation + 2)
-    for lay in layouts
+    VocabularyVariables.bytes_of(
+      table.vocabulary, capacity_of(table), shard, shards
+    )
+    for shard in range(shards)
   )
 
 

@@ -223,12 +223,16 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       axis=None,
     )
     if self.worker_index == 0:
-      step = self.copies[0]["step"].read_value()
+      # The scalars, and arrays without elements (no slice to write).
+      empty = [
+        name for name, (size, _, _) in self._worker_ranges().items() if not size
+      ]
       parts.append(
         (
-          [by_name["step"], by_name["evictions"]],
-          ["", ""],
-          [step, evictions],
+          [by_name[name] for name in ["step", "evictions", *empty]],
+          [""] * (2 + len(empty)),
+          [self.copies[0]["step"].read_value(), evictions]
+          + [tf.zeros([0], tf.int64)] * len(empty),
         )
       )
     for index, (names, specs, tensors) in enumerate(parts):

@@ -85,6 +85,22 @@ class VocabularyVariables:
     """The layout of a shard's state (without creating variables)."""
     return BucketLayout(capacity, vocabulary.bucket_size, shard, num_shards)
 
+  @staticmethod
+  def bytes_of(
+    vocabulary: DynamicVocabulary,
+    capacity: int,
+    shard: int = 0,
+    num_shards: int = 1,
+  ) -> int:
+    """Bytes of a shard's variables (without creating them): three int64
+    per row and per probation entry, the step and the evictions."""
+    layout = VocabularyVariables.layout_of(
+      vocabulary, capacity, shard, num_shards
+    )
+    probation = vocabulary.probation_size if vocabulary.min_count > 1 else 0
+    entries = layout.num_local_buckets * probation
+    return 8 * (3 * layout.local_rows + 3 * entries + 2)
+
   def __getitem__(self, name: str) -> tf.Variable:
     return self.variables[name]
 
