@@ -265,6 +265,8 @@ def test_training_matches_the_oracles(
   probe = np.array([10**12, 10**12 + 7, -3, 5, -(2**40)])
   with strategy.scope():
     looked_up = emb({"a": tf.constant(probe), "b": tf.constant(probe)})
+  outside = emb({"a": tf.constant(probe), "b": tf.constant(probe)})
+  np.testing.assert_array_equal(outside["a"], looked_up["a"])  # no scope
   rows = [vocab.find(int(k)) for k in probe]
   np.testing.assert_allclose(
     looked_up["a"].numpy(), params[rows], rtol=1e-5, atol=1e-5
@@ -667,6 +669,17 @@ def test_serving_and_export_from_a_checkpoint(tmp_path):
   serving = tpe.TPUEmbeddingForServing(spec.feature_config, None)
   tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
   np.testing.assert_allclose(serving({"a": probe})["a"], want, atol=1e-6)
+  # A live ServingLookup follows further training (its keys map through
+  # the shards as they are); an exported copy keeps the state it saw.
+  from tpu_embedding.export import ServingLookup
+
+  live, copied = ServingLookup(emb), ServingLookup(emb, copy=True)
+  _train(two, emb, _stream(seed=8), _loss_terms(seed=8))
+  with two.scope():
+    now = emb({"a": probe, "b": probe})["a"].numpy()
+  assert not np.allclose(now, want)
+  np.testing.assert_allclose(live({"a": probe})["a"], now, atol=1e-6)
+  np.testing.assert_allclose(copied({"a": probe})["a"], want, atol=1e-6)
   state = serving.vocabulary_states["users"].whole()
   assert int(state["step"]) == STEPS
 

@@ -39,7 +39,6 @@ from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import row_reader
-from tpu_embedding.vocabularies.state import variables_on
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import find
 
@@ -251,13 +250,17 @@ class ServingLookup:
           f"{type(embedding).__name__}.table_stores (got {found})."
         )
       self._sources[table_name(table)] = store
-    # Dynamic tables: their vocabulary maps keys to rows first.
+    # Dynamic tables: their vocabulary maps keys to rows first (live, or
+    # from a snapshot of the whole state with ``copy=True``).
+    states = {
+      table_name(t): _vocabulary_of(embedding, table_name(t))
+      for t in self.subset.tables
+      if t.vocabulary is not None
+    }
     self._vocabularies: dict[str, VocabularyVariables] = {}
-    for table in self.subset.tables:
-      if table.vocabulary is not None:
-        self._vocabularies[table_name(table)] = _vocabulary_of(
-          embedding, table_name(table)
-        )
+    self._translators: dict[str, Any] = {
+      name: state.find_live for name, state in states.items()
+    }
     self._copies: dict[str, tf.Variable] | None = None
     if copy:
       self._copies = {
@@ -265,7 +268,10 @@ class ServingLookup:
         for name, source in self._sources.items()
       }
       self._vocabularies = {
-        name: _copy_vocabulary(variables)
+        name: state.snapshot() for name, state in states.items()
+      }
+      self._translators = {
+        name: functools.partial(find, variables)
         for name, variables in self._vocabularies.items()
       }
 
@@ -286,8 +292,8 @@ class ServingLookup:
 
   @property
   def vocabulary_variables(self) -> dict[str, dict[str, tf.Variable]]:
-    """``{dynamic table name: {state name: variable}}`` the lookups map
-    keys with (copies with ``copy=True``)."""
+    """``{dynamic table name: {state name: variable}}``: the snapshot the
+    lookups map keys with (empty unless ``copy=True``)."""
     return {
       name: dict(variables.variables)
       for name, variables in self._vocabularies.items()
@@ -322,8 +328,8 @@ class ServingLookup:
     for user, name in zip(
       self.subset.user_tables, self.subset.names, strict=True
     ):
-      if name in self._vocabularies:
-        translators[user] = functools.partial(find, self._vocabularies[name])
+      if name in self._translators:
+        translators[user] = self._translators[name]
     return lookup_with_readers(
       features, weights, readers, self.subset.feature_config, translators
     )
@@ -340,22 +346,13 @@ def table_stores_of(embedding: Any) -> dict[str, TableStore]:
     ) from e
 
 
-def _vocabulary_of(embedding: Any, name: str) -> VocabularyVariables:
-  """The live vocabulary of dynamic table ``name`` (its first copy)."""
+def _vocabulary_of(embedding: Any, name: str) -> Any:
+  """The ``VocabularyState`` of dynamic table ``name``."""
   try:
     states = embedding.vocabulary_states
   except AttributeError as e:
     raise ValueError(errors.DYNAMIC_EXPORT.format(tables=[name])) from e
-  return states[name].whole_variables()
-
-
-def _copy_vocabulary(variables: VocabularyVariables) -> VocabularyVariables:
-  """Plain CPU copies of a vocabulary's state (what a SavedModel holds)."""
-  copy = variables_on("/CPU:0", variables.vocabulary, variables.layout.capacity)
-  with tf.init_scope():
-    for name, variable in copy.variables.items():
-      variable.assign(variables[name].read_value())
-  return copy
+  return states[name]
 
 
 def _copy_to_cpu(source: TableStore, name: str) -> tf.Variable:

@@ -156,10 +156,10 @@ class DynamicTables:
   def statistics(self) -> dict[str, dict[str, int]]:
     """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
     last step), ``evictions`` (live keys evicted so far), ``step`` and
-    ``state_bytes`` (of the vocabulary's variables one replica holds: a
-    whole copy, or its shard of a row-sharded table's state; the rows
-    and slots not included). Sharded across workers: a collective every
-    worker joins."""
+    ``state_bytes`` (of the vocabulary's variables the largest of this
+    process's replicas holds: a whole copy, or its shard of a row-sharded
+    table's state; the rows and slots not included). Sharded across
+    workers: a collective every worker joins."""
     result = {}
     for table in self._tables:
       state = self._states[table_name(table)]
@@ -226,6 +226,8 @@ class DynamicTables:
       rows, given = self._states[name].step(
         tf.concat(flat(parts), 0), replica, self._sharing
       )
+      # One order whatever the layout: the same initial values per row.
+      given = tf.sort(given)
       self._reset_rows(stores[name], replica, given)
       new_rows[name] = given
       for i, feature in zip(

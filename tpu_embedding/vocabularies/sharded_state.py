@@ -20,11 +20,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.tables import slicing
 from tpu_embedding.vocabularies.config import DynamicVocabulary
@@ -43,10 +45,11 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
   """Shard ``first + i`` of the state on local replica ``i``.
 
   Checkpoints hold the whole state. Across workers, a plain
-  ``tf.train.Checkpoint`` save gathers it on every worker (a collective);
-  ``tpu_embedding.checkpoints.write`` has every worker write its shards
-  as slices of the whole arrays instead (``write_parts``), and a restore
-  reads the whole arrays, each replica keeping its part.
+  ``tf.train.Checkpoint`` save gathers it on every worker (a collective,
+  run only when the save reads it); ``tpu_embedding.checkpoints.write``
+  has every worker write its shards as slices of the whole arrays instead
+  (``write_parts``), and ``tpu_embedding.checkpoints.restore`` reads each
+  worker's range only.
 
   Args:
     vocabulary: the configuration.
@@ -95,11 +98,8 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     return sharing.combine_owned(result.rows), tf.concat(every, 0)
 
   def lookup(self, keys, replica, sharing):
-    if tf.distribute.get_replica_context() is None:  # A direct lookup.
-      return [
-        tf.reduce_max(tf.stack([find(c, k) for c in self.copies]), axis=0)
-        for k in keys
-      ]
+    if current_replica(self._strategy) is None:  # A direct lookup.
+      return [self.find_live(k) for k in keys]
     parts, mine = sharing.every_replica([tf.reshape(k, [-1]) for k in keys])
     answers = sharing.combine_owned(
       find(self.copies[replica], tf.concat(flat(parts), 0))
@@ -108,6 +108,22 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       tf.reshape(rows, tf.shape(k, out_type=tf.int64))
       for k, rows in zip(keys, slices_of(answers, parts, mine), strict=True)
     ]
+
+  def find_live(self, keys):
+    """Every local shard answers; the others' keys need their workers.
+
+    Raises:
+      RuntimeError: where other workers hold shards.
+    """
+    if self.worker_count > 1:
+      raise RuntimeError(
+        "This dynamic table's vocabulary is sharded over several workers: "
+        "look its keys up inside strategy.run (every worker together), or "
+        "save a checkpoint and serve from it (tools/export.py)."
+      )
+    return tf.reduce_max(
+      tf.stack([find(copy, keys) for copy in self.copies]), axis=0
+    )
 
   def whole(self):
     shards = self._all_shards()
@@ -120,9 +136,24 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     return whole
 
   def _serialize_to_tensors(self):
-    if self.worker_count == 1 or not slicing.active():
-      return super()._serialize_to_tensors()
     device = self.copies[0]["keys"].device
+    if self.worker_count == 1:
+      return super()._serialize_to_tensors()
+    if not slicing.active():
+      # Gathered only if a save reads them (a restore needs names only).
+      gathered: dict[str, tf.Tensor] = {}
+
+      def value(name):
+        if not gathered:
+          gathered.update(self.whole())
+        return gathered[name]
+
+      return {
+        name: compat.SaveSpec(
+          functools.partial(value, name), "", "", dtype=tf.int64, device=device
+        )
+        for name in self.copies[0].variables
+      }
     if slicing.apart():
       # Recorded, not read: every worker writes its own (write_parts).
       return {

@@ -12,9 +12,10 @@ row and per probation entry).
 Checkpoints hold the whole state once, under the table's key
 ``<table>/vocabulary`` (``keys``, ``last_step``, ``counts``, the
 probation's, ``step``, ``evictions``), whatever the layout: shards are
-put side by side (gathered across workers under
-``MultiWorkerMirroredStrategy``, a collective), and a restore gives each
-copy or shard its part, so it moves between replica counts and layouts.
+put side by side (across workers: written as slices by
+``tpu_embedding.checkpoints``, gathered by a plain save), and a restore
+gives each copy or shard its part, so it moves between replica counts and
+layouts.
 
 Example:
   >>> import tensorflow as tf
@@ -121,9 +122,14 @@ class VocabularyState(compat.Trackable, abc.ABC):
   def whole(self) -> dict[str, tf.Tensor]:
     """The whole state's values, by variable name."""
 
-  def whole_variables(self) -> VocabularyVariables:
-    """Variables of the whole state, for lookups outside the replicas
-    (serving, export): copy 0 itself where it is whole."""
+  @abc.abstractmethod
+  def find_live(self, keys: tf.Tensor) -> tf.Tensor:
+    """Rows of ``keys`` with the state as it is now, from this process
+    (serving lookups outside ``strategy.run``)."""
+
+  def snapshot(self) -> VocabularyVariables:
+    """Plain CPU variables holding the whole state now (what a SavedModel
+    holds)."""
     whole = variables_on("/CPU:0", self.vocabulary, self.capacity)
     values = self.whole()
     with tf.init_scope():
@@ -221,5 +227,5 @@ class ReplicatedVocabulary(VocabularyState):
       for name, variable in self.copies[0].variables.items()
     }
 
-  def whole_variables(self) -> VocabularyVariables:
-    return self.copies[0]
+  def find_live(self, keys):
+    return find(self.copies[0], keys)
