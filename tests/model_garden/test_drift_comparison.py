@@ -154,7 +154,7 @@ def test_ranking_trainer_with_dynamic_tables(tmp_path):
   import sys
 
   from model_garden.ranking import saved_model
-  from model_garden.ranking.task import RankingTask
+  from tests.model_garden.test_train import restored_model_outputs
 
   overrides = (
     "task.model.vocabulary=dynamic,task.model.vocabulary_min_count=2,"
@@ -188,18 +188,6 @@ def test_ranking_trainer_with_dynamic_tables(tmp_path):
   request["sparse_0"] = tf.constant([3, -(2**62), 10**15, 7, 0], tf.int64)
   serve = tf.saved_model.load(export_dir).signatures["serving_default"]
   predictions = serve(**request)["predictions"].numpy()
-  trained = RankingTask(config, tf.distribute.get_strategy())
-  trained.checkpoint.restore(
-    tf.train.latest_checkpoint(str(tmp_path))
-  ).assert_existing_objects_matched()
-  activations = trained.embedding(
-    {str(i): request[f"sparse_{i}"] for i in range(26)}
-  )
-  logits = trained.model(
-    {
-      "dense_features": request["dense_features"],
-      "embeddings": [activations[str(i)] for i in range(26)],
-    }
-  )
-  np.testing.assert_allclose(predictions, tf.sigmoid(logits), atol=1e-5)
+  activations, want = restored_model_outputs(config, tmp_path, request)
+  np.testing.assert_allclose(predictions, want, atol=1e-5)
   np.testing.assert_array_equal(activations["0"][1], np.zeros(16))  # unknown

@@ -174,21 +174,29 @@ def test_train_and_eval_learns_and_exports_a_saved_model(runs):
   request = saved_model.example_request(config, batch_size=5)
   predictions = serve(**request)["predictions"].numpy()
   assert predictions.shape == (5,)
-  # The trained model, restored from the run's last checkpoint:
+  _, want = restored_model_outputs(config, runs["dirs"]["full"], request)
+  np.testing.assert_allclose(predictions, want, atol=1e-5)
+
+
+def restored_model_outputs(config, model_dir, request):
+  """``(activations, click probabilities)`` of a signature ``request`` by
+  the model restored from ``model_dir``'s last checkpoint: the reference
+  an exported SavedModel must match."""
   trained = RankingTask(config, tf.distribute.get_strategy())
   trained.checkpoint.restore(
-    tf.train.latest_checkpoint(str(runs["dirs"]["full"]))
+    tf.train.latest_checkpoint(str(model_dir))
   ).assert_existing_objects_matched()
+  features = range(len(config.task.model.vocab_sizes))
   activations = trained.embedding(
-    {str(i): request[f"sparse_{i}"] for i in range(26)}
+    {str(i): request[f"sparse_{i}"] for i in features}
   )
   logits = trained.model(
     {
       "dense_features": request["dense_features"],
-      "embeddings": [activations[str(i)] for i in range(26)],
+      "embeddings": [activations[str(i)] for i in features],
     }
   )
-  np.testing.assert_allclose(predictions, tf.sigmoid(logits), atol=1e-5)
+  return activations, tf.sigmoid(logits)
 
 
 def test_killed_run_resumes_to_the_uninterrupted_state(runs):
