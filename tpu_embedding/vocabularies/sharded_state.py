@@ -32,12 +32,13 @@ from tpu_embedding.tables import slicing
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.vocabularies.sharing import flat
 from tpu_embedding.vocabularies.sharing import slices_of
-from tpu_embedding.vocabularies.state import ENTRY_ARRAYS
-from tpu_embedding.vocabularies.state import ROW_ARRAYS
 from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.state import variables_on
+from tpu_embedding.vocabularies.transition import ENTRY_ARRAYS
+from tpu_embedding.vocabularies.transition import ROW_ARRAYS
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import advance
+from tpu_embedding.vocabularies.transition import array_extents
 from tpu_embedding.vocabularies.transition import find
 
 
@@ -194,49 +195,19 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
   def _worker_ranges(self) -> dict[str, tuple[int, int, int]]:
     """Per array: its whole size, and the start and length of this
     worker's (contiguous) shards."""
-    whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
-    probation = self.copies[0].probation
-    first, last = self.copies[0].layout, self.copies[-1].layout
-    rows_end = last.row_offset + last.local_rows
-    buckets_end = last.first_bucket + last.num_local_buckets
+    first, last = self.copies[0].extents(), self.copies[-1].extents()
     return {
-      **dict.fromkeys(
-        ROW_ARRAYS,
-        (whole.local_rows, first.row_offset, rows_end - first.row_offset),
-      ),
-      **dict.fromkeys(
-        ENTRY_ARRAYS,
-        (
-          whole.num_buckets * probation,
-          first.first_bucket * probation,
-          (buckets_end - first.first_bucket) * probation,
-        ),
-      ),
+      name: (size, start, last[name][1] + last[name][2] - start)
+      for name, (size, start, _) in first.items()
     }
 
   def write_parts(self, keys: list[str], prefix: str) -> None:
     """This worker's shards as slices of each whole array; the chief adds
     the step and every worker's evictions (summed: a collective)."""
     by_name = {key.rsplit("/", 1)[-1]: key for key in keys}
-    whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
-    probation = self.copies[0].probation
     parts = []  # (names, slice specs, tensors) of each file
     for copy in self.copies:
-      layout = copy.layout
-      extents = {
-        **dict.fromkeys(
-          ROW_ARRAYS, (whole.local_rows, layout.row_offset, layout.local_rows)
-        ),
-        **dict.fromkeys(
-          ENTRY_ARRAYS,
-          (
-            whole.num_buckets * probation,
-            layout.first_bucket * probation,
-            layout.num_local_buckets * probation,
-          ),
-        ),
-      }
-      kept = [(n, e) for n, e in extents.items() if e[2]]  # Not empty.
+      kept = [(n, e) for n, e in copy.extents().items() if e[2]]  # Not empty.
       parts.append(
         (
           [by_name[name] for name, _ in kept],
@@ -290,23 +261,21 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     """Every worker's shards (``MultiWorkerMirroredStrategy``): one
     all-gather per variable, each shard padded to the longest."""
     strategy = self._strategy
-    layouts = [
-      VocabularyVariables.layout_of(
-        self.vocabulary, self.capacity, shard, self.num_shards
+    extents = [
+      array_extents(
+        self.vocabulary,
+        VocabularyVariables.layout_of(
+          self.vocabulary, self.capacity, shard, self.num_shards
+        ),
       )
       for shard in range(self.num_shards)
     ]
-    probation = self.copies[0].probation
     sizes = {
-      **{n: [lay.local_rows for lay in layouts] for n in ROW_ARRAYS},
-      **{
-        n: [lay.num_local_buckets * probation for lay in layouts]
-        for n in ENTRY_ARRAYS
-      },
+      **{n: [e[n][2] for e in extents] for n in extents[0]},
       "step": [1] * self.num_shards,
       "evictions": [1] * self.num_shards,
     }
-    shards: list[dict[str, tf.Tensor]] = [{} for _ in layouts]
+    shards: list[dict[str, tf.Tensor]] = [{} for _ in extents]
     for name, lengths in sizes.items():
       width = max(max(lengths), 1)
 

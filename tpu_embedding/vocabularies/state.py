@@ -66,11 +66,6 @@ def variables_on(
       return VocabularyVariables(vocabulary, capacity, shard, num_shards)
 
 
-#: Per-row and per-probation-entry arrays (sharded), and the scalars.
-ROW_ARRAYS = ("keys", "last_step", "counts")
-ENTRY_ARRAYS = ("probation_keys", "probation_last_step", "probation_counts")
-
-
 class VocabularyState(compat.Trackable, abc.ABC):
   """A vocabulary's variables on every local replica, saved as one.
 
@@ -149,13 +144,7 @@ class VocabularyState(compat.Trackable, abc.ABC):
     """Assigns each copy its part of the restored arrays: the whole
     arrays (``origins`` None, checked), or array ``name``'s elements from
     ``origins[name]`` on."""
-    whole = VocabularyVariables.layout_of(self.vocabulary, self.capacity)
-    probation = self.copies[0].probation
-    sizes = {
-      **dict.fromkeys(ROW_ARRAYS, whole.local_rows),
-      **dict.fromkeys(ENTRY_ARRAYS, whole.num_buckets * probation),
-    }
-    for name, size in sizes.items():
+    for name, (size, _, _) in self.copies[0].extents().items():
       shape = restored[name].shape
       if origins is None and shape != [size]:
         raise ValueError(
@@ -166,24 +155,14 @@ class VocabularyState(compat.Trackable, abc.ABC):
         )
     assigns = []
     for variables in self.copies:
-      layout = variables.layout
-      parts = {
-        **dict.fromkeys(ROW_ARRAYS, (layout.row_offset, layout.local_rows)),
-        **dict.fromkeys(
-          ENTRY_ARRAYS,
-          (
-            layout.first_bucket * probation,
-            layout.num_local_buckets * probation,
-          ),
-        ),
-      }
+      extents = variables.extents()
       for name, variable in variables.variables.items():
         value = restored[name]
-        if name in parts:
-          start, size = parts[name]
+        if name in extents:
+          _, start, length = extents[name]
           start -= 0 if origins is None else origins[name]
-          value = value[start : start + size]
-        elif name == "evictions" and layout.shard > 0:
+          value = value[start : start + length]
+        elif name == "evictions" and variables.layout.shard > 0:
           # The total is kept by shard 0; the others count from zero.
           value = tf.zeros_like(value)
         assigns.append(variable.assign(value))

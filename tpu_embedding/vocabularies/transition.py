@@ -27,6 +27,43 @@ from tpu_embedding.kernels.vocabulary_step import vocabulary_step
 from tpu_embedding.vocabularies.buckets import BucketLayout
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 
+#: The state's arrays: per row, and per probation entry (both sharded by
+#: bucket range); ``step`` and ``evictions`` are scalars.
+ROW_ARRAYS = ("keys", "last_step", "counts")
+ENTRY_ARRAYS = ("probation_keys", "probation_last_step", "probation_counts")
+
+
+def probation_entries(vocabulary: DynamicVocabulary) -> int:
+  """Probation entries per bucket: none when every key is admitted at
+  once (``min_count`` 1)."""
+  return vocabulary.probation_size if vocabulary.min_count > 1 else 0
+
+
+def array_extents(
+  vocabulary: DynamicVocabulary, layout: BucketLayout
+) -> dict[str, tuple[int, int, int]]:
+  """Per array of ``layout``'s shard: ``(whole size, start, length)``, the
+  shard holding elements ``[start, start + length)`` of the whole array.
+
+  Example:
+    >>> from tpu_embedding.vocabularies.buckets import BucketLayout
+    >>> vocabulary = DynamicVocabulary(bucket_size=4, min_count=2)
+    >>> extents = array_extents(vocabulary, BucketLayout(10, 4, 1, 2))
+    >>> extents["keys"], extents["probation_keys"]
+    ((10, 3, 7), (12, 4, 8))
+  """
+  probation = probation_entries(vocabulary)
+  rows = (layout.capacity, layout.row_offset, layout.local_rows)
+  entries = (
+    layout.num_buckets * probation,
+    layout.first_bucket * probation,
+    layout.num_local_buckets * probation,
+  )
+  return {
+    **dict.fromkeys(ROW_ARRAYS, rows),
+    **dict.fromkeys(ENTRY_ARRAYS, entries),
+  }
+
 
 class VocabularyVariables:
   """A dynamic vocabulary's state: per row and per probation entry, the
@@ -50,30 +87,24 @@ class VocabularyVariables:
   ):
     self.vocabulary = vocabulary
     self.layout = self.layout_of(vocabulary, capacity, shard, num_shards)
-    self.probation = (
-      vocabulary.probation_size if vocabulary.min_count > 1 else 0
-    )
-    entries = self.layout.num_local_buckets * self.probation
-    rows = self.layout.local_rows
-
-    def zeros(size: int, name: str) -> tf.Variable:
-      return tf.Variable(tf.zeros([size], tf.int64), trainable=False, name=name)
-
+    self.probation = probation_entries(vocabulary)
     #: name -> variable, in checkpoint order.
     self.variables = {
-      "keys": zeros(rows, "keys"),
-      "last_step": zeros(rows, "last_step"),
-      "counts": zeros(rows, "counts"),
-      "probation_keys": zeros(entries, "probation_keys"),
-      "probation_last_step": zeros(entries, "probation_last_step"),
-      "probation_counts": zeros(entries, "probation_counts"),
-      "step": tf.Variable(
-        tf.constant(0, tf.int64), trainable=False, name="step"
-      ),
-      "evictions": tf.Variable(
-        tf.constant(0, tf.int64), trainable=False, name="evictions"
-      ),
+      name: tf.Variable(
+        tf.zeros([length], tf.int64), trainable=False, name=name
+      )
+      for name, (_, _, length) in array_extents(vocabulary, self.layout).items()
     }
+    self.variables.update(
+      {
+        "step": tf.Variable(
+          tf.constant(0, tf.int64), trainable=False, name="step"
+        ),
+        "evictions": tf.Variable(
+          tf.constant(0, tf.int64), trainable=False, name="evictions"
+        ),
+      }
+    )
 
   @staticmethod
   def layout_of(
@@ -97,9 +128,12 @@ class VocabularyVariables:
     layout = VocabularyVariables.layout_of(
       vocabulary, capacity, shard, num_shards
     )
-    probation = vocabulary.probation_size if vocabulary.min_count > 1 else 0
-    entries = layout.num_local_buckets * probation
-    return 8 * (3 * layout.local_rows + 3 * entries + 2)
+    extents = array_extents(vocabulary, layout).values()
+    return 8 * (sum(length for _, _, length in extents) + 2)
+
+  def extents(self) -> dict[str, tuple[int, int, int]]:
+    """``array_extents`` of this shard."""
+    return array_extents(self.vocabulary, self.layout)
 
   def __getitem__(self, name: str) -> tf.Variable:
     return self.variables[name]
