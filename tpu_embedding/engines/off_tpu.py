@@ -100,9 +100,7 @@ class OffTPUEngine(Engine, Trackable):
     )
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
     if self._dynamic:
-      check_dynamic_support(
-        config.tables, backend, pipeline_execution_with_tensor_core
-      )
+      check_dynamic_support(config.tables, backend)
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(

@@ -62,9 +62,7 @@ from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import is_live
 
 
-def check_dynamic_support(
-  tables: Sequence[TableConfig], backend: Any, pipelining: bool
-) -> None:
+def check_dynamic_support(tables: Sequence[TableConfig], backend: Any) -> None:
   """Raises where the dynamic tables among ``tables`` cannot train.
 
   Raises:
