@@ -21,7 +21,9 @@ from tpu_embedding.backends.exchanges import AllToAll
 ROWS, DIM, BATCH, TABLES = 1_000, 4, 64, 3
 
 
-def make_embedding(strategy, optimizer, init, table_stacking="auto"):
+def make_embedding(
+  strategy, optimizer, init, table_stacking="auto", combiner="mean"
+):
   with strategy.scope():
     tables = [
       tpe.TableConfig(
@@ -29,6 +31,7 @@ def make_embedding(strategy, optimizer, init, table_stacking="auto"):
         DIM,
         name=f"t{t}",
         initializer=tf.constant_initializer(init[t]),
+        combiner=combiner,
       )
       for t in range(TABLES)
     ]
@@ -42,15 +45,39 @@ def make_embedding(strategy, optimizer, init, table_stacking="auto"):
   return embedding
 
 
-def make_batches(rng, steps=3):
+def skewed_ids(rng, size):
   """Skewed ids: duplicates within and across replicas."""
-  return [
-    {
-      f"f{t}": tf.constant((rng.zipf(1.3, BATCH) * 37 % ROWS).astype(np.int64))
+  return (rng.zipf(1.3, size) * 37 % ROWS).astype(np.int64)
+
+
+def make_batches(rng, steps=3, kind="one_id"):
+  """``[(features, weights)]``: one id per example (no weights), or 1-3
+  weighted ids per example (each id's gradient is its output row's times
+  its combiner scale)."""
+  batches = []
+  for _ in range(steps):
+    if kind == "one_id":
+      features = {
+        f"f{t}": tf.constant(skewed_ids(rng, BATCH)) for t in range(TABLES)
+      }
+      batches.append((features, None))
+      continue
+    lengths = [rng.integers(1, 4, BATCH) for _ in range(TABLES)]
+    features = {
+      f"f{t}": tf.RaggedTensor.from_row_lengths(
+        skewed_ids(rng, lengths[t].sum()), lengths[t]
+      )
       for t in range(TABLES)
     }
-    for _ in range(steps)
-  ]
+    weights = {
+      f"f{t}": tf.RaggedTensor.from_row_lengths(
+        rng.uniform(0.2, 2.0, lengths[t].sum()).astype(np.float32),
+        lengths[t],
+      )
+      for t in range(TABLES)
+    }
+    batches.append((features, weights))
+  return batches
 
 
 def train(embedding, strategy, batches, weights):
@@ -61,16 +88,20 @@ def train(embedding, strategy, batches, weights):
     # Gradients that depend on the activations.
     return sum(tf.reduce_sum(a * w + 0.5 * a * a) for a in activations.values())
 
+  def per_replica(values):
+    if values is None:
+      return None
+    return strategy.experimental_distribute_values_from_function(
+      lambda ctx: {
+        k: v[ctx.replica_id_in_sync_group * per :][:per]
+        for k, v in values.items()
+      }
+    )
+
   @tf.function
-  def step(features):
+  def step(features, id_weights):
     embedding.enqueue(
-      strategy.experimental_distribute_values_from_function(
-        lambda ctx: {
-          k: v[ctx.replica_id_in_sync_group * per :][:per]
-          for k, v in features.items()
-        }
-      ),
-      training=True,
+      per_replica(features), per_replica(id_weights), training=True
     )
 
     def replica_fn():
@@ -84,8 +115,8 @@ def train(embedding, strategy, batches, weights):
 
     return strategy.run(replica_fn)
 
-  for batch in batches:
-    step(batch)
+  for features, id_weights in batches:
+    step(features, id_weights)
   return step
 
 
@@ -97,6 +128,7 @@ def full_values(embedding):
   }
 
 
+@pytest.mark.parametrize("kind", ["one_id", "weighted_ids"])
 @pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
 @pytest.mark.parametrize("replicas", [2, 4])
 @pytest.mark.parametrize(
@@ -105,11 +137,11 @@ def full_values(embedding):
   ids=["sgd", "adagrad"],
 )
 def test_sharded_training_equals_one_device_bit_for_bit(
-  optimizer, replicas, stacking, rng
+  optimizer, replicas, stacking, kind, rng
 ):
   init = rng.normal(size=(TABLES, ROWS, DIM)).astype(np.float32)
   weights = tf.constant(rng.normal(size=(BATCH, DIM)).astype(np.float32))
-  batches = make_batches(rng)
+  batches = make_batches(rng, kind=kind)
   one = make_embedding(tf.distribute.get_strategy(), optimizer(), init)
   train(one, tf.distribute.get_strategy(), batches, weights)
   strategy = mirrored_strategy(replicas)
@@ -131,7 +163,7 @@ def test_the_step_has_no_collective_op(rng):
   batches = make_batches(rng, steps=1)
   weights = tf.constant(rng.normal(size=(BATCH, DIM)).astype(np.float32))
   step = train(embedding, strategy, batches, weights)
-  graph = step.get_concrete_function(batches[0]).graph
+  graph = step.get_concrete_function(*batches[0]).graph
   types = {op.type for op in graph.get_operations()}
   for function in graph._functions.values():
     types |= {node.op for node in function.definition.node_def}

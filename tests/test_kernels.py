@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tpu_embedding import kernels
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.kernels import build as builder
 from tpu_embedding.kernels.fused_update import fused_apply
 from tpu_embedding.resolved import resolve
@@ -131,6 +132,63 @@ def test_pieces_are_read_as_their_concatenation():
   fused_apply(table, split, tf.constant(ids), pieces, index)
   for key in one:
     np.testing.assert_array_equal(one[key].numpy(), split[key].numpy())
+
+
+@pytest.mark.parametrize("positions", [True, False], ids=["picked", "in_order"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_scaled_rows_equal_the_tensorflow_path_on_the_scaled_rows(
+  name, positions
+):
+  """``PickedRows`` with scales (a multi-id feature's gradients: each id's
+  output row times its combiner weight) are summed as the TensorFlow path
+  sums the gathered rows times the scales: bit for bit."""
+  rng = np.random.default_rng(8)
+  table = _table(OPTIMIZERS[name]())
+  fused = _block(table, rng)
+  reference = {k: tf.Variable(v) for k, v in fused.items()}
+  ids, index, _ = _update(rng)
+  outputs = rng.normal(size=(23, DIM)).astype(np.float32)
+  pieces = [tf.constant(p) for p in np.split(outputs, [5, 11])]
+  at = rng.integers(0, 23, index.size) if positions else np.arange(23)[:0]
+  if not positions:  # Row i is output row i: as many rows as ids.
+    pieces = [tf.constant(rng.normal(size=(index.size, DIM)), tf.float32)]
+  scales = rng.uniform(-2.0, 2.0, index.size).astype(np.float32)
+  scales[:2] = [0.0, 1.0 / 3.0]
+  grads = PickedRows(
+    pieces,
+    tf.constant(at, tf.int32) if positions else None,
+    tf.constant(scales),
+  )
+  assert fused_apply(table, fused, tf.constant(ids), grads, index) is not None
+  rows = tf.concat(pieces, 0)
+  if positions:
+    rows = tf.gather(rows, at)
+  _tensorflow_path(
+    table, reference, tf.constant(ids), rows * scales[:, None], index
+  )
+  want, got = _values(reference), _values(fused)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_scales_of_the_wrong_shape_fail_and_change_nothing():
+  rng = np.random.default_rng(9)
+  table = _table(tpe.Adagrad(0.2))
+  block = _block(table, rng)
+  before = _values(block)
+  ids, index, grads = _update(rng)
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"scales must have index's shape"
+  ):
+    fused_apply(
+      table,
+      block,
+      tf.constant(ids),
+      PickedRows([tf.constant(grads)], None, tf.ones([3])),
+      index,
+    )
+  for key, value in _values(block).items():
+    np.testing.assert_array_equal(value, before[key])
 
 
 def test_empty_update_changes_nothing():

@@ -17,14 +17,14 @@ from tests.conftest import mirrored_strategy
 V, DIM, BATCH, STEPS = 13, 3, 4, 4
 
 
-def make_embedding(pipelined, init, strategy=None):
+def make_embedding(pipelined, init, strategy=None, combiner="sum"):
   strategy = strategy or tf.distribute.get_strategy()
   with strategy.scope():
     table = tpe.TableConfig(
       V,
       DIM,
       name="t",
-      combiner="sum",
+      combiner=combiner,
       initializer=tf.constant_initializer(init),
     )
     features = {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)}
@@ -56,9 +56,9 @@ def loss_fn(activations, projection):
   )
 
 
-def reference(init, data, projection):
+def reference(init, data, projection, combiner="sum"):
   """The stale schedule, spelled out with an unpipelined object."""
-  emb = make_embedding(False, init)
+  emb = make_embedding(False, init, combiner=combiner)
   seen, pending = [], None
   for features in data:
     with tf.GradientTape() as tape:
@@ -79,14 +79,17 @@ def emb_table(emb):
   return next(iter(emb.embedding_tables))
 
 
-def test_pipelined_steps_follow_the_one_step_stale_schedule(rng):
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_pipelined_steps_follow_the_one_step_stale_schedule(combiner, rng):
+  # "mean": a held update of scaled rows (each id's output row's gradient
+  # times its combiner scale, held as they are).
   init = rng.normal(size=(V, DIM)).astype(np.float32)
   data, projection = batches(rng), tf.constant(rng.normal(size=(BATCH, DIM)))
   projection = tf.cast(projection, tf.float32)
   want_activations, want_before_flush, want_vars = reference(
-    init, data, projection
+    init, data, projection, combiner
   )
-  emb = make_embedding(True, init)
+  emb = make_embedding(True, init, combiner=combiner)
 
   @tf.function
   def step(features):

@@ -176,12 +176,14 @@ def test_benchmark_sweeps_floor_and_plot(tmp_path):
   assert all(r["ours"] > 0 and r["keras"] > 0 for r in figures["dists"])
 
 
-def test_pipelining_benchmark(tmp_path):
+@pytest.mark.parametrize("dense", ["xla", "ops"])
+def test_pipelining_benchmark(dense, tmp_path):
   out = run_tool(
     "pipelining_benchmark.py",
+    f"--dense={dense}",
     "--tables=2", "--rows=500", "--dim=4", "--batch_size=32", "--hidden=8",
-    "--layers=1", "--steps=2", "--warmup=1", "--repeats=2",
-    f"--json={tmp_path / 'p.json'}",
+    "--layers=1", "--steps=4", "--steps_per_call=2", "--warmup=1",
+    "--repeats=2", f"--json={tmp_path / 'p.json'}",
   ).stdout  # fmt: skip
   assert re.search(r"pipelined step +: [\d.]+ ms/step \(median of 2", out)
   assert "step-time ratio (unpipelined / pipelined, medians)" in out

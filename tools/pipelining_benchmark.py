@@ -6,17 +6,24 @@ so that the embedding work (lookup + Adagrad update) and the dense work
 step ``n`` runs alongside the dense work of step ``n + 1``. It prints the
 time of each part alone, both step times and their ratio.
 
-Overlap needs an idle core: by default every op runs on one thread and two
-ops run at once, so while the dense part computes on one core the held
-update can use the other (here about 1.2x). With every core on each op
-(``--intra_op_threads 0 --inter_op_threads 0``) there is nothing to overlap
-on a CPU and the two steps take about the same time.
+Overlap needs an idle resource, as on a TPU, where the dense part runs on
+the TensorCore while the SparseCore serves the embedding. By default the
+dense part is one XLA op on one core (``--dense xla``: an accelerator of
+its own), every op runs on one thread and two ops run at once, and a call
+runs 8 steps in one graph (``--steps_per_call``, as Keras'
+``steps_per_execution``): while the dense part computes on one core, the
+other core applies the held update and prepares the next step's lookup
+(about 1.4x here). With TensorFlow's ops for the dense part
+(``--dense ops``) its backward runs two matmuls at once and leaves less
+room; with every core on each op (``--intra_op_threads 0
+--inter_op_threads 0``) there is nothing left to overlap on a CPU and the
+two steps take about the same time.
 
 Run:
   python3 tools/pipelining_benchmark.py
-  python3 tools/pipelining_benchmark.py --intra_op_threads 0 \
-    --inter_op_threads 0  # every core on each op
-  python3 tools/pipelining_benchmark.py --hidden 1024 --steps 30
+  python3 tools/pipelining_benchmark.py --dense ops --intra_op_threads 0 \
+    --inter_op_threads 0  # TensorFlow's ops, every core on each op
+  python3 tools/pipelining_benchmark.py --hidden 256 --steps_per_call 1
   python3 tools/pipelining_benchmark.py --repeats 5 --json /tmp/pipe.json
 
 Each time is measured ``--repeats`` times: the median is printed with the
@@ -62,39 +69,63 @@ def make_model(args, pipelined: bool):
   return embedding, mlp, keras.optimizers.SGD(0.01)
 
 
+def dense_part(args, mlp):
+  """``(loss, d loss / d x, d loss / d weights)`` of the MLP on ``x``.
+
+  With ``--dense xla`` it is one XLA cluster: a single op that runs on one
+  core (``--intra_op_threads 1``), as the dense part would on an
+  accelerator of its own, leaving the other core to the embedding.
+  """
+
+  def loss_and_grads(x, labels):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = tf.reduce_mean(tf.square(mlp(x)[:, 0] - labels))
+    grads = tape.gradient(loss, [x, mlp.trainable_variables])
+    return loss, grads[0], grads[1]
+
+  if args.dense == "xla":
+    return tf.function(loss_and_grads, jit_compile=True)
+  return loss_and_grads
+
+
 def training_step(args, embedding, mlp, optimizer):
-  @tf.function
+  dense = dense_part(args, mlp)
+
   def step(features, labels):
     embedding.enqueue(features)
-    with tf.GradientTape() as tape:
-      activations = embedding.dequeue()
-      tape.watch(activations)
-      x = tf.concat([activations[f"f{i}"] for i in range(args.tables)], 1)
-      loss = tf.reduce_mean(tf.square(mlp(x)[:, 0] - labels))
-    grads = tape.gradient(loss, [activations, mlp.trainable_variables])
-    embedding.apply_gradients(grads[0])
+    activations = embedding.dequeue()
+    x = tf.concat([activations[f"f{i}"] for i in range(args.tables)], 1)
+    loss, x_grads, mlp_grads = dense(x, labels)
+    embedding.apply_gradients(
+      dict(
+        zip(
+          [f"f{i}" for i in range(args.tables)],
+          tf.split(x_grads, args.tables, axis=1),
+          strict=True,
+        )
+      )
+    )
     optimizer.apply_gradients(
-      zip(grads[1], mlp.trainable_variables, strict=True)
+      zip(mlp_grads, mlp.trainable_variables, strict=True)
     )
     return loss
 
-  return step
+  return calls(args, step)
 
 
 def dense_only_step(args, mlp, optimizer):
-  @tf.function
+  dense = dense_part(args, mlp)
+
   def step(x, labels):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.square(mlp(x)[:, 0] - labels))
-    grads = tape.gradient(loss, mlp.trainable_variables)
+    loss, _, grads = dense(x, labels)
     optimizer.apply_gradients(zip(grads, mlp.trainable_variables, strict=True))
     return loss
 
-  return step
+  return calls(args, step)
 
 
 def embedding_only_step(args, embedding):
-  @tf.function
   def step(features, labels):
     del labels
     embedding.enqueue(features)
@@ -105,17 +136,41 @@ def embedding_only_step(args, embedding):
     embedding.apply_gradients(tape.gradient(loss, activations))
     return loss
 
-  return step
+  return calls(args, step)
+
+
+def calls(args, step):
+  """One ``tf.function`` running ``args.steps_per_call`` steps in order.
+
+  As Keras' ``steps_per_execution`` and TPU host loops do: the steps of a
+  call are one graph, so the next step's input work need not wait for
+  Python.
+  """
+
+  @tf.function
+  def run(batches):
+    for batch in batches:
+      loss = step(*batch)
+    return loss
+
+  return run
 
 
 def seconds_per_step(step, batches, args) -> float:
+  """Seconds per step, ``args.steps_per_call`` steps per call."""
+  per_call = args.steps_per_call
+
+  def group(i: int) -> list:
+    return [batches[(i * per_call + k) % len(batches)] for k in range(per_call)]
+
   for i in range(args.warmup):
-    step(*batches[i % len(batches)]).numpy()
+    step(group(i)).numpy()
+  count = max(1, args.steps // per_call)
   start = time.perf_counter()
-  for i in range(args.steps):
-    loss = step(*batches[i % len(batches)])
+  for i in range(count):
+    loss = step(group(i))
   loss.numpy()
-  return (time.perf_counter() - start) / args.steps
+  return (time.perf_counter() - start) / (count * per_call)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,14 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
     "--batch_size", type=int, default=4096, help="Examples per step."
   )
   parser.add_argument(
-    "--hidden", type=int, default=256, help="Units of each MLP layer."
+    "--hidden", type=int, default=128, help="Units of each MLP layer."
   )
   parser.add_argument("--layers", type=int, default=2, help="MLP layers.")
   parser.add_argument(
-    "--steps", type=int, default=20, help="Timed steps per repeat."
+    "--steps", type=int, default=32, help="Timed steps per repeat."
   )
   parser.add_argument(
-    "--warmup", type=int, default=3, help="Untimed steps before each repeat."
+    "--warmup", type=int, default=3, help="Untimed calls before each repeat."
+  )
+  parser.add_argument(
+    "--steps_per_call",
+    type=int,
+    default=8,
+    help="Steps run by one tf.function call (as Keras' steps_per_execution).",
   )
   parser.add_argument(
     "--repeats",
@@ -150,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--json", default=None, help="Also write every timing to this file."
+  )
+  parser.add_argument(
+    "--dense",
+    choices=["xla", "ops"],
+    default="xla",
+    help="xla: the dense part is one XLA op on one core (an accelerator of "
+    "its own); ops: TensorFlow's ops, two at once.",
   )
   parser.add_argument(
     "--intra_op_threads",
@@ -207,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
   print(
     f"{args.tables} tables x {args.rows:,} x {args.dim}, "
     f"{args.ids_per_example} ids/example, batch {args.batch_size}, MLP "
-    f"{args.layers} x {args.hidden}; {args.repeats} repeats; threads per "
+    f"{args.layers} x {args.hidden} ({args.dense}); {args.steps_per_call} "
+    f"steps per call; {args.repeats} repeats; threads per "
     f"op {args.intra_op_threads or 'default'}, ops at once "
     f"{args.inter_op_threads or 'default'}",
     flush=True,

@@ -2,9 +2,12 @@
 
 An update gets the gradients of single occurrences as one ``[m, dim]``
 tensor, as pieces whose concatenation it is (one per feature: never
-concatenated), or as ``PickedRows`` (an owner's share of the gradients
-other replicas handed over whole: never split or gathered). The fused
-kernel reads all three where they are; the TensorFlow path makes one
+concatenated), or as ``PickedRows``: rows picked out of pieces, each times
+a scale. ``PickedRows`` are the gradients of the ids of multi-id features
+(an id's gradient is its output row's gradient times its combiner weight:
+never expanded to one row per id) and an owner's share of the gradients
+other replicas handed over whole (never split or gathered). The fused
+kernel reads all of them where they are; the TensorFlow path makes one
 tensor of them with ``concat_pieces``.
 
 Example:
@@ -14,6 +17,10 @@ Example:
   ...     tf.constant([2, 0]))
   >>> concat_pieces(picked).numpy().ravel().tolist()
   [3.0, 1.0]
+  >>> scaled = PickedRows([tf.constant([[1.0], [2.0]])],
+  ...                     tf.constant([1, 1, 0]), tf.constant([0.5, 1.0, 2.0]))
+  >>> concat_pieces(scaled).numpy().ravel().tolist()
+  [1.0, 2.0, 2.0]
 """
 
 from __future__ import annotations
@@ -29,17 +36,28 @@ Gradients = Any
 
 @dataclasses.dataclass(frozen=True)
 class PickedRows:
-  """Gradient rows picked out of larger pieces.
+  """Gradient rows picked out of larger pieces, each times a scale.
 
-  Row ``i`` is row ``positions[i]`` of the concatenation of ``pieces``.
+  Row ``i`` is ``scales[i] * rows[positions[i]]`` for ``rows`` the
+  concatenation of ``pieces`` (one float32 product: what multiplying the
+  gathered rows by the scales gives).
 
   Attributes:
     pieces: ``[rows_k, dim]`` float tensors.
-    positions: ``[m]`` int32 row positions in their concatenation.
+    positions: ``[m]`` int32 row positions in their concatenation; None:
+      row ``i`` is row ``i`` (then ``scales`` is given).
+    scales: ``[m]`` float32 factors; None: every factor is 1.
   """
 
   pieces: list[tf.Tensor]
-  positions: tf.Tensor
+  positions: tf.Tensor | None
+  scales: tf.Tensor | None = None
+
+  def picked(self, at: tf.Tensor) -> PickedRows:
+    """These rows at ``at``: ``concat_pieces(self)[at]``, still in place."""
+    positions = at if self.positions is None else tf.gather(self.positions, at)
+    scales = None if self.scales is None else tf.gather(self.scales, at)
+    return PickedRows(self.pieces, positions, scales)
 
 
 def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
@@ -50,7 +68,10 @@ def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
 def concat_pieces(grads: Gradients) -> tf.Tensor:
   """``grads`` as one tensor (pieces concatenated, picked rows gathered)."""
   if isinstance(grads, PickedRows):
-    return tf.gather(concat_pieces(grads.pieces), grads.positions)
+    rows = concat_pieces(grads.pieces)
+    if grads.positions is not None:
+      rows = tf.gather(rows, grads.positions)
+    return rows if grads.scales is None else rows * grads.scales[:, None]
   parts = pieces(grads)
   return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 

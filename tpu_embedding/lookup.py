@@ -38,6 +38,9 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import Gradients
+from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.gather_rows import gather_pieces
 from tpu_embedding.kernels.segment_sum import segment_sum
@@ -246,8 +249,8 @@ def split_activations(
 
 def occurrence_gradients(
   activation_grads: Sequence[tf.Tensor], batch: TableBatch
-) -> list[tf.Tensor]:
-  """The gradient of each id occurrence (``batch.unique_index``), in pieces.
+) -> Gradients:
+  """The gradient of each id occurrence (``batch.unique_index``), in place.
 
   A row's gradient is the sum of its occurrences' (``row_gradients``);
   fused updates (``tables/updates.py``) sum them as they apply them.
@@ -257,9 +260,11 @@ def occurrence_gradients(
     batch: the ``TableBatch`` the activations were computed from.
 
   Returns:
-    ``[n_k, dim]`` tensors whose concatenation is the ``[n, dim]``
-    gradients: one per feature when each id is its own output row (read
-    in place, never copied into one tensor), else one.
+    ``gradients.Gradients`` whose concatenation is the ``[n, dim]``
+    gradients: one piece per feature when each id is its own output row
+    (read in place, never copied into one tensor); else ``PickedRows``:
+    each id's output row's gradient (``batch.segments``) times its
+    combiner scale, never expanded to one row per id.
   """
   dim = batch.table.dim
   pieces = [
@@ -267,13 +272,10 @@ def occurrence_gradients(
   ]
   if batch.segments is None and batch.scales is None:
     return pieces
-  if batch.segments is None:
-    per_id = _concat(pieces)
-  else:  # Each id's output row's gradient (the pieces read in place).
-    per_id = gather_pieces(pieces, batch.segments)
-  if batch.scales is not None:
-    per_id = per_id * batch.scales[:, None]
-  return [per_id]
+  segments = batch.segments
+  if segments is not None:
+    segments = tf.cast(segments, tf.int32)
+  return PickedRows(pieces, segments, batch.scales)
 
 
 def row_gradients(
@@ -286,7 +288,7 @@ def row_gradients(
     batch: the ``TableBatch`` the activations were computed from.
   """
   return tf.math.unsorted_segment_sum(
-    _concat(occurrence_gradients(activation_grads, batch)),
+    concat_pieces(occurrence_gradients(activation_grads, batch)),
     batch.unique_index,
     tf.size(batch.unique_ids),
   )

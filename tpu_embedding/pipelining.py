@@ -46,15 +46,23 @@ from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
+from tpu_embedding.gradients import pieces
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 
 
 class HeldUpdates:
-  """Each local replica's last, not yet applied, update of every table."""
+  """Each local replica's last, not yet applied, update of every table.
+
+  A table's held update is its distinct row ids, the gradient rows as the
+  update got them (for multi-id features each output row's gradient, not
+  one row per id), each occurrence's position among those rows and scale,
+  and its index into the ids: ``PickedRows`` again when it is taken.
+  """
 
   def __init__(self, tables: Sequence[TableConfig], devices: Sequence):
     """Creates empty holding variables.
@@ -73,6 +81,8 @@ class HeldUpdates:
               _unshaped_variable(tf.zeros([0], tf.int64)),
               _unshaped_variable(tf.zeros([0, table.dim], tf.float32)),
               _unshaped_variable(tf.zeros([0], tf.int32)),
+              _unshaped_variable(tf.zeros([0], tf.float32)),
+              _unshaped_variable(tf.zeros([0], tf.int32)),
             )
             for table in self._tables
           }
@@ -81,32 +91,52 @@ class HeldUpdates:
   def hold(self, replica: int, updates: Updates) -> None:
     """Keeps ``[(table, ids, grads, index)]`` for the next ``take``."""
     for table, ids, grads, index in updates:
-      held_ids, held_grads, held_index = self._held[replica][table_name(table)]
       if index is None:  # Summed gradients: occurrence i is row i.
         index = tf.range(tf.size(ids, out_type=tf.int32))
-      held_ids.assign(ids)
-      held_grads.assign(concat_pieces(grads))
-      held_index.assign(index)
+      self._assign(replica, table_name(table), ids, grads, index)
 
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
     update."""
-    held = self._held[replica][table]
-    ids, grads, index = (variable.read_value() for variable in held)
-    kept = keep_rows(ids, grads, index, tf.logical_not(_is_in(ids, rows)))
-    for variable, value in zip(held, kept, strict=True):
-      variable.assign(value)
+    ids, grads, index = self._read(replica, table)
+    keep = tf.logical_not(_is_in(ids, rows))
+    self._assign(replica, table, *keep_rows(ids, grads, index, keep))
 
   def take(self, replica: int) -> list:
     """The held ``[(table, ids, grads, index)]``; the holding empties."""
     updates = []
     for table in self._tables:
       held = self._held[replica][table_name(table)]
-      ids, grads, index = (variable.read_value() for variable in held)
-      for variable, value in zip(held, (ids, grads, index), strict=True):
+      values = [variable.read_value() for variable in held]
+      for variable, value in zip(held, values, strict=True):
         variable.assign(value[:0])
-      updates.append((table, ids, grads, index))
+      updates.append((table, *_as_update(values)))
     return updates
+
+  def _assign(self, replica: int, table: str, ids, grads, index) -> None:
+    if not isinstance(grads, PickedRows):
+      grads = PickedRows(pieces(grads), None)
+    rows = concat_pieces(grads.pieces)
+    count = tf.size(index, out_type=tf.int32)
+    positions = grads.positions
+    if positions is None:
+      positions = tf.range(count)
+    scales = grads.scales
+    if scales is None:  # 1 (exact: x * 1 is x).
+      scales = tf.ones([count], tf.float32)
+    values = (ids, rows, tf.cast(positions, tf.int32), scales, index)
+    for variable, value in zip(self._held[replica][table], values, strict=True):
+      variable.assign(value)
+
+  def _read(self, replica: int, table: str) -> tuple:
+    held = self._held[replica][table]
+    return _as_update([variable.read_value() for variable in held])
+
+
+def _as_update(values: list[tf.Tensor]) -> tuple:
+  """``(ids, grads, index)`` of a held update's values."""
+  ids, rows, positions, scales, index = values
+  return ids, PickedRows([rows], positions, scales), index
 
 
 class PipelinedBackend(Backend):

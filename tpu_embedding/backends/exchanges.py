@@ -140,7 +140,7 @@ class AllToAll(RowExchange):
 
   def update(self, replica, updates):
     n = self._num_replicas
-    lists, num_pieces = [], []
+    lists, shapes = [], []
     for placement, _, ids, grads, index in updates:
       # One id per gradient row (the occurrences ids[index]), as a row of
       # its owner's block, with the gradient row's position.
@@ -154,19 +154,30 @@ class AllToAll(RowExchange):
         id_parts = [occurrences] * n
         where = [tf.range(tf.size(occurrences, out_type=tf.int32))] * n
       # The gradients travel whole (handed over, never copied or split):
-      # an owner picks its rows out by position.
+      # an owner picks its rows out by position (and scales them).
+      scales = None
+      if isinstance(grads, PickedRows):
+        picked = [grads.picked(at) for at in where]
+        where = [p.positions for p in picked]
+        if grads.scales is not None:
+          scales = [p.scales for p in picked]
+        grads = grads.pieces
       grads = pieces(grads)
-      num_pieces.append(len(grads))
-      lists += [id_parts, where] + [[g] * n for g in grads]
+      shapes.append((len(grads), scales is not None))
+      lists += [id_parts, where] + ([scales] if scales else [])
+      lists += [[g] * n for g in grads]
     received = iter(self._route(lists))
-    for (_, store, _, _, _), count in zip(updates, num_pieces, strict=True):
+    for (_, store, _, _, _), (count, scaled) in zip(
+      updates, shapes, strict=True
+    ):
       occurrences, where = next(received), next(received)
+      scales = next(received) if scaled else None
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
       rows, index = unique_ids(occurrences)
       store.update_block(
-        replica - self._first, rows, _picked_rows(where, grads), index
+        replica - self._first, rows, _picked_rows(where, grads, scales), index
       )
 
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
@@ -228,7 +239,9 @@ class AllToAll(RowExchange):
 
 
 def _picked_rows(
-  where: list[tf.Tensor], grads: list[list[tf.Tensor]]
+  where: list[tf.Tensor],
+  grads: list[list[tf.Tensor]],
+  scales: list[tf.Tensor] | None,
 ) -> PickedRows:
   """The gradient rows sent here, picked out of every source's gradients.
 
@@ -236,6 +249,7 @@ def _picked_rows(
     where: per source, the positions (among its gradient rows) of the
       occurrences sent here.
     grads: per piece, per source: every source's gradients, whole.
+    scales: None, or per source the scales of the occurrences sent here.
 
   Returns:
     The rows at ``where``, sources in order, as ``PickedRows`` over all
@@ -249,6 +263,7 @@ def _picked_rows(
   return PickedRows(
     [piece for source_pieces in by_source for piece in source_pieces],
     tf.concat([w + start for w, start in zip(where, starts, strict=True)], 0),
+    None if scales is None else tf.concat(scales, 0),
   )
 
 

@@ -5,7 +5,9 @@
 // sum of the gradient rows i with index[i] == u, added in increasing i from
 // zero (what tf.math.unsorted_segment_sum computes). Gradient row i is row
 // i of the pieces' concatenation, or with `positions` row positions[i] of
-// it (an owner picking its rows out of every sender's gradients); then, in
+// it (an owner picking its rows out of every sender's gradients, or an id
+// its output row's gradient), times scales[i] with `scales` (one float32
+// product, as multiplying the gathered rows by the scales); then, in
 // this order and with the same float32 operations as tpu_embedding's
 // TensorFlow path (optimizers/base.py):
 //   g = min(max(g, clip_gradient_min), clip_gradient_max)
@@ -85,10 +87,12 @@ REGISTER_OP("TpeFusedSparseApply")
     .Input("index: int32")
     .Input("grads: num_pieces * float")
     .Input("positions: num_positions * int32")
+    .Input("scales: num_scales * float")
     .Input("lr: float")
     .Attr("num_variables: int >= 1")
     .Attr("num_pieces: int >= 1")
     .Attr("num_positions: int >= 0 = 0")
+    .Attr("num_scales: int >= 0 = 0")
     .Attr("rule: {'sgd', 'adagrad'}")
     .Attr("clip_gradient_min: float")
     .Attr("clip_gradient_max: float")
@@ -106,9 +110,11 @@ class FusedSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_variables", &num_variables_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_positions", &num_positions_));
-    OP_REQUIRES(ctx, num_positions_ <= 1,
-                errors::InvalidArgument("at most one positions tensor, got ",
-                                        num_positions_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_scales", &num_scales_));
+    OP_REQUIRES(ctx, num_positions_ <= 1 && num_scales_ <= 1,
+                errors::InvalidArgument(
+                    "at most one positions and one scales tensor, got ",
+                    num_positions_, " and ", num_scales_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
     adagrad_ = rule == "adagrad";
     OP_REQUIRES(ctx, num_variables_ == (adagrad_ ? 2 : 1),
@@ -127,7 +133,8 @@ class FusedSparseApplyOp : public OpKernel {
     const Tensor& rows = ctx->input(num_variables_);
     const Tensor& index = ctx->input(num_variables_ + 1);
     const Tensor& lr_tensor =
-        ctx->input(num_variables_ + 2 + num_pieces_ + num_positions_);
+        ctx->input(num_variables_ + 2 + num_pieces_ + num_positions_ +
+                   num_scales_);
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(rows.shape()),
                 errors::InvalidArgument("rows must be a vector, got shape ",
                                         rows.shape().DebugString()));
@@ -153,6 +160,17 @@ class FusedSparseApplyOp : public OpKernel {
       all_rows.swap(grad_rows);
       OP_REQUIRES_OK(ctx, PickRows(all_rows, picked.flat<int32_t>().data(),
                                    num_grads, "positions", &grad_rows));
+    }
+    const float* scales = nullptr;
+    if (num_scales_ == 1) {
+      const Tensor& given =
+          ctx->input(num_variables_ + 2 + num_pieces_ + num_positions_);
+      OP_REQUIRES(ctx, given.shape() == index.shape(),
+                  errors::InvalidArgument(
+                      "scales must have index's shape ",
+                      index.shape().DebugString(), ", got ",
+                      given.shape().DebugString()));
+      scales = given.flat<float>().data();
     }
     OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
                 errors::InvalidArgument("grads have ", grad_rows.size(),
@@ -250,7 +268,12 @@ class FusedSparseApplyOp : public OpKernel {
         std::fill(g, g + dim, 0.0f);
         for (int64_t k = start[u]; k < start[u + 1]; ++k) {
           const float* src = grad_rows[occurrences[k]];
-          for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+          if (scales != nullptr) {
+            const float scale = scales[occurrences[k]];
+            for (int64_t d = 0; d < dim; ++d) g[d] += src[d] * scale;
+          } else {
+            for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
+          }
         }
         float* w = params + row_ids(u) * dim;
         if (clip_gradients) Clip(g, dim, clip_gmin_, clip_gmax_);
@@ -279,6 +302,7 @@ class FusedSparseApplyOp : public OpKernel {
   int num_variables_;
   int num_pieces_;
   int num_positions_;
+  int num_scales_;
   bool adagrad_;
   float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
   bool decay_by_lr_;

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels import load
@@ -39,18 +40,25 @@ def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
 
 
-def _pieces_and_positions(grads: Any) -> tuple[list[tf.Tensor], list]:
-  """The pieces the kernel reads and its ``positions`` input (0 or 1)."""
-  if isinstance(grads, PickedRows):
-    return pieces(grads.pieces), [tf.cast(grads.positions, tf.int32)]
-  return pieces(grads), []
+def _kernel_gradients(grads: Any) -> tuple[list[tf.Tensor], list, list]:
+  """The pieces the kernel reads, its ``positions`` and ``scales`` inputs
+  (0 or 1 each)."""
+  if not isinstance(grads, PickedRows):
+    return pieces(grads), [], []
+  positions = [] if grads.positions is None else [grads.positions]
+  scales = [] if grads.scales is None else [grads.scales]
+  return (
+    pieces(grads.pieces),
+    [tf.cast(p, tf.int32) for p in positions],
+    [tf.cast(s, tf.float32) for s in scales],
+  )
 
 
 def fused_apply(
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
-  grads: tf.Tensor | list[tf.Tensor],
+  grads: Gradients,
   index: tf.Tensor,
 ) -> list[Any] | None:
   """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
@@ -61,7 +69,8 @@ def fused_apply(
     ids: ``[n]`` distinct int64 row indices into ``block``.
     grads: ``[m, dim]`` gradients of single occurrences, pieces whose
       concatenation they are, or ``gradients.PickedRows`` (read in
-      place, never concatenated or gathered).
+      place and scaled as they are summed, never concatenated, gathered
+      or multiplied first).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
 
   Returns:
@@ -82,13 +91,14 @@ def fused_apply(
     # Parameter servers are plain TensorFlow servers: the kernel library
     # is not loaded there.
     return None
-  grad_pieces, positions = _pieces_and_positions(grads)
+  grad_pieces, positions, scales = _kernel_gradients(grads)
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
     index=tf.cast(index, tf.int32),
     grads=[tf.cast(g, tf.float32) for g in grad_pieces],
     positions=positions,
+    scales=scales,
     lr=optimizer.learning_rate_tensor(),
     rule=rule,
     clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),
