@@ -9,6 +9,8 @@ training equals one device bit for bit when each table has one feature.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -176,6 +178,14 @@ def test_the_step_has_no_collective_op(rng):
     assert {"TpeSplitByOwner", "TpeGatherPieces", "TpeFusedSparseApply"} <= (
       types
     )
+    # Two replicas, each running its ops: on 2 cores or fewer, kernels do
+    # not also spread their rows over the threads.
+    spread = {
+      op.get_attr("spread")
+      for op in graph.get_operations()
+      if op.type == "TpeFusedSparseApply"
+    }
+    assert spread == {2 < len(os.sched_getaffinity(0))}
 
 
 class RecordingAllToAll(AllToAll):

@@ -124,43 +124,69 @@ def _pieces(rng, sizes, dim=5):
   ]
 
 
+@pytest.mark.parametrize("through", [False, True], ids=["direct", "through"])
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("name", sorted(PIECES))
-def test_pieces_kernel_equals_gather_of_the_concat(name, traced, rng):
+def test_pieces_kernel_equals_gather_of_the_concat(name, traced, through, rng):
   pieces = _pieces(rng, PIECES[name])
   total = sum(PIECES[name])
-  index = tf.constant(rng.integers(0, total, 40), tf.int32)
+  slots = None
+  if through:  # index points into slots, slots into the rows.
+    slots = tf.constant(rng.integers(0, total, 9), tf.int32)
+  index = tf.constant(rng.integers(0, 9 if through else total, 40), tf.int32)
 
   def ours(pieces, index):
     with kernels.training_step():
-      return gather_pieces(pieces, index)
+      return gather_pieces(pieces, index, slots)
 
   run = tf.function(ours) if traced else ours
-  want = tf.gather(tf.concat(pieces, 0), index).numpy()
+  at = index if slots is None else tf.gather(slots, index)
+  want = tf.gather(tf.concat(pieces, 0), at).numpy()
   np.testing.assert_array_equal(run(pieces, index).numpy(), want)
   # The TensorFlow path (outside a training step) gives the same rows.
-  np.testing.assert_array_equal(gather_pieces(pieces, index).numpy(), want)
+  np.testing.assert_array_equal(
+    gather_pieces(pieces, index, slots).numpy(), want
+  )
 
 
 @pytest.mark.parametrize("bad", [-1, 10])
 def test_pieces_positions_out_of_range_are_refused(bad, rng):
   pieces = _pieces(rng, [4, 6])
+  gather = kernels.load().tpe_gather_pieces
   with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in \[0, 10\)"):
-    kernels.load().tpe_gather_pieces(pieces, tf.constant([1, bad], tf.int32))
+    gather(pieces, tf.constant([1, bad], tf.int32), [])
+  # Through slots: a bad slot, and a bad position among the slots.
+  slots = tf.constant([0, bad], tf.int32)
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"through\[1\] = .* not in \[0, 10\)"
+  ):
+    gather(pieces, tf.constant([0, 1], tf.int32), [slots])
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match=r"index\[1\] = 2 is not in \[0, 2\)"
+  ):
+    gather(pieces, tf.constant([0, 2], tf.int32), [slots])
 
 
-def test_pieces_gradient_equals_gather_of_the_concat(rng):
+@pytest.mark.parametrize("through", [False, True], ids=["direct", "through"])
+def test_pieces_gradient_equals_gather_of_the_concat(through, rng):
   pieces = [tf.Variable(p) for p in _pieces(rng, [3, 0, 4])]
   index = tf.constant([6, 0, 6, 3, 2, 2], tf.int32)
+  slots = None
+  if through:
+    slots, index = (
+      tf.constant([2, 6, 0, 3], tf.int32),
+      tf.constant([1, 0, 1, 3, 2, 2], tf.int32),
+    )
   weights = tf.constant(rng.normal(size=(6, 5)).astype(np.float32))
 
   def gradients(gather):
     with tf.GradientTape() as tape, kernels.training_step():
-      loss = tf.reduce_sum(gather(pieces, index) * weights)
+      loss = tf.reduce_sum(gather(pieces, index, slots) * weights)
     return [tf.convert_to_tensor(g) for g in tape.gradient(loss, pieces)]
 
-  def reference(pieces, index):
-    return tf.gather(tf.concat(pieces, 0), index)
+  def reference(pieces, index, slots):
+    at = index if slots is None else tf.gather(slots, index)
+    return tf.gather(tf.concat(pieces, 0), at)
 
   for got, want in zip(
     gradients(gather_pieces), gradients(reference), strict=True

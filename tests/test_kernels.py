@@ -91,9 +91,10 @@ def _tensorflow_path(table, block, ids, grads, index):
   return updates.apply_rows(table, block, ids, summed, ROWS)
 
 
+@pytest.mark.parametrize("spread", [True, False], ids=["spread", "inline"])
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_fused_update_equals_the_tensorflow_path(name, traced):
+def test_fused_update_equals_the_tensorflow_path(name, traced, spread):
   rng = np.random.default_rng(3)
   table = _table(OPTIMIZERS[name]())
   fused, reference = _block(table, rng), None
@@ -101,7 +102,11 @@ def test_fused_update_equals_the_tensorflow_path(name, traced):
   steps = [_update(rng) for _ in range(3)]
 
   def fused_step(ids, grads, index):
-    assert fused_apply(table, fused, ids, grads, index) is not None
+    # Rows on the worker threads, or all on this one (a step with a
+    # replica per core): the same numbers.
+    with kernels.training_step(replicas=1 if spread else 10_000):
+      assert kernels.spread_rows() == spread
+      assert fused_apply(table, fused, ids, grads, index) is not None
 
   def tf_step(ids, grads, index):
     _tensorflow_path(table, reference, ids, grads, index)

@@ -132,7 +132,7 @@ class AllToAll(RowExchange):
     # Each occurrence's row, read straight from the owners' replies (its
     # distinct id's slot in their concatenation).
     return [
-      gather_pieces(rows, tf.gather(split.slots, index))
+      gather_pieces(rows, index, through=split.slots)
       for (_, _, _, index), split, rows in zip(
         requests, splits, self._route(replies), strict=True
       )

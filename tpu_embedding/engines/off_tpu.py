@@ -399,7 +399,8 @@ class OffTPUEngine(Engine, Trackable):
   def _training_step(self) -> contextlib.AbstractContextManager:
     """``kernels.training_step()`` where the step's processes load them."""
     if self._backend.runs_package_kernels:
-      return training_step()
+      # Each local replica runs its own ops at once.
+      return training_step(replicas=len(self._backend.local_devices))
     return contextlib.nullcontext()
 
   def _current_step(self, for_dequeue: bool) -> Step | None:

@@ -44,7 +44,7 @@ SOURCES = (
 )
 
 #: Headers the sources include (part of the library's cache key).
-HEADERS = ("piece_rows.h",)
+HEADERS = ("piece_rows.h", "spread.h")
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so

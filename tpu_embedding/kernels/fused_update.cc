@@ -35,6 +35,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "piece_rows.h"
+#include "spread.h"
 
 namespace tensorflow {
 namespace {
@@ -100,6 +101,7 @@ REGISTER_OP("TpeFusedSparseApply")
     .Attr("decay_by_lr: bool")
     .Attr("clip_weight_min: float")
     .Attr("clip_weight_max: float")
+    .Attr("spread: bool = true")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
@@ -127,6 +129,7 @@ class FusedSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("decay_by_lr", &decay_by_lr_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_min", &clip_wmin_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_max", &clip_wmax_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -292,10 +295,9 @@ class FusedSparseApplyOp : public OpKernel {
         if (clip_weights) Clip(w, dim, clip_wmin_, clip_wmax_);
       }
     };
-    auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t cost = std::max<int64_t>(
         1, dim * (4 + 2 * (num_grads / num_unique)));
-    threads->workers->ParallelFor(num_unique, cost, work);
+    ForRows(ctx, spread_, num_unique, cost, work);
   }
 
  private:
@@ -306,6 +308,7 @@ class FusedSparseApplyOp : public OpKernel {
   bool adagrad_;
   float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
   bool decay_by_lr_;
+  bool spread_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeFusedSparseApply").Device(DEVICE_CPU),

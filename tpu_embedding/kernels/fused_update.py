@@ -29,6 +29,7 @@ from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels import load
+from tpu_embedding.kernels import spread_rows
 from tpu_embedding.optimizers.adagrad import Adagrad
 from tpu_embedding.optimizers.sgd import SGD
 
@@ -107,5 +108,6 @@ def fused_apply(
     decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate),
     clip_weight_min=_bound(optimizer.clip_weight_min, -math.inf),
     clip_weight_max=_bound(optimizer.clip_weight_max, math.inf),
+    spread=spread_rows(),
   )
   return [op]

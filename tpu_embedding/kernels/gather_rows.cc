@@ -17,6 +17,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "piece_rows.h"
+#include "spread.h"
 
 namespace tensorflow {
 namespace {
@@ -28,6 +29,7 @@ REGISTER_OP("TpeGatherRows")
     .Input("variable: resource")
     .Input("ids: int64")
     .Output("rows: float")
+    .Attr("spread: bool = true")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
@@ -43,8 +45,8 @@ REGISTER_OP("TpeGatherRows")
 
 // out[i] = *rows[i] for i in [0, n), rows of `dim` floats, over the CPU
 // worker threads with software prefetch.
-void CopyRows(OpKernelContext* ctx, const std::vector<const float*>& rows,
-              int64_t dim, float* out) {
+void CopyRows(OpKernelContext* ctx, bool spread,
+              const std::vector<const float*>& rows, int64_t dim, float* out) {
   const int64_t n = rows.size();
   const int64_t row_bytes = dim * sizeof(float);
   auto work = [&](int64_t begin, int64_t end) {
@@ -58,13 +60,14 @@ void CopyRows(OpKernelContext* ctx, const std::vector<const float*>& rows,
       std::memcpy(out + i * dim, rows[i], row_bytes);
     }
   };
-  auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
-  threads->workers->ParallelFor(n, std::max<int64_t>(1, 4 * dim), work);
+  ForRows(ctx, spread, n, std::max<int64_t>(1, 4 * dim), work);
 }
 
 class GatherRowsOp : public OpKernel {
  public:
-  explicit GatherRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit GatherRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<Var> var;
@@ -95,20 +98,30 @@ class GatherRowsOp : public OpKernel {
     const float* table = params.flat<float>().data();
     std::vector<const float*> rows(n);
     for (int64_t i = 0; i < n; ++i) rows[i] = table + id[i] * dim;
-    CopyRows(ctx, rows, dim, out->flat<float>().data());
+    CopyRows(ctx, spread_, rows, dim, out->flat<float>().data());
   }
+
+ private:
+  bool spread_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeGatherRows").Device(DEVICE_CPU), GatherRowsOp);
 
+// Row i of the output is row index[i] of the pieces' concatenation, or with
+// `through` row through[index[i]] (an occurrence's distinct id's slot).
 REGISTER_OP("TpeGatherPieces")
     .Input("pieces: num_pieces * float")
     .Input("index: int32")
+    .Input("through: num_through * int32")
     .Output("rows: float")
     .Attr("num_pieces: int >= 1")
+    .Attr("num_through: int >= 0 = 0")
+    .Attr("spread: bool = true")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle index, piece;
-      const int num = c->num_inputs() - 1;
+      int num_pieces = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_pieces", &num_pieces));
+      const int num = num_pieces;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(num), 1, &index));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &piece));
       c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(piece, 1)));
@@ -119,6 +132,11 @@ class GatherPiecesOp : public OpKernel {
  public:
   explicit GatherPiecesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_through", &num_through_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
+    OP_REQUIRES(ctx, num_through_ <= 1,
+                errors::InvalidArgument("at most one through tensor, got ",
+                                        num_through_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -130,17 +148,37 @@ class GatherPiecesOp : public OpKernel {
     std::vector<const float*> all_rows;
     OP_REQUIRES_OK(ctx, PieceRows(ctx, 0, num_pieces_, "pieces", &dim, &all_rows));
     const int64_t n = index.dim_size(0);
+    const int32_t* at = index.flat<int32_t>().data();
+    std::vector<int32_t> composed;
+    if (num_through_ == 1) {
+      const Tensor& through = ctx->input(num_pieces_ + 1);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsVector(through.shape()),
+                  errors::InvalidArgument("through must be a vector, got shape ",
+                                          through.shape().DebugString()));
+      const int64_t size = through.dim_size(0);
+      const int32_t* slot = through.flat<int32_t>().data();
+      composed.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES(ctx, at[i] >= 0 && at[i] < size,
+                    errors::InvalidArgument("index[", i, "] = ", at[i],
+                                            " is not in [0, ", size, ")"));
+        composed[i] = slot[at[i]];
+      }
+      at = composed.data();
+    }
     std::vector<const float*> rows;
-    OP_REQUIRES_OK(ctx, PickRows(all_rows, index.flat<int32_t>().data(), n,
-                                 "index", &rows));
+    OP_REQUIRES_OK(ctx, PickRows(all_rows, at, n,
+                                 num_through_ ? "through" : "index", &rows));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     if (n == 0 || dim == 0) return;
-    CopyRows(ctx, rows, dim, out->flat<float>().data());
+    CopyRows(ctx, spread_, rows, dim, out->flat<float>().data());
   }
 
  private:
   int num_pieces_;
+  int num_through_;
+  bool spread_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeGatherPieces").Device(DEVICE_CPU),

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels import spread_rows
 from tpu_embedding.kernels import step_kernels
 
 
@@ -48,7 +49,7 @@ def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
   ):
     return tf.gather(variable, ids)
   compat.variable_accessed(variable)  # Differentiable, as tf.gather.
-  return module.tpe_gather_rows(variable.handle, ids)
+  return module.tpe_gather_rows(variable.handle, ids, spread=spread_rows())
 
 
 @tf.RegisterGradient("TpeGatherRows")
@@ -58,7 +59,11 @@ def _gather_rows_gradient(op: Any, grad: tf.Tensor) -> tuple:
   return tf.IndexedSlices(grad, op.inputs[1], shape), None
 
 
-def gather_pieces(pieces: list[tf.Tensor], index: tf.Tensor) -> tf.Tensor:
+def gather_pieces(
+  pieces: list[tf.Tensor],
+  index: tf.Tensor,
+  through: tf.Tensor | None = None,
+) -> tf.Tensor:
   """``tf.gather(tf.concat(pieces, 0), index)``, without the concat.
 
   The all-to-all lookup (``backends/exchanges.py``) expands the rows its
@@ -67,18 +72,29 @@ def gather_pieces(pieces: list[tf.Tensor], index: tf.Tensor) -> tf.Tensor:
 
   Args:
     pieces: ``[rows_k, dim]`` float32 tensors.
-    index: ``[n]`` positions in their concatenation.
+    index: ``[n]`` positions in their concatenation, or with ``through``
+      positions in ``through``.
+    through: None, or ``[m]`` positions in the pieces' concatenation: row
+      ``i`` is then row ``through[index[i]]`` (one pass, no int gather).
   """
   module = step_kernels()
   if module is None or any(p.dtype != tf.float32 for p in pieces):
+    if through is not None:
+      index = tf.gather(through, index)
     return tf.gather(concat_pieces(pieces), index)
-  return module.tpe_gather_pieces(pieces, tf.cast(index, tf.int32))
+  extra = [] if through is None else [tf.cast(through, tf.int32)]
+  return module.tpe_gather_pieces(
+    pieces, tf.cast(index, tf.int32), extra, spread=spread_rows()
+  )
 
 
 @tf.RegisterGradient("TpeGatherPieces")
 def _gather_pieces_gradient(op: Any, grad: tf.Tensor) -> list:
   """Per piece, as ``tf.gather``'s: slices at the positions in that piece."""
-  pieces, index = op.inputs[:-1], op.inputs[-1]
+  num = op.get_attr("num_pieces")
+  pieces, index, through = op.inputs[:num], op.inputs[num], op.inputs[num + 1 :]
+  if through:
+    index = tf.gather(through[0], index)
   sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
   starts = tf.cumsum(sizes, exclusive=True)
   owner = tf.searchsorted(starts[1:], index, side="right")
@@ -91,4 +107,4 @@ def _gather_pieces_gradient(op: Any, grad: tf.Tensor) -> list:
     )
     for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
   ]
-  return [*grads, None]
+  return [*grads, None] + [None] * len(through)

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "spread.h"
 
 namespace tensorflow {
 namespace {
@@ -24,6 +25,7 @@ REGISTER_OP("TpeSegmentSum")
     .Input("num_segments: int64")
     .Output("sums: float")
     .Attr("num_scales: int >= 0")
+    .Attr("spread: bool = true")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
@@ -37,6 +39,7 @@ class SegmentSumOp : public OpKernel {
  public:
   explicit SegmentSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_scales", &num_scales_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
     OP_REQUIRES(ctx, num_scales_ <= 1,
                 errors::InvalidArgument("at most one scales tensor"));
   }
@@ -103,13 +106,13 @@ class SegmentSumOp : public OpKernel {
         }
       }
     };
-    auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t per_row = std::max<int64_t>(1, n / num);
-    threads->workers->ParallelFor(num, std::max<int64_t>(1, 2 * dim * per_row), work);
+    ForRows(ctx, spread_, num, std::max<int64_t>(1, 2 * dim * per_row), work);
   }
 
  private:
   int num_scales_;
+  bool spread_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeSegmentSum").Device(DEVICE_CPU), SegmentSumOp);

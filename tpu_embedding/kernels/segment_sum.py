@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tpu_embedding.kernels import spread_rows
 from tpu_embedding.kernels import step_kernels
 
 
@@ -50,6 +51,7 @@ def segment_sum(
     tf.cast(segments, tf.int64),
     [] if scales is None else [scales],
     tf.cast(num_segments, tf.int64),
+    spread=spread_rows(),
   )
 
 
