@@ -21,6 +21,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tpu_embedding import kernels
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels import build as builder
 from tpu_embedding.kernels.fused_update import fused_apply
 from tpu_embedding.resolved import resolve
@@ -174,6 +175,67 @@ def test_scaled_rows_equal_the_tensorflow_path_on_the_scaled_rows(
   want, got = _values(reference), _values(fused)
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+def test_grouped_positions_equal_the_tensorflow_path(scaled):
+  """An owner's rows out of each sender's pieces (one positions tensor, and
+  scales, per group of pieces) are the groups' picks in order."""
+  rng = np.random.default_rng(10)
+  table = _table(tpe.Adagrad(0.2))
+  fused = _block(table, rng)
+  reference = {k: tf.Variable(v) for k, v in fused.items()}
+  ids, index, _ = _update(rng)  # 60 occurrences
+  sizes = [[4, 9], [0, 12]]  # two senders, two pieces each
+  pieces = [
+    tf.constant(rng.normal(size=(n, DIM)).astype(np.float32))
+    for group in sizes
+    for n in group
+  ]
+  at = [rng.integers(0, 13, 25), rng.integers(0, 12, 35)]
+  scales = [rng.uniform(-2, 2, 25), rng.uniform(-2, 2, 35)]
+  grads = PickedRows(
+    pieces,
+    [tf.constant(a, tf.int32) for a in at],
+    [tf.constant(s, tf.float32) for s in scales] if scaled else None,
+  )
+  assert fused_apply(table, fused, tf.constant(ids), grads, index) is not None
+  rows = []
+  for k in range(len(sizes)):
+    whole = tf.concat(pieces[2 * k : 2 * k + 2], 0)
+    picked = tf.gather(whole, at[k])
+    if scaled:
+      picked = picked * tf.constant(scales[k], tf.float32)[:, None]
+    rows.append(picked)
+  want_rows = tf.concat(rows, 0)
+  np.testing.assert_array_equal(concat_pieces(grads), want_rows)
+  _tensorflow_path(table, reference, tf.constant(ids), want_rows, index)
+  want, got = _values(reference), _values(fused)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.parametrize(
+  "groups, counts, match",
+  [
+    (3, [20, 20, 20], "positions split 4 pieces into 3 groups"),
+    (2, [30, 29], "positions have 59 entries for 60 index entries"),
+  ],
+)
+def test_bad_groups_fail_and_change_nothing(groups, counts, match):
+  rng = np.random.default_rng(11)
+  table = _table(tpe.SGD(0.5))
+  block = _block(table, rng)
+  before = _values(block)
+  ids, index, _ = _update(rng)
+  pieces = [tf.constant(rng.normal(size=(5, DIM)), tf.float32)] * 4
+  positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
+  with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+    fused_apply(
+      table, block, tf.constant(ids), PickedRows(pieces, positions), index
+    )
+  for key, value in _values(block).items():
+    np.testing.assert_array_equal(value, before[key])
 
 
 def test_scales_of_the_wrong_shape_fail_and_change_nothing():

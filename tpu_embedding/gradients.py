@@ -40,24 +40,45 @@ class PickedRows:
 
   Row ``i`` is ``scales[i] * rows[positions[i]]`` for ``rows`` the
   concatenation of ``pieces`` (one float32 product: what multiplying the
-  gathered rows by the scales gives).
+  gathered rows by the scales gives). Positions may also come in groups,
+  one per equal group of pieces (an owner's rows out of each sender's
+  gradients): then the rows are each group's picks, groups in order, and
+  the scales (if any) come in the same groups.
 
   Attributes:
     pieces: ``[rows_k, dim]`` float tensors.
-    positions: ``[m]`` int32 row positions in their concatenation; None:
-      row ``i`` is row ``i`` (then ``scales`` is given).
-    scales: ``[m]`` float32 factors; None: every factor is 1.
+    positions: ``[m]`` int32 row positions in their concatenation, or a
+      list of them (one per group of pieces); None: row ``i`` is row ``i``
+      (then ``scales`` is given).
+    scales: ``[m]`` float32 factors (a list with grouped positions); None:
+      every factor is 1.
   """
 
   pieces: list[tf.Tensor]
-  positions: tf.Tensor | None
-  scales: tf.Tensor | None = None
+  positions: tf.Tensor | list[tf.Tensor] | None
+  scales: tf.Tensor | list[tf.Tensor] | None = None
 
   def picked(self, at: tf.Tensor) -> PickedRows:
-    """These rows at ``at``: ``concat_pieces(self)[at]``, still in place."""
+    """These rows at ``at``: ``concat_pieces(self)[at]``, still in place.
+
+    Not for grouped positions.
+    """
+    if isinstance(self.positions, list):
+      raise ValueError("picked() needs ungrouped positions.")
     positions = at if self.positions is None else tf.gather(self.positions, at)
     scales = None if self.scales is None else tf.gather(self.scales, at)
     return PickedRows(self.pieces, positions, scales)
+
+  def groups(self) -> list[PickedRows]:
+    """One ungrouped ``PickedRows`` per group (itself if not grouped)."""
+    if not isinstance(self.positions, list):
+      return [self]
+    size = len(self.pieces) // len(self.positions)
+    scales = self.scales or [None] * len(self.positions)
+    return [
+      PickedRows(self.pieces[k * size : (k + 1) * size], at, scale)
+      for k, (at, scale) in enumerate(zip(self.positions, scales, strict=True))
+    ]
 
 
 def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
@@ -67,6 +88,8 @@ def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
 
 def concat_pieces(grads: Gradients) -> tf.Tensor:
   """``grads`` as one tensor (pieces concatenated, picked rows gathered)."""
+  if isinstance(grads, PickedRows) and isinstance(grads.positions, list):
+    return concat_pieces([concat_pieces(group) for group in grads.groups()])
   if isinstance(grads, PickedRows):
     rows = concat_pieces(grads.pieces)
     if grads.positions is not None:

@@ -253,17 +253,14 @@ def _picked_rows(
 
   Returns:
     The rows at ``where``, sources in order, as ``PickedRows`` over all
-    sources' pieces.
+    sources' pieces with one group of positions (and scales) per source:
+    nothing is concatenated or offset.
   """
   by_source = list(zip(*grads, strict=True))
-  starts = [tf.constant(0, tf.int32)]
-  for source_pieces in by_source[:-1]:
-    rows = tf.add_n([tf.shape(piece)[0] for piece in source_pieces])
-    starts.append(starts[-1] + rows)
   return PickedRows(
     [piece for source_pieces in by_source for piece in source_pieces],
-    tf.concat([w + start for w, start in zip(where, starts, strict=True)], 0),
-    None if scales is None else tf.concat(scales, 0),
+    list(where),
+    None if scales is None else list(scales),
   )
 
 

@@ -5,9 +5,11 @@
 // sum of the gradient rows i with index[i] == u, added in increasing i from
 // zero (what tf.math.unsorted_segment_sum computes). Gradient row i is row
 // i of the pieces' concatenation, or with `positions` row positions[i] of
-// it (an owner picking its rows out of every sender's gradients, or an id
-// its output row's gradient), times scales[i] with `scales` (one float32
-// product, as multiplying the gathered rows by the scales); then, in
+// it (an id its output row's gradient), or with several positions tensors
+// (an owner picking its rows out of every sender's gradients) the rows they
+// pick, each out of its own group of pieces, groups in order; times
+// scales[i] with `scales` (one float32 product, as multiplying the gathered
+// rows by the scales; in as many parts as positions tensors); then, in
 // this order and with the same float32 operations as tpu_embedding's
 // TensorFlow path (optimizers/base.py):
 //   g = min(max(g, clip_gradient_min), clip_gradient_max)
@@ -113,10 +115,15 @@ class FusedSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_positions", &num_positions_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_scales", &num_scales_));
-    OP_REQUIRES(ctx, num_positions_ <= 1 && num_scales_ <= 1,
-                errors::InvalidArgument(
-                    "at most one positions and one scales tensor, got ",
-                    num_positions_, " and ", num_scales_));
+    OP_REQUIRES(
+        ctx, num_positions_ == 0 || num_pieces_ % num_positions_ == 0,
+        errors::InvalidArgument("positions split ", num_pieces_,
+                                " pieces into ", num_positions_,
+                                " groups: not evenly"));
+    OP_REQUIRES(ctx, num_scales_ <= std::max(1, num_positions_),
+                errors::InvalidArgument("scales come in ", num_scales_,
+                                        " parts for ", num_positions_,
+                                        " positions tensors"));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rule", &rule));
     adagrad_ = rule == "adagrad";
     OP_REQUIRES(ctx, num_variables_ == (adagrad_ ? 2 : 1),
@@ -146,34 +153,57 @@ class FusedSparseApplyOp : public OpKernel {
                                         index.shape().DebugString()));
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr_tensor.shape()),
                 errors::InvalidArgument("lr must be a scalar"));
-    // The gradient rows: the concatenation of the pieces' rows.
+    // The gradient rows: the concatenation of the pieces' rows, or with
+    // positions, per group of pieces (one per positions tensor, e.g. one
+    // per sending replica) the rows at its positions, groups in order.
     const int64_t num_grads = index.dim_size(0);
+    const int first_piece = num_variables_ + 2;
+    const int first_position = first_piece + num_pieces_;
+    const int first_scale = first_position + num_positions_;
     int64_t dim = 0;
     std::vector<const float*> grad_rows;
-    OP_REQUIRES_OK(ctx, PieceRows(ctx, num_variables_ + 2, num_pieces_, "grads",
-                                  &dim, &grad_rows));
-    if (num_positions_ == 1) {
-      const Tensor& picked = ctx->input(num_variables_ + 2 + num_pieces_);
-      OP_REQUIRES(ctx, picked.shape() == index.shape(),
+    if (num_positions_ == 0) {
+      OP_REQUIRES_OK(ctx, PieceRows(ctx, first_piece, num_pieces_, "grads",
+                                    &dim, &grad_rows));
+    } else {
+      const int per_group = num_pieces_ / num_positions_;
+      grad_rows.reserve(num_grads);
+      std::vector<const float*> group_rows, picked;
+      for (int g = 0; g < num_positions_; ++g) {
+        const Tensor& at = ctx->input(first_position + g);
+        OP_REQUIRES(ctx, TensorShapeUtils::IsVector(at.shape()),
+                    errors::InvalidArgument("positions must be vectors, got ",
+                                            at.shape().DebugString()));
+        OP_REQUIRES_OK(ctx, PieceRows(ctx, first_piece + g * per_group,
+                                      per_group, "grads", &dim, &group_rows));
+        OP_REQUIRES_OK(ctx, PickRows(group_rows, at.flat<int32_t>().data(),
+                                     at.dim_size(0), "positions", &picked));
+        grad_rows.insert(grad_rows.end(), picked.begin(), picked.end());
+      }
+      OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
                   errors::InvalidArgument(
-                      "positions must have index's shape ",
-                      index.shape().DebugString(), ", got ",
-                      picked.shape().DebugString()));
-      std::vector<const float*> all_rows;
-      all_rows.swap(grad_rows);
-      OP_REQUIRES_OK(ctx, PickRows(all_rows, picked.flat<int32_t>().data(),
-                                   num_grads, "positions", &grad_rows));
+                      "positions have ", grad_rows.size(), " entries for ",
+                      num_grads, " index entries"));
     }
+    // Each gradient row's scale (groups concatenated), or none.
+    std::vector<float> scale_values;
     const float* scales = nullptr;
-    if (num_scales_ == 1) {
-      const Tensor& given =
-          ctx->input(num_variables_ + 2 + num_pieces_ + num_positions_);
-      OP_REQUIRES(ctx, given.shape() == index.shape(),
+    if (num_scales_ > 0) {
+      scale_values.reserve(num_grads);
+      for (int g = 0; g < num_scales_; ++g) {
+        const Tensor& given = ctx->input(first_scale + g);
+        OP_REQUIRES(ctx, TensorShapeUtils::IsVector(given.shape()),
+                    errors::InvalidArgument("scales must be vectors, got ",
+                                            given.shape().DebugString()));
+        const float* values = given.flat<float>().data();
+        scale_values.insert(scale_values.end(), values,
+                            values + given.dim_size(0));
+      }
+      OP_REQUIRES(ctx, static_cast<int64_t>(scale_values.size()) == num_grads,
                   errors::InvalidArgument(
-                      "scales must have index's shape ",
-                      index.shape().DebugString(), ", got ",
-                      given.shape().DebugString()));
-      scales = given.flat<float>().data();
+                      "scales must have index's shape [", num_grads, "], got ",
+                      scale_values.size(), " scales"));
+      scales = scale_values.data();
     }
     OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
                 errors::InvalidArgument("grads have ", grad_rows.size(),

@@ -43,15 +43,19 @@ def _bound(value: float | None, default: float) -> float:
 
 def _kernel_gradients(grads: Any) -> tuple[list[tf.Tensor], list, list]:
   """The pieces the kernel reads, its ``positions`` and ``scales`` inputs
-  (0 or 1 each)."""
+  (none, one, or one per group of pieces)."""
   if not isinstance(grads, PickedRows):
     return pieces(grads), [], []
-  positions = [] if grads.positions is None else [grads.positions]
-  scales = [] if grads.scales is None else [grads.scales]
+
+  def as_list(value) -> list:
+    if value is None:
+      return []
+    return list(value) if isinstance(value, list) else [value]
+
   return (
     pieces(grads.pieces),
-    [tf.cast(p, tf.int32) for p in positions],
-    [tf.cast(s, tf.float32) for s in scales],
+    [tf.cast(p, tf.int32) for p in as_list(grads.positions)],
+    [tf.cast(s, tf.float32) for s in as_list(grads.scales)],
   )
 
 

@@ -24,6 +24,7 @@ inline Status PieceRows(OpKernelContext* ctx, int first, int count,
   }
   *dim = head.dim_size(1);
   rows->clear();
+  int64_t total = 0;
   for (int p = 0; p < count; ++p) {
     const Tensor& piece = ctx->input(first + p);
     if (piece.dims() != 2 || piece.dim_size(1) != *dim) {
@@ -31,6 +32,11 @@ inline Status PieceRows(OpKernelContext* ctx, int first, int count,
                                      *dim, "], got ",
                                      piece.shape().DebugString());
     }
+    total += piece.dim_size(0);
+  }
+  rows->reserve(total);
+  for (int p = 0; p < count; ++p) {
+    const Tensor& piece = ctx->input(first + p);
     const float* data = piece.flat<float>().data();
     for (int64_t r = 0; r < piece.dim_size(0); ++r) {
       rows->push_back(data + r * *dim);
