@@ -374,10 +374,38 @@ def test_no_compiler_falls_back_with_a_warning_and_the_same_numbers(tmp_path):
   )
 
 
-def test_library_path_follows_tensorflow_and_sources():
+def test_library_path_follows_tensorflow_sources_and_cpu(monkeypatch):
   path = builder.library_path()
   assert f"tf{tf.__version__}-" in path
   assert path.startswith(builder.cache_dir())
+  # Code built for this CPU is never loaded on another one.
+  monkeypatch.setattr(builder, "_cpu_features", lambda: "flags : sse2")
+  assert builder.library_path() != path
+
+
+def test_a_compiler_without_native_code_builds_generic_code(tmp_path):
+  """Where ``-march=native`` is refused, the kernels build without it."""
+  calls = tmp_path / "calls"
+  compiler = tmp_path / "cxx"
+  compiler.write_text(
+    "#!/bin/sh\n"
+    f'echo "$*" >> {calls}\n'
+    'case "$*" in *-march=native*) echo "no native" >&2; exit 1;; esac\n'
+    # Stands in for the generic build: writes the output file.
+    'while [ "$1" != "-o" ]; do shift; done; echo built > "$2"\n'
+  )
+  compiler.chmod(0o755)
+  code = "from tpu_embedding.kernels import build; print(build.build())"
+  built = _run(
+    code,
+    {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path / "k"), "CXX": str(compiler)},
+  )
+  assert built.returncode == 0, built.stderr
+  library = built.stdout.strip().splitlines()[-1]
+  assert open(library).read() == "built\n"
+  lines = calls.read_text().splitlines()
+  assert len(lines) == 2
+  assert "-march=native" in lines[0] and "-march=native" not in lines[1]
 
 
 def _op_types(function, *args) -> set[str]:
