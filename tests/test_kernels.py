@@ -216,44 +216,29 @@ def test_grouped_positions_equal_the_tensorflow_path(scaled):
 
 
 @pytest.mark.parametrize(
-  "groups, counts, match",
+  "counts, scales, match",
   [
-    (3, [20, 20, 20], "positions split 4 pieces into 3 groups"),
-    (2, [30, 29], "positions have 59 entries for 60 index entries"),
+    ([20, 20, 20], None, "positions split 4 pieces into 3 groups"),
+    ([30, 29], None, "positions have 59 entries for 60 index entries"),
+    ([30, 30], [30, 3], r"scales must have index's shape \[60\], got 33"),
+    (None, [3], r"scales must have index's shape \[60\], got 3"),
   ],
 )
-def test_bad_groups_fail_and_change_nothing(groups, counts, match):
+def test_bad_picked_rows_fail_and_change_nothing(counts, scales, match):
   rng = np.random.default_rng(11)
-  table = _table(tpe.SGD(0.5))
-  block = _block(table, rng)
-  before = _values(block)
-  ids, index, _ = _update(rng)
-  pieces = [tf.constant(rng.normal(size=(5, DIM)), tf.float32)] * 4
-  positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
-  with pytest.raises(tf.errors.InvalidArgumentError, match=match):
-    fused_apply(
-      table, block, tf.constant(ids), PickedRows(pieces, positions), index
-    )
-  for key, value in _values(block).items():
-    np.testing.assert_array_equal(value, before[key])
-
-
-def test_scales_of_the_wrong_shape_fail_and_change_nothing():
-  rng = np.random.default_rng(9)
   table = _table(tpe.Adagrad(0.2))
   block = _block(table, rng)
   before = _values(block)
   ids, index, grads = _update(rng)
-  with pytest.raises(
-    tf.errors.InvalidArgumentError, match=r"scales must have index's shape"
-  ):
-    fused_apply(
-      table,
-      block,
-      tf.constant(ids),
-      PickedRows([tf.constant(grads)], None, tf.ones([3])),
-      index,
-    )
+  if counts is None:  # Rows in order, scales of the wrong length.
+    picked = PickedRows([tf.constant(grads)], None, tf.ones(scales))
+  else:  # Groups of pieces, one positions (and scales) tensor each.
+    pieces = [tf.constant(rng.normal(size=(5, DIM)), tf.float32)] * 4
+    positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
+    factors = None if scales is None else [tf.ones([n]) for n in scales]
+    picked = PickedRows(pieces, positions, factors)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+    fused_apply(table, block, tf.constant(ids), picked, index)
   for key, value in _values(block).items():
     np.testing.assert_array_equal(value, before[key])
 

@@ -94,7 +94,9 @@ def concat_pieces(grads: Gradients) -> tf.Tensor:
     rows = concat_pieces(grads.pieces)
     if grads.positions is not None:
       rows = tf.gather(rows, grads.positions)
-    return rows if grads.scales is None else rows * grads.scales[:, None]
+    if grads.scales is None:
+      return rows
+    return rows * tf.expand_dims(grads.scales, 1)
   parts = pieces(grads)
   return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
