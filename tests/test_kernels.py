@@ -220,7 +220,13 @@ def test_grouped_positions_equal_the_tensorflow_path(scaled):
   [
     ([20, 20, 20], None, "positions split 4 pieces into 3 groups"),
     ([30, 29], None, "positions have 59 entries for 60 index entries"),
-    ([30, 30], [30, 3], r"scales must have index's shape \[60\], got 33"),
+    ([30, 30], [30, 3], r"scales\[1\] has 3 entries for 30 positions"),
+    ([30, 30], [30], "scales come in 1 parts for 2 positions tensors"),
+    (
+      [30, 30],
+      "widths",
+      r"grads piece must be \[rows, 8\], group 1 has width 7",
+    ),
     (None, [3], r"scales must have index's shape \[60\], got 3"),
   ],
 )
@@ -234,6 +240,9 @@ def test_bad_picked_rows_fail_and_change_nothing(counts, scales, match):
     picked = PickedRows([tf.constant(grads)], None, tf.ones(scales))
   else:  # Groups of pieces, one positions (and scales) tensor each.
     pieces = [tf.constant(rng.normal(size=(5, DIM)), tf.float32)] * 4
+    if scales == "widths":  # The second sender's rows are narrower.
+      pieces[2:] = [tf.ones([5, DIM - 1])] * 2
+      scales = None
     positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
     factors = None if scales is None else [tf.ones([n]) for n in scales]
     picked = PickedRows(pieces, positions, factors)
@@ -366,6 +375,10 @@ def test_library_path_follows_tensorflow_sources_and_cpu(monkeypatch):
   # Code built for this CPU is never loaded on another one.
   monkeypatch.setattr(builder, "_cpu_features", lambda: "flags : sse2")
   assert builder.library_path() != path
+  assert "-march=native" in builder.compile_command("x.so")
+  # A CPU that cannot be identified gets generic code.
+  monkeypatch.setattr(builder, "_cpu_features", lambda: "")
+  assert "-march=native" not in builder.compile_command("x.so")
 
 
 def test_a_compiler_without_native_code_builds_generic_code(tmp_path):

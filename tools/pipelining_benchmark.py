@@ -165,7 +165,7 @@ def seconds_per_step(step, batches, args) -> float:
 
   for i in range(args.warmup):
     step(group(i)).numpy()
-  count = max(1, args.steps // per_call)
+  count = args.steps // per_call
   start = time.perf_counter()
   for i in range(count):
     loss = step(group(i))
@@ -236,7 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if args.steps_per_call < 1 or args.steps % args.steps_per_call:
+    parser.error(
+      f"--steps ({args.steps}) must be a multiple of --steps_per_call "
+      f"({args.steps_per_call}), which must be >= 1."
+    )
   # Before any op runs: with one thread per op and two ops at a time, the
   # dense part leaves a core idle that a held update can use.
   if args.intra_op_threads:

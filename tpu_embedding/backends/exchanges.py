@@ -157,7 +157,10 @@ class AllToAll(RowExchange):
       # an owner picks its rows out by position (and scales them).
       scales = None
       if isinstance(grads, PickedRows):
-        picked = [grads.picked(at) for at in where]
+        if placement.sharded:
+          picked = [grads.picked(at) for at in where]
+        else:  # The same rows for every copy: picked once.
+          picked = [grads.picked(where[0])] * n
         where = [p.positions for p in picked]
         if grads.scales is not None:
           scales = [p.scales for p in picked]

@@ -93,7 +93,7 @@ def library_path() -> str:
     with open(source_path(name), "rb") as f:
       digest.update(f.read())
   digest.update(" ".join(EXTRA_FLAGS + NATIVE_FLAGS).encode())
-  digest.update(_cpu_features().encode())
+  digest.update((_cpu_features() or platform.machine()).encode())
   key = f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
   return os.path.join(cache_dir(), key, "libtpu_embedding_kernels.so")
 
@@ -115,7 +115,10 @@ def _locked(directory: str):
 
 
 def _cpu_features() -> str:
-  """What identifies this CPU's instruction sets (Linux: its flags)."""
+  """What identifies this CPU's instruction sets (Linux: the flags line of
+  ``/proc/cpuinfo``), or "" where that is unknown (then the kernels are
+  built for the generic target: a cache shared by several machines never
+  holds code one of them cannot run)."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       for line in f:
@@ -123,13 +126,15 @@ def _cpu_features() -> str:
           return line
   except OSError:
     pass
-  return platform.machine() + platform.processor()
+  return ""
 
 
 def compile_command(output: str, native: bool = True) -> list[str]:
   """The compiler command line writing the library to ``output`` (for
-  this CPU with ``native``, else for the generic target)."""
+  this CPU with ``native`` where it is known, else for the generic
+  target)."""
   compiler = shlex.split(os.environ.get("CXX", "g++"))
+  native = native and bool(_cpu_features())
   return [
     *compiler,
     *EXTRA_FLAGS,

@@ -120,7 +120,8 @@ class FusedSparseApplyOp : public OpKernel {
         errors::InvalidArgument("positions split ", num_pieces_,
                                 " pieces into ", num_positions_,
                                 " groups: not evenly"));
-    OP_REQUIRES(ctx, num_scales_ <= std::max(1, num_positions_),
+    OP_REQUIRES(ctx,
+                num_scales_ == 0 || num_scales_ == std::max(1, num_positions_),
                 errors::InvalidArgument("scales come in ", num_scales_,
                                         " parts for ", num_positions_,
                                         " positions tensors"));
@@ -174,8 +175,22 @@ class FusedSparseApplyOp : public OpKernel {
         OP_REQUIRES(ctx, TensorShapeUtils::IsVector(at.shape()),
                     errors::InvalidArgument("positions must be vectors, got ",
                                             at.shape().DebugString()));
+        int64_t group_dim = 0;
         OP_REQUIRES_OK(ctx, PieceRows(ctx, first_piece + g * per_group,
-                                      per_group, "grads", &dim, &group_rows));
+                                      per_group, "grads", &group_dim,
+                                      &group_rows));
+        OP_REQUIRES(ctx, g == 0 || group_dim == dim,
+                    errors::InvalidArgument(
+                        "every grads piece must be [rows, ", dim, "], group ",
+                        g, " has width ", group_dim));
+        dim = group_dim;
+        if (num_scales_ > 1) {
+          const Tensor& part = ctx->input(first_position + num_positions_ + g);
+          OP_REQUIRES(ctx, part.NumElements() == at.NumElements(),
+                      errors::InvalidArgument(
+                          "scales[", g, "] has ", part.NumElements(),
+                          " entries for ", at.NumElements(), " positions"));
+        }
         OP_REQUIRES_OK(ctx, PickRows(group_rows, at.flat<int32_t>().data(),
                                      at.dim_size(0), "positions", &picked));
         grad_rows.insert(grad_rows.end(), picked.begin(), picked.end());
