@@ -194,6 +194,17 @@ def test_pipelining_benchmark(dense, tmp_path):
   )
 
 
+@pytest.mark.parametrize("steps, per_call", [("4", "3"), ("4", "0")])
+def test_pipelining_benchmark_refuses_steps_it_cannot_time(steps, per_call):
+  bad = run_tool(
+    "pipelining_benchmark.py",
+    f"--steps={steps}",
+    f"--steps_per_call={per_call}",
+    returncode=2,
+  )
+  assert "must be a multiple of --steps_per_call" in bad.stderr
+
+
 def test_dynamic_benchmark(tmp_path):
   out = run_tool(
     "dynamic_benchmark.py",
