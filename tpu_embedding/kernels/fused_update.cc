@@ -166,6 +166,10 @@ class FusedSparseApplyOp : public OpKernel {
     if (num_positions_ == 0) {
       OP_REQUIRES_OK(ctx, PieceRows(ctx, first_piece, num_pieces_, "grads",
                                     &dim, &grad_rows));
+      OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
+                  errors::InvalidArgument("grads have ", grad_rows.size(),
+                                          " rows for ", num_grads,
+                                          " index entries"));
     } else {
       const int per_group = num_pieces_ / num_positions_;
       grad_rows.reserve(num_grads);
@@ -185,7 +189,7 @@ class FusedSparseApplyOp : public OpKernel {
                         g, " has width ", group_dim));
         dim = group_dim;
         if (num_scales_ > 1) {
-          const Tensor& part = ctx->input(first_position + num_positions_ + g);
+          const Tensor& part = ctx->input(first_scale + g);
           OP_REQUIRES(ctx, part.NumElements() == at.NumElements(),
                       errors::InvalidArgument(
                           "scales[", g, "] has ", part.NumElements(),
@@ -220,10 +224,6 @@ class FusedSparseApplyOp : public OpKernel {
                       scale_values.size(), " scales"));
       scales = scale_values.data();
     }
-    OP_REQUIRES(ctx, static_cast<int64_t>(grad_rows.size()) == num_grads,
-                errors::InvalidArgument("grads have ", grad_rows.size(),
-                                        " rows for ", num_grads,
-                                        " index entries"));
 
     std::vector<core::RefCountPtr<Var>> vars(num_variables_);
     for (int v = 0; v < num_variables_; ++v) {
@@ -315,13 +315,8 @@ class FusedSparseApplyOp : public OpKernel {
         }
         std::fill(g, g + dim, 0.0f);
         for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-          const float* src = grad_rows[occurrences[k]];
-          if (scales != nullptr) {
-            const float scale = scales[occurrences[k]];
-            for (int64_t d = 0; d < dim; ++d) g[d] += src[d] * scale;
-          } else {
-            for (int64_t d = 0; d < dim; ++d) g[d] += src[d];
-          }
+          const int64_t i = occurrences[k];
+          AddRow(grad_rows[i], scales == nullptr ? nullptr : scales + i, dim, g);
         }
         float* w = params + row_ids(u) * dim;
         if (clip_gradients) Clip(g, dim, clip_gmin_, clip_gmax_);

@@ -121,8 +121,7 @@ REGISTER_OP("TpeGatherPieces")
       shape_inference::ShapeHandle index, piece;
       int num_pieces = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("num_pieces", &num_pieces));
-      const int num = num_pieces;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(num), 1, &index));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(num_pieces), 1, &index));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &piece));
       c->set_output(0, c->Matrix(c->Dim(index, 0), c->Dim(piece, 1)));
       return absl::OkStatus();

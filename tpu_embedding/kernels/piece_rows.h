@@ -1,6 +1,7 @@
-// The rows of float32 [rows_k, dim] kernel inputs read as their
-// concatenation, in place: gradient pieces (fused_update.cc) and the
-// owners' replies (gather_rows.cc) are never concatenated.
+// Rows of float32 [rows_k, dim] kernel inputs: read as their
+// concatenation, in place (gradient pieces in fused_update.cc and the
+// owners' replies in gather_rows.cc are never concatenated), and summed,
+// scaled or not (AddRow).
 #ifndef TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_
 #define TPU_EMBEDDING_KERNELS_PIECE_ROWS_H_
 
@@ -60,6 +61,19 @@ inline Status PickRows(const std::vector<const float*>& rows, const int32_t* at,
     (*picked)[i] = rows[at[i]];
   }
   return OkStatus();
+}
+
+// sum += row, or sum += row * *scale (one float32 product per element, as
+// multiplying the rows by their scales first): the summing of ids' rows in
+// the combiner (segment_sum.cc) and of gradients in the update.
+inline void AddRow(const float* row, const float* scale, int64_t dim,
+                   float* sum) {
+  if (scale != nullptr) {
+    const float factor = *scale;
+    for (int64_t d = 0; d < dim; ++d) sum[d] += row[d] * factor;
+  } else {
+    for (int64_t d = 0; d < dim; ++d) sum[d] += row[d];
+  }
 }
 
 }  // namespace tensorflow

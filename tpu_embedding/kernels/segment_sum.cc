@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "piece_rows.h"
 #include "spread.h"
 
 namespace tensorflow {
@@ -96,13 +97,7 @@ class SegmentSumOp : public OpKernel {
         std::fill(o, o + dim, 0.0f);
         for (int64_t k = start[s]; k < start[s + 1]; ++k) {
           const int64_t i = order[k];
-          const float* r = src + i * dim;
-          if (scales != nullptr) {
-            const float w = scales[i];
-            for (int64_t d = 0; d < dim; ++d) o[d] += r[d] * w;
-          } else {
-            for (int64_t d = 0; d < dim; ++d) o[d] += r[d];
-          }
+          AddRow(src + i * dim, scales == nullptr ? nullptr : scales + i, dim, o);
         }
       }
     };

@@ -36,6 +36,7 @@ from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.state import variables_on
 from tpu_embedding.vocabularies.transition import ENTRY_ARRAYS
 from tpu_embedding.vocabularies.transition import ROW_ARRAYS
+from tpu_embedding.vocabularies.transition import SCALARS
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import array_extents
@@ -177,7 +178,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
           local_values, spec, "", dtype=tf.int64, device=device
         )
       }
-    for name in ("step", "evictions"):
+    for name in SCALARS:
       specs[name] = compat.SaveSpec(
         self.copies[0][name].read_value, "", "", dtype=tf.int64, device=device
       )
@@ -231,8 +232,8 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       ]
       parts.append(
         (
-          [by_name[name] for name in ["step", "evictions", *empty]],
-          [""] * (2 + len(empty)),
+          [by_name[name] for name in [*SCALARS, *empty]],
+          [""] * (len(SCALARS) + len(empty)),
           [self.copies[0]["step"].read_value(), evictions]
           + [tf.zeros([0], tf.int64)] * len(empty),
         )
@@ -272,8 +273,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     ]
     sizes = {
       **{n: [e[n][2] for e in extents] for n in extents[0]},
-      "step": [1] * self.num_shards,
-      "evictions": [1] * self.num_shards,
+      **dict.fromkeys(SCALARS, [1] * self.num_shards),
     }
     shards: list[dict[str, tf.Tensor]] = [{} for _ in extents]
     for name, lengths in sizes.items():
@@ -289,6 +289,6 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       )
       for shard, length in enumerate(lengths):
         value = stacked[shard * width : shard * width + length]
-        scalar = name in ("step", "evictions")
+        scalar = name in SCALARS
         shards[shard][name] = value[0] if scalar else value
     return shards

@@ -28,9 +28,10 @@ from tpu_embedding.vocabularies.buckets import BucketLayout
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 #: The state's arrays: per row, and per probation entry (both sharded by
-#: bucket range); ``step`` and ``evictions`` are scalars.
+#: bucket range); and its scalars (the step, and evictions so far).
 ROW_ARRAYS = ("keys", "last_step", "counts")
 ENTRY_ARRAYS = ("probation_keys", "probation_last_step", "probation_counts")
+SCALARS = ("step", "evictions")
 
 
 def probation_entries(vocabulary: DynamicVocabulary) -> int:
@@ -95,16 +96,10 @@ class VocabularyVariables:
       )
       for name, (_, _, length) in array_extents(vocabulary, self.layout).items()
     }
-    self.variables.update(
-      {
-        "step": tf.Variable(
-          tf.constant(0, tf.int64), trainable=False, name="step"
-        ),
-        "evictions": tf.Variable(
-          tf.constant(0, tf.int64), trainable=False, name="evictions"
-        ),
-      }
-    )
+    for name in SCALARS:
+      self.variables[name] = tf.Variable(
+        tf.constant(0, tf.int64), trainable=False, name=name
+      )
 
   @staticmethod
   def layout_of(
@@ -129,7 +124,7 @@ class VocabularyVariables:
       vocabulary, capacity, shard, num_shards
     )
     extents = array_extents(vocabulary, layout).values()
-    return 8 * (sum(length for _, _, length in extents) + 2)
+    return 8 * (sum(length for _, _, length in extents) + len(SCALARS))
 
   def extents(self) -> dict[str, tuple[int, int, int]]:
     """``array_extents`` of this shard."""
