@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
   kernels.load() is None, reason="the kernels did not build here"
 )
 
-ROWS, DIM = 50, 8
+ROWS, DIM = 1000, 8
 
 OPTIMIZERS = {
   "sgd": lambda: tpe.SGD(0.3),
@@ -55,30 +55,29 @@ OPTIMIZERS = {
 }
 
 
-def _table(optimizer):
+def _table(optimizer, dim=DIM):
   return resolve(
-    tpe.FeatureConfig(tpe.TableConfig(ROWS, DIM, name="t")), optimizer
+    tpe.FeatureConfig(tpe.TableConfig(ROWS, dim, name="t")), optimizer
   ).tables[0]
 
 
 def _block(table, rng):
-  block = {
-    "parameters": tf.Variable(rng.normal(size=(ROWS, DIM)).astype(np.float32))
-  }
+  shape = (ROWS, table.dim)
+  block = {"parameters": tf.Variable(rng.normal(size=shape).astype(np.float32))}
   for slot in table.optimizer.SLOT_NAMES:
-    block[slot] = tf.Variable(
-      rng.uniform(0.1, 1.0, (ROWS, DIM)).astype(np.float32)
-    )
+    block[slot] = tf.Variable(rng.uniform(0.1, 1.0, shape).astype(np.float32))
   return block
 
 
-def _update(rng, occurrences=60, unique=17):
-  ids = rng.choice(ROWS, unique, replace=False).astype(np.int64)
+def _update(rng, occurrences=60, unique=17, idle=0, dim=DIM):
+  """Ids, index and gradients of one update; ``idle`` more ids that no
+  gradient row names (the segment sum gives them zeros)."""
+  ids = rng.choice(ROWS, unique + idle, replace=False).astype(np.int64)
   index = np.concatenate(
     [np.arange(unique), rng.integers(0, unique, occurrences - unique)]
   )
   rng.shuffle(index)
-  grads = rng.normal(size=(occurrences, DIM)).astype(np.float32)
+  grads = rng.normal(size=(occurrences, dim)).astype(np.float32)
   grads[0, :3] = [0.0, -0.0, 1e-30]  # signed zeros and tiny values
   return ids, index.astype(np.int32), grads
 
@@ -92,15 +91,28 @@ def _tensorflow_path(table, block, ids, grads, index):
   return updates.apply_rows(table, block, ids, summed, ROWS)
 
 
+#: (occurrences, distinct ids, width) of an update: a few, and enough
+#: gradient rows for the kernel to split the rows over the threads
+#: (shards); a width the kernel reads at run time, and one it has compiled
+#: in (64).
+SIZES = {
+  "small": (60, 17, DIM),
+  "sharded": (40_000, 300, DIM),
+  "width64": (300, 90, 64),
+}
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("spread", [True, False], ids=["spread", "inline"])
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_fused_update_equals_the_tensorflow_path(name, traced, spread):
+def test_fused_update_equals_the_tensorflow_path(name, traced, spread, size):
   rng = np.random.default_rng(3)
-  table = _table(OPTIMIZERS[name]())
+  occurrences, unique, dim = SIZES[size]
+  table = _table(OPTIMIZERS[name](), dim)
   fused, reference = _block(table, rng), None
   reference = {k: tf.Variable(v) for k, v in fused.items()}
-  steps = [_update(rng) for _ in range(3)]
+  steps = [_update(rng, occurrences, unique, 2, dim) for _ in range(3)]
 
   def fused_step(ids, grads, index):
     # Rows on the worker threads, or all on this one (a step with a
@@ -271,7 +283,7 @@ def test_empty_update_changes_nothing():
 @pytest.mark.parametrize(
   "ids, index, rows, match",
   [
-    ([3, ROWS], [0, 1], 2, r"rows\[1\] = 50 is not in \[0, 50\)"),
+    ([3, ROWS], [0, 1], 2, rf"rows\[1\] = {ROWS} is not in \[0, {ROWS}\)"),
     ([3, -1], [0, 1], 2, r"rows\[1\] = -1 is not in"),
     ([3, 4], [0, 2], 2, r"index\[1\] = 2 is not in \[0, 2\)"),
     ([3, 4], [0, 1], 3, "grads have 3 rows for 2 index entries"),

@@ -1,5 +1,5 @@
 // TpeFusedSparseApply: the backward segment sum and an optimizer's sparse
-// update in one pass over the distinct rows of a step.
+// update in one pass over a step's gradient rows.
 //
 // For each distinct row u (rows[u] into the variables), its gradient is the
 // sum of the gradient rows i with index[i] == u, added in increasing i from
@@ -17,9 +17,11 @@
 //   sgd:      w = w - lr * g
 //   adagrad:  a = a + g * g;  w = w - (lr * g) / sqrt(a)
 //   w = min(max(w, clip_weight_min), clip_weight_max)
-// Each distinct row and its slot rows are read and written once; rows are
-// spread over the CPU worker threads. Every input is checked before any
-// variable is written.
+// The gradient rows are read once, in order (sequentially, however skewed
+// the ids); each distinct row and its slot rows are read and written once,
+// at the row's last occurrence; large updates are split over the CPU worker
+// threads by distinct row. Every input is checked before any variable is
+// written.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -44,8 +46,10 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// Rows prefetched this many distinct rows ahead.
-constexpr int64_t kAhead = 8;
+// Gradient rows that make a shard of the update worth a thread, and a
+// shard's cost for ParallelFor (large: one shard per thread).
+constexpr int64_t kGradsPerShard = 16384;
+constexpr int64_t kShardCost = int64_t{1} << 24;
 
 inline void Prefetch(const float* row, int64_t bytes) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -82,6 +86,143 @@ void AdviseHugePages(const void* data, size_t bytes) {
 // x = min(max(x, low), high), as tf.maximum then tf.minimum.
 inline void Clip(float* x, int64_t n, float low, float high) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::min(std::max(x[i], low), high);
+}
+
+// One distinct row's update from its summed gradient g (clipped in place).
+// Every setting is a value and every row a restrict pointer: the loops
+// vectorize without runtime alias checks.
+struct RowUpdate {
+  bool adagrad;
+  float lr, decay;
+  bool has_decay, clip_gradients;
+  float clip_gmin, clip_gmax;
+  bool clip_weights;
+  float clip_wmin, clip_wmax;
+
+  void Apply(float* __restrict w, float* __restrict a, float* __restrict g,
+             int64_t dim) const {
+    const float rate = lr, shrink = decay;
+    if (clip_gradients) Clip(g, dim, clip_gmin, clip_gmax);
+    if (has_decay) {
+      for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - shrink * w[d];
+    }
+    if (adagrad) {
+      for (int64_t d = 0; d < dim; ++d) {
+        a[d] = a[d] + g[d] * g[d];
+        w[d] = w[d] - (rate * g[d]) / std::sqrt(a[d]);
+      }
+    } else {
+      for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - rate * g[d];
+    }
+    if (clip_weights) Clip(w, dim, clip_wmin, clip_wmax);
+  }
+};
+
+// Where a distinct row occurs among the gradient rows.
+struct RowOccurrences {
+  int32_t count;  // how many times
+  int32_t first;  // its first and last gradient row
+  int32_t last;
+  int32_t slot;   // its row in the sums (rows that occur twice or more)
+};
+
+// A step's gradient rows and the distinct rows they update.
+struct Occurrences {
+  const std::vector<const float*>* grad_rows;  // gradient row i
+  const float* scales;                         // scales[i], or nullptr
+  const int32_t* index;                        // index[i]: its distinct row
+  int64_t num_grads;
+  const int64_t* row_ids;                      // row_ids[u]: row in the table
+  int64_t num_unique;
+  const RowOccurrences* rows;                  // rows[u]
+};
+
+// Gradient rows looked ahead to prefetch the table rows they finish.
+constexpr int64_t kAheadGrads = 16;
+
+// Updates the distinct rows u of one shard (u % shards == shard) in one pass
+// over the gradient rows in order, which reads them sequentially whatever
+// the ids' skew: a row's sum starts at its first occurrence (from zero, as
+// the segment sum) and is applied at its last. kDim > 0 fixes the row width
+// at compile time (common widths: fully vectorized loops), 0 reads `dim`.
+// Not inlined into Compute, so that its loops vectorize.
+template <int kDim>
+__attribute__((noinline)) void UpdateShard(const Occurrences& in,
+                                           const RowUpdate& update,
+                                           float* params, float* accum,
+                                           int64_t given_dim, float* sums,
+                                           int64_t shard, int64_t shards) {
+  const int64_t dim = kDim > 0 ? kDim : given_dim;
+  const int64_t row_bytes = dim * sizeof(float);
+  std::vector<float> single(dim);
+  const std::vector<const float*>& grad_rows = *in.grad_rows;
+  auto mine = [&](int32_t u) { return shards == 1 || u % shards == shard; };
+  auto apply = [&](int64_t u, float* g) {
+    const int64_t offset = in.row_ids[u] * dim;
+    update.Apply(params + offset, accum == nullptr ? nullptr : accum + offset,
+                 g, dim);
+  };
+  for (int64_t i = 0; i < in.num_grads; ++i) {
+    const int64_t ahead = i + kAheadGrads;
+    if (ahead < in.num_grads) {  // The table rows a later gradient finishes.
+      const int32_t v = in.index[ahead];
+      if (in.rows[v].last == ahead && mine(v)) {
+        Prefetch(params + in.row_ids[v] * dim, row_bytes);
+        if (accum != nullptr) Prefetch(accum + in.row_ids[v] * dim, row_bytes);
+      }
+    }
+    const int32_t u = in.index[i];
+    if (!mine(u)) continue;
+    const RowOccurrences& row = in.rows[u];
+    float* sum = row.count == 1 ? single.data() : sums + row.slot * dim;
+    if (i == row.first) std::fill(sum, sum + dim, 0.0f);
+    AddRow(grad_rows[i], in.scales == nullptr ? nullptr : in.scales + i, dim,
+           sum);
+    if (i == row.last) apply(u, sum);
+  }
+  // Rows without gradients (not from a lookup's ids) add zeros, as the
+  // segment sum gives them.
+  for (int64_t u = shard; u < in.num_unique; u += shards) {
+    if (in.rows[u].count > 0) continue;
+    std::fill(single.begin(), single.end(), 0.0f);
+    apply(u, single.data());
+  }
+}
+
+// UpdateShard for this row width.
+void UpdateShardOfWidth(const Occurrences& in, const RowUpdate& update,
+                        float* params, float* accum, int64_t dim, float* sums,
+                        int64_t shard, int64_t shards) {
+  switch (dim) {
+    case 16:
+      return UpdateShard<16>(in, update, params, accum, dim, sums, shard, shards);
+    case 32:
+      return UpdateShard<32>(in, update, params, accum, dim, sums, shard, shards);
+    case 64:
+      return UpdateShard<64>(in, update, params, accum, dim, sums, shard, shards);
+    case 128:
+      return UpdateShard<128>(in, update, params, accum, dim, sums, shard, shards);
+    default:
+      return UpdateShard<0>(in, update, params, accum, dim, sums, shard, shards);
+  }
+}
+
+// A buffer of this thread's, kept across calls (a step's bookkeeping then
+// allocates and faults in no memory), at least n long. Buffers over
+// kKeptBytes are released at the end of the call (ReleaseIfLarge).
+constexpr size_t kKeptBytes = size_t{16} << 20;
+
+template <typename T>
+T* Reuse(std::vector<T>* buffer, size_t n) {
+  if (buffer->size() < n) buffer->resize(n);
+  return buffer->data();
+}
+
+template <typename T>
+void ReleaseIfLarge(std::vector<T>* buffer) {
+  if (buffer->capacity() * sizeof(T) > kKeptBytes) {
+    std::vector<T>().swap(*buffer);
+  }
 }
 
 REGISTER_OP("TpeFusedSparseApply")
@@ -258,23 +399,24 @@ class FusedSparseApplyOp : public OpKernel {
                   errors::InvalidArgument("rows[", u, "] = ", row_ids(u),
                                           " is not in [0, ", num_rows, ")"));
     }
-    auto positions = index.flat<int32_t>();
-    // Occurrences of each distinct row, in increasing order (a CSR).
-    std::vector<int64_t> start(num_unique + 1, 0);
+    OP_REQUIRES(ctx, num_grads <= std::numeric_limits<int32_t>::max(),
+                errors::InvalidArgument("too many gradient rows: ", num_grads));
+    const int32_t* positions = index.flat<int32_t>().data();
+    // Where each distinct row occurs: how often, first and last.
+    thread_local std::vector<RowOccurrences> occurrence_buffer;
+    RowOccurrences* row_occurrences = Reuse(&occurrence_buffer, num_unique);
+    std::fill(row_occurrences, row_occurrences + num_unique,
+              RowOccurrences{0, 0, 0, -1});
     for (int64_t i = 0; i < num_grads; ++i) {
-      const int32_t u = positions(i);
+      const int32_t u = positions[i];
       OP_REQUIRES(ctx, u >= 0 && u < num_unique,
                   errors::InvalidArgument("index[", i, "] = ", u,
                                           " is not in [0, ", num_unique, ")"));
-      ++start[u + 1];
+      RowOccurrences& row = row_occurrences[u];
+      if (row.count++ == 0) row.first = static_cast<int32_t>(i);
+      row.last = static_cast<int32_t>(i);
     }
     if (num_unique == 0) return;
-    for (int64_t u = 0; u < num_unique; ++u) start[u + 1] += start[u];
-    std::vector<int64_t> occurrences(num_grads);
-    {
-      std::vector<int64_t> next(start.begin(), start.end() - 1);
-      for (int64_t i = 0; i < num_grads; ++i) occurrences[next[positions(i)]++] = i;
-    }
     // Copy-on-write, as TensorFlow's sparse updates: never write a buffer
     // that a dense read still holds.
     for (Var* v : order) {
@@ -300,44 +442,37 @@ class FusedSparseApplyOp : public OpKernel {
 
     const bool clip_gradients = clip_gmin_ > -kInf || clip_gmax_ < kInf;
     const bool clip_weights = clip_wmin_ > -kInf || clip_wmax_ < kInf;
-    auto work = [&](int64_t begin, int64_t end) {
-      std::vector<float> sum(dim);
-      float* g = sum.data();
-      const int64_t row_bytes = dim * sizeof(float);
-      for (int64_t u = begin; u < end; ++u) {
-        if (u + kAhead < end) {  // Random rows: ask for them early.
-          const int64_t ahead = u + kAhead;
-          Prefetch(params + row_ids(ahead) * dim, row_bytes);
-          if (accum != nullptr) Prefetch(accum + row_ids(ahead) * dim, row_bytes);
-          for (int64_t k = start[ahead]; k < start[ahead + 1]; ++k) {
-            Prefetch(grad_rows[occurrences[k]], row_bytes);
-          }
-        }
-        std::fill(g, g + dim, 0.0f);
-        for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-          const int64_t i = occurrences[k];
-          AddRow(grad_rows[i], scales == nullptr ? nullptr : scales + i, dim, g);
-        }
-        float* w = params + row_ids(u) * dim;
-        if (clip_gradients) Clip(g, dim, clip_gmin_, clip_gmax_);
-        if (has_decay) {
-          for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - decay * w[d];
-        }
-        if (accum != nullptr) {
-          float* a = accum + row_ids(u) * dim;
-          for (int64_t d = 0; d < dim; ++d) {
-            a[d] = a[d] + g[d] * g[d];
-            w[d] = w[d] - (lr * g[d]) / std::sqrt(a[d]);
-          }
-        } else {
-          for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - lr * g[d];
-        }
-        if (clip_weights) Clip(w, dim, clip_wmin_, clip_wmax_);
-      }
-    };
-    const int64_t cost = std::max<int64_t>(
-        1, dim * (4 + 2 * (num_grads / num_unique)));
-    ForRows(ctx, spread_, num_unique, cost, work);
+    const RowUpdate update{adagrad_,       lr,         decay,
+                           has_decay,      clip_gradients, clip_gmin_,
+                           clip_gmax_,     clip_weights,   clip_wmin_,
+                           clip_wmax_};
+    // Rows are split into shards (row u in shard u % shards), each one pass
+    // over the gradient rows (UpdateShard); rows that occur more than once
+    // sum in `sums`.
+    const int64_t shards =
+        spread_ ? std::max<int64_t>(
+                      1, std::min<int64_t>(
+                             ctx->device()->tensorflow_cpu_worker_threads()->num_threads,
+                             num_grads / kGradsPerShard))
+                : 1;
+    int32_t num_sums = 0;
+    for (int64_t u = 0; u < num_unique; ++u) {
+      if (row_occurrences[u].count > 1) row_occurrences[u].slot = num_sums++;
+    }
+    thread_local std::vector<float> sum_buffer;
+    float* sums = Reuse(&sum_buffer, static_cast<size_t>(num_sums) * dim);
+    const Occurrences occurrences{&grad_rows,     scales,     positions,
+                                  num_grads,      row_ids.data(), num_unique,
+                                  row_occurrences};
+    ForRows(ctx, spread_ && shards > 1, shards, kShardCost,
+            [&](int64_t begin, int64_t end) {
+              for (int64_t shard = begin; shard < end; ++shard) {
+                UpdateShardOfWidth(occurrences, update, params, accum, dim,
+                                   sums, shard, shards);
+              }
+            });
+    ReleaseIfLarge(&occurrence_buffer);
+    ReleaseIfLarge(&sum_buffer);
   }
 
  private:

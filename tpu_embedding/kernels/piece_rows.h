@@ -66,8 +66,8 @@ inline Status PickRows(const std::vector<const float*>& rows, const int32_t* at,
 // sum += row, or sum += row * *scale (one float32 product per element, as
 // multiplying the rows by their scales first): the summing of ids' rows in
 // the combiner (segment_sum.cc) and of gradients in the update.
-inline void AddRow(const float* row, const float* scale, int64_t dim,
-                   float* sum) {
+inline void AddRow(const float* __restrict row, const float* scale,
+                   int64_t dim, float* __restrict sum) {
   if (scale != nullptr) {
     const float factor = *scale;
     for (int64_t d = 0; d < dim; ++d) sum[d] += row[d] * factor;
