@@ -117,7 +117,7 @@ def test_fused_update_equals_the_tensorflow_path(name, traced, spread, size):
   def fused_step(ids, grads, index):
     # Rows on the worker threads, or all on this one (a step with a
     # replica per core): the same numbers.
-    with kernels.training_step(replicas=1 if spread else 10_000):
+    with kernels.training_step(concurrent=1 if spread else 10_000):
       assert kernels.spread_rows() == spread
       assert fused_apply(table, fused, ids, grads, index) is not None
 

@@ -9,6 +9,8 @@ both directions and into TensorFlow's own ``TPUEmbeddingForServing``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,6 +18,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests import oracle
 from tests.conftest import mirrored_strategy
+from tpu_embedding import kernels
 from tpu_embedding.resolved import resolve
 from tpu_embedding.stacking import plan_stacks
 
@@ -285,6 +288,43 @@ def test_pipelined_training_is_one_step_stale(replicas):
   fresh = _oracle_run("adagrad")["b"].params
   got = tf.convert_to_tensor(emb.variables["b"]["parameters"]).numpy()
   assert np.abs(got - fresh).max() > 1e-3  # the test can tell them apart
+
+
+@pytest.mark.parametrize(
+  "stacking", ["stacked", None], ids=["stacked", "alone"]
+)
+def test_kernels_spread_only_when_the_step_leaves_cores_idle(stacking):
+  """One device: three tables alone run three chains of kernels at once
+  (each its own deduplication, gather and update), one stack runs one. A
+  chain's kernels spread their rows over the worker threads only while the
+  chains are fewer than the cores (``kernels.spread_rows``)."""
+  if kernels.load() is None:
+    pytest.skip("the kernels did not build here")
+  with tf.distribute.get_strategy().scope():
+    emb = tpe.TPUEmbedding(
+      _config(),
+      tpe.Adagrad(0.1),
+      table_stacking=_stacking(stacking, 1),
+    )
+  emb.build()
+
+  @tf.function
+  def step(features, weights):
+    emb.enqueue(features, weights)
+    with tf.GradientTape() as tape:
+      acts = emb.dequeue()
+      tape.watch(acts)
+      loss = tf.add_n([tf.reduce_sum(a) for a in acts.values()])
+    emb.apply_gradients(tape.gradient(loss, acts))
+
+  graph = step.get_concrete_function(*_inputs(0)).graph
+  updates = [
+    o for o in graph.get_operations() if o.type == "TpeFusedSparseApply"
+  ]
+  chains = len(emb._engine.stacks)  # pylint: disable=protected-access
+  assert len(updates) == chains == (1 if stacking else 3)
+  cores = len(os.sched_getaffinity(0))
+  assert {o.get_attr("spread") for o in updates} == {chains < cores}
 
 
 def _values(emb):

@@ -399,8 +399,10 @@ class OffTPUEngine(Engine, Trackable):
   def _training_step(self) -> contextlib.AbstractContextManager:
     """``kernels.training_step()`` where the step's processes load them."""
     if self._backend.runs_package_kernels:
-      # Each local replica runs its own ops at once.
-      return training_step(replicas=len(self._backend.local_devices))
+      # Each local replica runs its own ops, one chain per table or stack,
+      # all at once.
+      replicas = len(self._backend.local_devices)
+      return training_step(concurrent=replicas * len(self._stacks))
     return contextlib.nullcontext()
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
