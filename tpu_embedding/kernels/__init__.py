@@ -55,7 +55,7 @@ def load() -> Any:
   try:
     if not os.path.exists(builder.library_path()):
       logging.info(
-        "Building tpu_embedding's kernels (once, about 15 s): %s",
+        "Building tpu_embedding's kernels (once, about 30 s): %s",
         builder.library_path(),
       )
     return tf.load_op_library(builder.build())
