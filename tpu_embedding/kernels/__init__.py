@@ -16,10 +16,11 @@ in one, and the lookup and exchange kernels are used only inside
 ``training_step()`` (what the engine opens around a training lookup and an
 update) and never while a function is traced for a SavedModel.
 
-The library is compiled against the installed TensorFlow on first use (or
-ahead of time: ``python3 -m tpu_embedding.kernels build``) and cached
-(``build.py``). If the compiler is missing or the build fails, a warning is
-logged once and the TensorFlow path is used.
+The install compiles the library against the TensorFlow the package runs
+with (``build.py``, called by ``setup.py``); ``library.py`` picks the one
+to load. Where there is none (no compiler at install, another TensorFlow,
+``TPU_EMBEDDING_KERNELS=0``) the TensorFlow path runs, said once in one
+line. No process ever compiles C++ on first use.
 
 Example:
   >>> from tpu_embedding import kernels
@@ -39,7 +40,7 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_embedding import compat
-from tpu_embedding.kernels import build as builder
+from tpu_embedding.kernels import library
 from tpu_embedding.thread_setting import ThreadSetting
 
 #: Per thread (replicas trace in their own): inside ``training_step()``,
@@ -49,22 +50,25 @@ _training = ThreadSetting(default=0)
 
 @functools.cache
 def load() -> Any:
-  """The loaded kernel module, or None (disabled, or cannot build/load)."""
-  if not builder.enabled():
+  """The loaded kernel module, or None (the TensorFlow ops path).
+
+  Loads the library ``library.choose()`` picks: built by the install (or
+  tuned by ``python3 -m tpu_embedding.kernels build``); never compiles.
+  Without one, or where it fails to load, says so once, in one line.
+  """
+  choice = library.choose()
+  if choice.path is None:
+    if not choice.asked:
+      logging.warning(library.tensorflow_path_message(choice.reason))
     return None
   try:
-    if not os.path.exists(builder.library_path()):
-      logging.info(
-        "Building tpu_embedding's kernels (once, about 30 s): %s",
-        builder.library_path(),
-      )
-    return tf.load_op_library(builder.build())
-  except (builder.BuildError, tf.errors.NotFoundError, OSError) as e:
+    return tf.load_op_library(choice.path)
+  except (tf.errors.NotFoundError, OSError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     logging.warning(
-      "tpu_embedding's fused kernels are not available (%s); using the "
-      "TensorFlow ops path (same numbers, slower). Build them with "
-      "`python3 -m tpu_embedding.kernels build`.",
-      str(e).splitlines()[0] if str(e) else type(e).__name__,
+      library.tensorflow_path_message(
+        f"{choice.path} does not load: {first or type(e).__name__}"
+      )
     )
     return None
 

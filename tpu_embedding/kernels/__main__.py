@@ -1,7 +1,11 @@
-"""``python3 -m tpu_embedding.kernels build [--force]``: compile the kernels.
+"""``python3 -m tpu_embedding.kernels {status,build,path}``.
 
-Prints where the library is and how long it took; exits 1 if the build
-fails (the package then runs on its pure TensorFlow path).
+* ``status`` (``--json``): which library this process loads and why, or
+  why the TensorFlow path runs; exits 1 when no library loads.
+* ``build [--force]``: an optional rebuild tuned to this CPU
+  (``-march=native``) into the kernel cache, preferred over the portable
+  libraries the install built. Exits 1 if the build or the load fails.
+* ``path``: the tuned library's path (which may not exist).
 
 Example:
   >>> main(["path"])  # doctest: +ELLIPSIS
@@ -12,33 +16,62 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from tpu_embedding.kernels import build as builder
+from tpu_embedding.kernels import library
 from tpu_embedding.kernels import load
 
 
+def status() -> dict:
+  """What ``status`` reports: the choice, the build record, the load."""
+  choice = library.choose()
+  loaded = choice.path is not None and load() is not None
+  return {
+    "loaded": loaded,
+    "library": choice.path,
+    "origin": choice.origin,
+    "reason": choice.reason,
+    "build_info": builder.read_build_info(builder.package_dir()),
+    "tensorflow": builder.tensorflow_identity(),
+  }
+
+
 def main(argv: list[str] | None = None) -> int:
-  """Runs ``build`` (compile if needed) or ``path`` (print the library's).
+  """Runs one command.
 
   Returns:
     The exit status: 0, or 1 when the build or the load fails.
   """
   parser = argparse.ArgumentParser(
     prog="python3 -m tpu_embedding.kernels",
-    description="Compile tpu_embedding's TensorFlow kernels (C++) against "
-    "the installed TensorFlow, into the kernel cache.",
+    description="tpu_embedding's TensorFlow kernels (C++): which library "
+    "loads, or an optional rebuild tuned to this CPU.",
   )
-  parser.add_argument("command", choices=["build", "path"])
+  parser.add_argument("command", choices=["status", "build", "path"])
   parser.add_argument(
-    "--force", action="store_true", help="Rebuild even if built already."
+    "--force", action="store_true", help="build: rebuild even if built."
   )
+  parser.add_argument("--json", action="store_true", help="status: print JSON.")
   args = parser.parse_args(argv)
   if args.command == "path":
-    print(builder.library_path())
+    print(builder.tuned_library_path())
     return 0
+  if args.command == "status":
+    report = status()
+    if args.json:
+      print(json.dumps(report, indent=2))
+    elif report["loaded"]:
+      print(f"tpu_embedding kernels: {report['library']} ({report['origin']})")
+    else:
+      print(
+        "tpu_embedding kernels: none loaded "
+        f"({report['reason'] or 'the library does not load'})"
+      )
+    return 0 if report["loaded"] else 1
   try:
-    path, seconds = builder.timed_build(args.force)
+    path, seconds = builder.timed(builder.build_tuned, args.force)
   except builder.BuildError as e:
     print(f"tpu_embedding kernels: build failed: {e}", file=sys.stderr)
     return 1

@@ -1,35 +1,47 @@
-"""Compiles this package's TensorFlow kernels against the installed TensorFlow.
+"""Compiles this package's TensorFlow kernels against TensorFlow.
 
-The C++ sources ship with the package; ``build()`` compiles them with the
-flags TensorFlow gives (``tf.sysconfig``) into a cache directory keyed by
-the TensorFlow version, the sources' hash and this CPU's instruction sets,
-so a TensorFlow upgrade, an edited source or another CPU builds anew and
-nothing stale is ever loaded. The kernels are compiled for this CPU
-(``-march=native``: wide vectors for the update's square roots and
-divisions, the same IEEE results) and, where the compiler refuses that,
-for the generic target. Concurrent
-processes (a test suite, several workers) wait on a file lock; the library
-appears under its final name only once complete.
+Two kinds of library, from the same C++ sources and flags:
 
-``python3 -m tpu_embedding.kernels build`` builds ahead of time (the
-README's install command runs it). Environment:
+* **Portable** (``build_portable``): what ``pip install .`` and
+  ``pip wheel .`` build (``setup.py``), into the installed package. One
+  library per x86-64 level (``LEVELS``: AVX, the level TensorFlow's own
+  wheels require; AVX2; AVX-512), and the loader (``library.py``) loads
+  the widest one this CPU runs. ``build_info.json`` beside them names the
+  TensorFlow they were compiled against. On other machines (Arm), one
+  library for the generic target.
+* **Tuned** (``build_tuned``): ``python3 -m tpu_embedding.kernels build``
+  compiles for exactly this CPU (``-march=native``) into a cache keyed by
+  the TensorFlow version, the sources' hash and the CPU's instruction
+  sets; the loader prefers it when it exists. Optional: an install that
+  built the portable libraries needs nothing more.
 
-* ``TPU_EMBEDDING_KERNEL_DIR``: the cache directory (default
+Every library computes the same numbers: IEEE float math as TensorFlow
+does it (no contraction into fused multiply-adds, no fast-math), so wider
+vectors change the speed, never a bit of the result
+(``tests/test_kernel_delivery.py`` compares the levels).
+
+No training, serving or test process compiles: only the install and the
+``build`` command do. Environment:
+
+* ``TPU_EMBEDDING_KERNEL_DIR``: the tuned libraries' cache (default
   ``~/.cache/tpu_embedding/kernels``).
-* ``TPU_EMBEDDING_KERNELS=0``: never build or load (the TensorFlow path).
 * ``CXX``: the compiler (default ``g++``).
 
 Example:
-  >>> import os
   >>> os.path.basename(source_path())
   'fused_update.cc'
+  >>> [level.name for level in LEVELS]
+  ['avx', 'avx2', 'avx512']
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -48,7 +60,10 @@ SOURCES = (
   "vocabulary_step.cc",
 )
 
-#: Headers the sources include (part of the library's cache key).
+#: Sources compiled once per level: their loops are arithmetic on rows.
+VECTOR_SOURCES = ("fused_update.cc", "segment_sum.cc")
+
+#: Headers the sources include (part of the tuned library's cache key).
 HEADERS = ("piece_rows.h", "spread.h")
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
@@ -56,7 +71,6 @@ HEADERS = ("piece_rows.h", "spread.h")
 #: loops vectorize.
 EXTRA_FLAGS = (
   "-std=c++17",
-  "-shared",
   "-fPIC",
   "-O3",
   "-ffp-contract=off",
@@ -64,9 +78,54 @@ EXTRA_FLAGS = (
   "-Wno-deprecated-declarations",
 )
 
-
-#: Flags tried first: code for this CPU (the cache key names the CPU).
+#: The tuned library's target: this CPU.
 NATIVE_FLAGS = ("-march=native",)
+
+#: What ``build_portable`` writes beside the libraries.
+BUILD_INFO = "build_info.json"
+
+#: The libraries' file names: ``LIBRARY.format(level)``.
+LIBRARY = "libtpu_embedding_kernels.{}.so"
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+  """One portable library's target.
+
+  Attributes:
+    name: its name (in the library's file name).
+    flags: the compiler flags that select it.
+    cpu_flags: what ``/proc/cpuinfo`` must list for a CPU to run it.
+  """
+
+  name: str
+  flags: tuple[str, ...]
+  cpu_flags: frozenset[str]
+
+
+#: x86-64 targets, narrowest first. AVX is TensorFlow 2.21's own minimum.
+LEVELS = (
+  Level(
+    "avx",
+    ("-march=x86-64-v2", "-mavx"),
+    frozenset({"sse4_2", "popcnt", "avx"}),
+  ),
+  Level(
+    "avx2",
+    ("-march=x86-64-v3",),
+    frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}),
+  ),
+  Level(
+    "avx512",
+    ("-march=x86-64-v4",),
+    frozenset(
+      {"avx2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+    ),
+  ),
+)
+
+#: Any other machine: the compiler's default target.
+GENERIC = Level("generic", (), frozenset())
 
 
 class BuildError(RuntimeError):
@@ -75,19 +134,218 @@ class BuildError(RuntimeError):
 
 def source_path(name: str = SOURCES[0]) -> str:
   """The path of one of the kernels' C++ sources (shipped as package data)."""
-  return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+  return os.path.join(package_dir(), name)
+
+
+def package_dir() -> str:
+  """The directory of this package's kernels (and portable libraries)."""
+  return os.path.dirname(os.path.abspath(__file__))
+
+
+def machine_levels() -> tuple[Level, ...]:
+  """The portable libraries built for this kind of machine."""
+  if platform.machine().lower() in ("x86_64", "amd64"):
+    return LEVELS
+  return (GENERIC,)
+
+
+def cpu_flags() -> frozenset[str]:
+  """This CPU's instruction sets (the flags line of ``/proc/cpuinfo``;
+  empty where it cannot be read)."""
+  line = _cpu_features()
+  return frozenset(line.partition(":")[2].split())
+
+
+def runnable_levels(
+  levels: tuple[Level, ...], flags: frozenset[str]
+) -> list[Level]:
+  """The levels a CPU with ``flags`` runs, narrowest first."""
+  return [level for level in levels if level.cpu_flags <= flags]
+
+
+def compile_command(output: str, target: tuple[str, ...]) -> list[str]:
+  """The compiler command line writing the whole library to ``output``.
+
+  Args:
+    output: the shared library to write.
+    target: the flags that select the instruction set (``Level.flags``,
+      or ``NATIVE_FLAGS``).
+  """
+  return [
+    *shlex.split(os.environ.get("CXX", "g++")),
+    *EXTRA_FLAGS,
+    "-shared",
+    *target,
+    *tf.sysconfig.get_compile_flags(),
+    *[source_path(name) for name in SOURCES],
+    "-o",
+    output,
+    *tf.sysconfig.get_link_flags(),
+  ]
+
+
+def object_command(
+  source: str, output: str, target: tuple[str, ...]
+) -> list[str]:
+  """The compiler command line compiling one source to an object file."""
+  return [
+    *shlex.split(os.environ.get("CXX", "g++")),
+    *EXTRA_FLAGS,
+    *target,
+    *tf.sysconfig.get_compile_flags(),
+    "-c",
+    source_path(source),
+    "-o",
+    output,
+  ]
+
+
+def link_command(objects: list[str], output: str) -> list[str]:
+  """The compiler command line linking objects into a library."""
+  return [
+    *shlex.split(os.environ.get("CXX", "g++")),
+    "-shared",
+    *objects,
+    "-o",
+    output,
+    *tf.sysconfig.get_link_flags(),
+  ]
+
+
+def tensorflow_identity() -> dict[str, str]:
+  """What a library is compiled against: TensorFlow's version and commit."""
+  return {"version": tf.__version__, "git_version": tf.version.GIT_VERSION}
+
+
+def _compile(command: list[str]) -> subprocess.CompletedProcess:
+  try:
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+  except OSError as e:
+    raise BuildError(f"Cannot run the C++ compiler {command[0]!r}: {e}") from e
+
+
+def _failed(result: subprocess.CompletedProcess) -> BuildError:
+  return BuildError(
+    f"Compiling {', '.join(SOURCES)} failed (exit {result.returncode}):\n"
+    f"{result.stderr[-4000:]}"
+  )
+
+
+def _run_all(commands: list[list[str]], jobs: int) -> None:
+  """Runs compiler commands, ``jobs`` at once; raises on the first
+  failure."""
+  with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    for result in pool.map(_compile, commands):
+      if result.returncode != 0:
+        raise _failed(result)
+
+
+def build_portable(directory: str, jobs: int | None = None) -> dict:
+  """Compiles one library per level of this machine into ``directory``.
+
+  The sources whose loops are arithmetic (``VECTOR_SOURCES``: the
+  optimizer rules' square roots and divisions, the combiner's sums) are
+  compiled once per level; the others (hashing, copies and routing of
+  rows, bound by memory) once for the narrowest level and linked into
+  every library. Compilers run ``jobs`` at once (default: one per CPU
+  core); ``build_info.json`` is written last, so a directory holds it only
+  with every library complete.
+
+  Args:
+    directory: where the libraries go (the installed package's
+      ``tpu_embedding/kernels``).
+    jobs: compilers run at once.
+
+  Returns:
+    The build information written (TensorFlow identity, libraries by
+    level, seconds).
+
+  Raises:
+    BuildError: if the compiler is missing or fails for any level.
+  """
+  start = time.perf_counter()
+  os.makedirs(directory, exist_ok=True)
+  levels = machine_levels()
+  jobs = jobs or len(os.sched_getaffinity(0))
+  with tempfile.TemporaryDirectory(dir=directory) as scratch:
+
+    def obj(source: str, level: Level) -> str:
+      return os.path.join(scratch, f"{source}.{level.name}.o")
+
+    def target(source: str, level: Level) -> Level:
+      return level if source in VECTOR_SOURCES else levels[0]
+
+    compiles = {
+      obj(source, target(source, level)): (source, target(source, level))
+      for level in levels
+      for source in SOURCES
+    }
+    _run_all(
+      [
+        object_command(source, output, level.flags)
+        for output, (source, level) in compiles.items()
+      ],
+      jobs,
+    )
+    libraries = {
+      level.name: os.path.join(scratch, LIBRARY.format(level.name))
+      for level in levels
+    }
+    _run_all(
+      [
+        link_command([obj(s, target(s, level)) for s in SOURCES], output)
+        for level, output in zip(levels, libraries.values(), strict=True)
+      ],
+      jobs,
+    )
+    for path in libraries.values():
+      os.replace(path, os.path.join(directory, os.path.basename(path)))
+  info = {
+    "tensorflow": tensorflow_identity(),
+    "libraries": {level.name: LIBRARY.format(level.name) for level in levels},
+    "seconds": round(time.perf_counter() - start, 1),
+  }
+  _write_atomically(os.path.join(directory, BUILD_INFO), json.dumps(info))
+  return info
+
+
+def read_build_info(directory: str) -> dict | None:
+  """``build_portable``'s record in ``directory``, or None (none built)."""
+  try:
+    with open(os.path.join(directory, BUILD_INFO), encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def remove_portable(directory: str) -> None:
+  """Removes ``build_portable``'s libraries and record from ``directory``."""
+  for name in os.listdir(directory):
+    if name == BUILD_INFO or (
+      name.startswith("libtpu_embedding_kernels.") and name.endswith(".so")
+    ):
+      os.unlink(os.path.join(directory, name))
+
+
+def _write_atomically(path: str, text: str) -> None:
+  handle, partial = tempfile.mkstemp(dir=os.path.dirname(path))
+  with os.fdopen(handle, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.chmod(partial, 0o644)
+  os.replace(partial, path)
 
 
 def cache_dir() -> str:
-  """Where built libraries are kept."""
+  """Where tuned libraries are kept."""
   default = os.path.join(
     os.path.expanduser("~"), ".cache", "tpu_embedding", "kernels"
   )
   return os.environ.get("TPU_EMBEDDING_KERNEL_DIR", default)
 
 
-def library_path() -> str:
-  """The library for this TensorFlow and these sources (may not exist)."""
+def tuned_library_path() -> str:
+  """The tuned library for this TensorFlow, these sources and this CPU
+  (it may not exist)."""
   digest = hashlib.sha256()
   for name in SOURCES + HEADERS:
     with open(source_path(name), "rb") as f:
@@ -96,11 +354,6 @@ def library_path() -> str:
   digest.update((_cpu_features() or platform.machine()).encode())
   key = f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
   return os.path.join(cache_dir(), key, "libtpu_embedding_kernels.so")
-
-
-def enabled() -> bool:
-  """False when ``TPU_EMBEDDING_KERNELS=0`` asks for the TensorFlow path."""
-  return os.environ.get("TPU_EMBEDDING_KERNELS", "1") != "0"
 
 
 @contextlib.contextmanager
@@ -116,9 +369,7 @@ def _locked(directory: str):
 
 def _cpu_features() -> str:
   """What identifies this CPU's instruction sets (Linux: the flags line of
-  ``/proc/cpuinfo``), or "" where that is unknown (then the kernels are
-  built for the generic target: a cache shared by several machines never
-  holds code one of them cannot run)."""
+  ``/proc/cpuinfo``), or "" where that is unknown."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       for line in f:
@@ -129,31 +380,18 @@ def _cpu_features() -> str:
   return ""
 
 
-def compile_command(output: str, native: bool = True) -> list[str]:
-  """The compiler command line writing the library to ``output`` (for
-  this CPU with ``native`` where it is known, else for the generic
-  target)."""
-  compiler = shlex.split(os.environ.get("CXX", "g++"))
-  native = native and bool(_cpu_features())
-  return [
-    *compiler,
-    *EXTRA_FLAGS,
-    *(NATIVE_FLAGS if native else ()),
-    *tf.sysconfig.get_compile_flags(),
-    *[source_path(name) for name in SOURCES],
-    "-o",
-    output,
-    *tf.sysconfig.get_link_flags(),
-  ]
+def build_tuned(force: bool = False) -> str:
+  """Compiles the library for this CPU (unless built); returns its path.
 
-
-def build(force: bool = False) -> str:
-  """Compiles the kernels (unless already built); returns the library path.
+  Where the compiler refuses ``-march=native`` (or the CPU cannot be
+  identified), the library is compiled for the generic target. Concurrent
+  processes wait on a file lock; the library appears under its final name
+  only once complete.
 
   Raises:
     BuildError: if the compiler is missing or fails.
   """
-  path = library_path()
+  path = tuned_library_path()
   if os.path.exists(path) and not force:
     return path
   directory = os.path.dirname(path)
@@ -163,31 +401,22 @@ def build(force: bool = False) -> str:
     handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(handle)
     try:
-      result = subprocess.run(
-        compile_command(partial), capture_output=True, text=True, check=False
+      result = _compile(
+        compile_command(partial, NATIVE_FLAGS if _cpu_features() else ())
       )
       if result.returncode != 0:  # E.g. no -march=native: generic code.
-        result = subprocess.run(
-          compile_command(partial, native=False),
-          capture_output=True,
-          text=True,
-          check=False,
-        )
-    except OSError as e:
+        result = _compile(compile_command(partial, ()))
+      if result.returncode != 0:
+        raise _failed(result)
+    except BuildError:
       os.unlink(partial)
-      raise BuildError(f"Cannot run the C++ compiler: {e}") from e
-    if result.returncode != 0:
-      os.unlink(partial)
-      raise BuildError(
-        f"Compiling {', '.join(SOURCES)} failed (exit {result.returncode}):\n"
-        f"{result.stderr[-4000:]}"
-      )
+      raise
     os.replace(partial, path)
   return path
 
 
-def timed_build(force: bool = False) -> tuple[str, float]:
-  """``build`` and the seconds it took."""
+def timed(build, *args, **kwargs) -> tuple:
+  """``build(*args, **kwargs)`` and the seconds it took."""
   start = time.perf_counter()
-  path = build(force)
-  return path, time.perf_counter() - start
+  result = build(*args, **kwargs)
+  return result, time.perf_counter() - start
