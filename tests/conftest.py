@@ -48,3 +48,27 @@ def mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
       [f"/cpu:{i}" for i in range(replicas)]
     )
   return _STRATEGIES[replicas]
+
+
+def pytest_sessionstart(session):
+  """Under CI (``CI=true``) the kernels the install built must load.
+
+  A run that asks for the TensorFlow path (``TPU_EMBEDDING_KERNELS=0``,
+  CI's second pass) is exempt; any other run without the installed
+  package's library stops here, before a test could skip for it.
+  """
+  del session  # unused
+  from tpu_embedding import kernels
+  from tpu_embedding.kernels import library
+
+  choice = library.choose()
+  if os.environ.get("CI") != "true" or choice.asked:
+    return
+  if choice.origin.startswith("package:") and kernels.load() is not None:
+    return
+  pytest.exit(
+    "CI: the kernels the install built did not load "
+    f"({choice.reason or choice.origin}: {choice.path}); "
+    "see `python3 -m tpu_embedding.kernels status`",
+    returncode=1,
+  )

@@ -350,51 +350,17 @@ def test_build_command_from_an_empty_cache(tmp_path):
   assert "libtpu_embedding_kernels.so" in built
 
 
-_TRAIN = """
-import numpy as np, tensorflow as tf, tpu_embedding as tpe
-from tpu_embedding import kernels
-emb = tpe.TPUEmbedding(tpe.FeatureConfig(tpe.TableConfig(
-    20, 4, name="t", initializer=tpe.RowIdInitializer())), tpe.Adagrad(0.5))
-@tf.function
-def step(ids):
-  emb.enqueue(ids)
-  emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
-for _ in range(3):
-  step(tf.constant([1, 3, 3, 7], tf.int64))
-print("KERNEL", kernels.load() is not None)
-np.save({path!r}, emb.variables["t"]["parameters"].numpy())
-"""
-
-
-def test_no_compiler_falls_back_with_a_warning_and_the_same_numbers(tmp_path):
-  fused = _run(_TRAIN.format(path=str(tmp_path / "fused.npy")), {})
-  assert "KERNEL True" in fused.stdout, fused.stderr
-  broken = _run(
-    _TRAIN.format(path=str(tmp_path / "tf.npy")),
-    {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path / "cache"), "CXX": "false"},
-  )
-  assert "KERNEL False" in broken.stdout, broken.stderr
-  assert "fused kernels are not available" in broken.stderr
-  np.testing.assert_array_equal(
-    np.load(tmp_path / "fused.npy"), np.load(tmp_path / "tf.npy")
-  )
-
-
-def test_library_path_follows_tensorflow_sources_and_cpu(monkeypatch):
-  path = builder.library_path()
+def test_tuned_library_path_follows_tensorflow_sources_and_cpu(monkeypatch):
+  path = builder.tuned_library_path()
   assert f"tf{tf.__version__}-" in path
   assert path.startswith(builder.cache_dir())
   # Code built for this CPU is never loaded on another one.
   monkeypatch.setattr(builder, "_cpu_features", lambda: "flags : sse2")
-  assert builder.library_path() != path
-  assert "-march=native" in builder.compile_command("x.so")
-  # A CPU that cannot be identified gets generic code.
-  monkeypatch.setattr(builder, "_cpu_features", lambda: "")
-  assert "-march=native" not in builder.compile_command("x.so")
+  assert builder.tuned_library_path() != path
 
 
 def test_a_compiler_without_native_code_builds_generic_code(tmp_path):
-  """Where ``-march=native`` is refused, the kernels build without it."""
+  """Where ``-march=native`` is refused, the tuned build goes generic."""
   calls = tmp_path / "calls"
   compiler = tmp_path / "cxx"
   compiler.write_text(
@@ -405,7 +371,7 @@ def test_a_compiler_without_native_code_builds_generic_code(tmp_path):
     'while [ "$1" != "-o" ]; do shift; done; echo built > "$2"\n'
   )
   compiler.chmod(0o755)
-  code = "from tpu_embedding.kernels import build; print(build.build())"
+  code = "from tpu_embedding.kernels import build; print(build.build_tuned())"
   built = _run(
     code,
     {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path / "k"), "CXX": str(compiler)},

@@ -99,9 +99,13 @@ def test_each_worker_holds_at_most_0_6_of_the_state(report):
 
 
 _TUNING = """
-import tpu_embedding
+import tpu_embedding as tpe
 from tpu_embedding import allocator
-print("APPLIED", allocator.return_large_buffers())
+print("ON IMPORT", allocator.applied())
+table = tpe.TableConfig(10, 4, name="t")
+emb = tpe.TPUEmbedding({"f": tpe.FeatureConfig(table)}, tpe.Adagrad(0.1))
+emb.embedding_tables  # builds the tables
+print("APPLIED", allocator.applied())
 """
 
 
@@ -114,6 +118,7 @@ print("APPLIED", allocator.return_large_buffers())
   ],
 )
 def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
+  """Applied where tables are built, never by importing the package."""
   base = {
     k: v
     for k, v in os.environ.items()
@@ -127,6 +132,7 @@ def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
     timeout=120,
   )
   assert finished.returncode == 0, finished.stderr
+  assert "ON IMPORT False" in finished.stdout
   assert f"APPLIED {applied}" in finished.stdout
 
 

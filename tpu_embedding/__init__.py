@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tpu_embedding import allocator
 from tpu_embedding import checkpoints
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
@@ -34,8 +33,6 @@ from tpu_embedding.optimizers import Adam
 from tpu_embedding.serving import TPUEmbeddingForServing
 from tpu_embedding.serving import serving_embedding_lookup
 from tpu_embedding.vocabularies import DynamicVocabulary
-
-allocator.return_large_buffers()
 
 if TYPE_CHECKING:
   from types import ModuleType

@@ -10,9 +10,11 @@ stays resident: measured here, a worker restoring its half of a 3,000,000 x
 ``THRESHOLD_BYTES`` keeps every buffer of that size or more in its own
 mapping, returned on free, so peak memory follows what is live.
 
-``import tpu_embedding`` applies it once (glibc only) unless the user set
-``MALLOC_MMAP_THRESHOLD_`` (then glibc uses theirs) or
-``TPU_EMBEDDING_MALLOC_TUNING=0``.
+Importing the package changes nothing: the setting is applied where
+tables are built (``backends/stacks.create_stacked_tables``, before the
+first table buffer is allocated), once per process, glibc only, unless
+the user set ``MALLOC_MMAP_THRESHOLD_`` (then glibc uses theirs) or
+``TPU_EMBEDDING_MALLOC_TUNING=0`` (glibc's default dynamic threshold).
 
 Example:
   >>> from tpu_embedding import allocator
@@ -33,13 +35,28 @@ THRESHOLD_BYTES = 8 * 2**20
 _M_MMAP_THRESHOLD = -3
 
 
+_applied: bool | None = None
+
+
+def applied() -> bool:
+  """Whether this process's mmap threshold was fixed by this module."""
+  return bool(_applied)
+
+
 def return_large_buffers() -> bool:
-  """Fixes glibc's mmap threshold at ``THRESHOLD_BYTES``.
+  """Fixes glibc's mmap threshold at ``THRESHOLD_BYTES`` (once a process).
 
   Returns:
     True if applied; False where it does not apply (not glibc, set by the
     user, or turned off with ``TPU_EMBEDDING_MALLOC_TUNING=0``).
   """
+  global _applied
+  if _applied is None:
+    _applied = _set_threshold()
+  return _applied
+
+
+def _set_threshold() -> bool:
   if os.environ.get("TPU_EMBEDDING_MALLOC_TUNING", "1") == "0":
     return False
   if "MALLOC_MMAP_THRESHOLD_" in os.environ:

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
 
+from tpu_embedding import allocator
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
@@ -139,6 +140,7 @@ def create_stacked_tables(
     ``{table name: store}``: a table alone has its own store; a stacked
     table a ``StackMember`` view of its stack's store.
   """
+  allocator.return_large_buffers()  # Before the first table buffer.
   stacked = {stack.name for stack in stacks if stack.stacked}
   stores = backend.create_tables(
     [stack.config for stack in stacks], PartlyTracked(tracker, stacked)
