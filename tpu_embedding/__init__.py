@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from tpu_embedding import allocator
 from tpu_embedding import checkpoints
+from tpu_embedding import errors
+from tpu_embedding import memory
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
@@ -61,6 +63,8 @@ __all__ = [
   "TPUEmbeddingV3",
   "TableConfig",
   "checkpoints",
+  "errors",
+  "memory",
   "serving_embedding_lookup",
 ]
 
