@@ -250,8 +250,8 @@ def _mirrored_batches(strategy):
     # on the per-replica values ("Input clicks is of unknown type").
     (
       "outside_run",
-      r"a strategy of 2 replicas \(enqueue got its per-replica values, "
-      r"e.g. from its distributed dataset\)",
+      r"a strategy of 2 replicas \(the features are its per-replica "
+      r"values, e.g. from its distributed dataset\)",
     ),
   ],
   ids=["enqueue_inside_run", "enqueue_outside_run"],
@@ -281,6 +281,17 @@ def test_an_embedding_created_outside_the_scope_names_both_strategies(
   message = str(raised.value).strip().splitlines()[-1].strip()
   message = message.removeprefix("RuntimeError: ")
   assert re.match(WRONG_STRATEGY.format(current=current), message), message
+
+
+def test_a_direct_lookup_of_another_strategys_values_names_both():
+  emb = make_embedding()  # under the default strategy
+  with pytest.raises(RuntimeError) as raised:
+    emb(next(_mirrored_batches(mirrored_strategy(2))))
+  current = (
+    r"a strategy of 2 replicas \(the features are its per-replica "
+    r"values, e.g. from its distributed dataset\)"
+  )
+  assert re.match(WRONG_STRATEGY.format(current=current), str(raised.value))
 
 
 def test_unsupported_strategy_is_explained():

@@ -263,7 +263,7 @@ def _strategy_device(strategy: tf.distribute.Strategy) -> str | None:
   """The strategy's first device (None for the default strategy)."""
   try:
     return strategy.extended.worker_devices[0]
-  except RuntimeError:  # The default strategy has no devices of its own.
+  except (RuntimeError, NotImplementedError):  # The default strategy.
     return None
 
 

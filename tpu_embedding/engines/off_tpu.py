@@ -300,7 +300,7 @@ class OffTPUEngine(Engine, Trackable):
     self._steps.pop(current_replica(self._strategy) or 0, None)
 
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
-    self._check_strategy()
+    self._check_strategy((features, weights))
     self._maybe_build()
     prepared = self._prepare(
       features, weights, "features passed to lookup", direct=True
@@ -311,7 +311,7 @@ class OffTPUEngine(Engine, Trackable):
   def lookup_for_training(
     self, features: Any, weights: Any = None
   ) -> tuple[Any, Callable[[Any], None]]:
-    self._check_strategy()
+    self._check_strategy((features, weights))
     self._maybe_build()
     prepared = self._prepare(
       features, weights, "features passed to lookup", direct=True
@@ -457,8 +457,8 @@ class OffTPUEngine(Engine, Trackable):
       raise RuntimeError(
         errors.WRONG_STRATEGY.format(
           created=strategy_name(self._strategy),
-          current=f"a strategy of {replicas} replicas (enqueue got its "
-          "per-replica values, e.g. from its distributed dataset)",
+          current=f"a strategy of {replicas} replicas (the features are "
+          "its per-replica values, e.g. from its distributed dataset)",
         )
       )
 
@@ -479,15 +479,19 @@ def _foreign_replicas(
 
   The default strategy makes no per-replica values.
   """
+  counts = {
+    len(value.values)
+    for value in tf.nest.flatten(inputs)
+    if isinstance(value, tf.distribute.DistributedValues)
+  }
+  if not counts:
+    return None
   try:
     local = len(strategy.extended.worker_devices)
-  except RuntimeError:  # The default strategy has no devices of its own.
+  except (RuntimeError, NotImplementedError):  # The default strategy.
     local = 0
-  for value in tf.nest.flatten(inputs):
-    if isinstance(value, tf.distribute.DistributedValues):
-      if len(value.values) != local:
-        return len(value.values)
-  return None
+  foreign = sorted(counts - {local})
+  return foreign[0] if foreign else None
 
 
 def _checked_skip(skip: Any, tables: Any) -> tf.Tensor:
