@@ -239,3 +239,15 @@ def test_cgroup_v1_limit(tmp_path):
   # No limit: v1 writes a number near 2**63.
   _write(root / "memory" / "box" / "memory.limit_in_bytes", f"{2**63 - 4096}")
   assert memory.cgroup_available(*args) is None
+
+
+def test_tables_for_serving_are_checked_too(monkeypatch):
+  monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+  table = tpe.TableConfig(2_000_000_000, 64, name="items")
+  serving = tpe.TPUEmbeddingForServing(tpe.FeatureConfig(table), None)
+  with pytest.raises(
+    tpe.errors.TableMemoryError,
+    match=r"^tpu_embedding: tables need 476\.8 GiB in this process \(items: "
+    r"476\.8 GiB\)",  # no optimizer: no slots
+  ):
+    serving.build()
