@@ -57,6 +57,9 @@ def _embedding(rows, dim=64, optimizer=None, **kwargs):
 @pytest.mark.parametrize("how", ["build", "first_call"])
 def test_a_table_larger_than_memory_is_refused_at_once(how, monkeypatch):
   monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+  available = memory.available_memory()
+  if available is None or available.bytes > 2e9 * 64 * 4 * 2:
+    pytest.skip(f"{available}: no limit below the table's 953.7 GiB here")
   emb = _embedding(2_000_000_000)
   peak, start = _status_kib("VmHWM"), time.perf_counter()
   with pytest.raises(tpe.errors.TableMemoryError) as raised:
