@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
 
 VOCAB = 6
 
@@ -215,9 +218,80 @@ def test_use_under_another_strategy_is_rejected():
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
   with strategy.scope():
     with pytest.raises(
-      RuntimeError, match="created under _DefaultDistribution"
+      RuntimeError,
+      match=r"created under the default strategy \(outside any "
+      r"`strategy.scope\(\)`\) but is used under OneDeviceStrategy",
     ):
       emb({"clicks": tf.constant([1]), "views": tf.constant([1])})
+
+
+WRONG_STRATEGY = (
+  r"^TPUEmbedding was created under the default strategy \(outside any "
+  r"`strategy.scope\(\)`\) but is used under {current}\. Create it under "
+  r"the strategy that runs it: `with strategy.scope\(\): embedding = "
+  r"tpe.TPUEmbedding\(...\)`\.$"
+)
+
+
+def _mirrored_batches(strategy):
+  """Per-replica ``{"clicks", "views"}`` batches of ``strategy``."""
+  ids = tf.data.Dataset.from_tensor_slices(
+    {"clicks": [1, 2, 3, 4], "views": [0, 1, 2, 3]}
+  )
+  return iter(strategy.experimental_distribute_dataset(ids.batch(4)))
+
+
+@pytest.mark.parametrize(
+  "enqueue_where, current",
+  [
+    ("inside_run", "MirroredStrategy"),
+    # TF's own loop: enqueue outside strategy.run (and outside any scope),
+    # dequeue inside it. The engine used to see no strategy here and fail
+    # on the per-replica values ("Input clicks is of unknown type").
+    (
+      "outside_run",
+      r"a strategy of 2 replicas \(the features are its per-replica "
+      r"values, e.g. from its distributed dataset\)",
+    ),
+  ],
+  ids=["enqueue_inside_run", "enqueue_outside_run"],
+)
+def test_an_embedding_created_outside_the_scope_names_both_strategies(
+  enqueue_where, current
+):
+  emb = make_embedding()  # under the default strategy
+  strategy = mirrored_strategy(2)
+  batches = _mirrored_batches(strategy)
+
+  @tf.function
+  def step(features):
+    if enqueue_where == "outside_run":
+      emb.enqueue(features, training=False)
+
+    def replica_step(features):
+      if enqueue_where == "inside_run":
+        emb.enqueue(features, training=False)
+      return emb.dequeue()
+
+    return strategy.run(replica_step, args=(features,))
+
+  with pytest.raises(RuntimeError) as raised:
+    step(next(batches))
+  # One line: the last line of TensorFlow's traced-function report.
+  message = str(raised.value).strip().splitlines()[-1].strip()
+  message = message.removeprefix("RuntimeError: ")
+  assert re.match(WRONG_STRATEGY.format(current=current), message), message
+
+
+def test_a_direct_lookup_of_another_strategys_values_names_both():
+  emb = make_embedding()  # under the default strategy
+  with pytest.raises(RuntimeError) as raised:
+    emb(next(_mirrored_batches(mirrored_strategy(2))))
+  current = (
+    r"a strategy of 2 replicas \(the features are its per-replica "
+    r"values, e.g. from its distributed dataset\)"
+  )
+  assert re.match(WRONG_STRATEGY.format(current=current), str(raised.value))
 
 
 def test_unsupported_strategy_is_explained():

@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tpu_embedding import checkpoints
+from tpu_embedding import errors
+from tpu_embedding import memory
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
@@ -58,6 +60,8 @@ __all__ = [
   "TPUEmbeddingV3",
   "TableConfig",
   "checkpoints",
+  "errors",
+  "memory",
   "serving_embedding_lookup",
 ]
 

@@ -10,6 +10,8 @@ Example:
   'Tables must have a unique name. Multiple tables with name t found.'
 """
 
+import tensorflow as tf
+
 UNIQUE_TABLE_NAMES = (
   "Tables must have a unique name. Multiple tables with name {name} found."
 )
@@ -94,7 +96,8 @@ WEIGHTS_MISMATCH = (
 )
 WRONG_STRATEGY = (
   "TPUEmbedding was created under {created} but is used under {current}. "
-  "Create (and use) it inside the same `strategy.scope()`."
+  "Create it under the strategy that runs it: `with strategy.scope(): "
+  "embedding = tpe.TPUEmbedding(...)`."
 )
 DEQUEUE_WITHOUT_ENQUEUE = (
   "dequeue called without a preceding enqueue in the same function. Call "
@@ -124,3 +127,31 @@ NOT_OFF_TPU = (
   "embedding_tables / variables, or save a checkpoint and restore it into "
   "TPUEmbeddingForServing (or tools/export.py) to read them on CPU."
 )
+
+TABLES_EXCEED_MEMORY = (
+  "tpu_embedding: tables need {needed} in this process ({tables}) but "
+  "{available} is available ({source}); use smaller tables or spread them "
+  "over more processes (MultiWorkerMirroredStrategy, "
+  "ParameterServerStrategy), or set {env}=1 (or build inside "
+  "`with tpu_embedding.memory.unchecked():`) to build anyway."
+)
+
+
+class TableMemoryError(tf.errors.ResourceExhaustedError):
+  """Tables (with their optimizer slots) do not fit in this process's memory.
+
+  Raised by ``TPUEmbedding.build()`` before any variable is allocated
+  (``memory.py``). A ``tf.errors.ResourceExhaustedError``, the error
+  TensorFlow raises when an allocation fails, so code catching that one
+  catches this one too.
+
+  Attributes:
+    message: the one-line message.
+  """
+
+  def __init__(self, message: str):
+    """Creates the error with its one-line ``message``."""
+    super().__init__(None, None, message)
+
+  def __reduce__(self) -> tuple[type, tuple[str]]:
+    return (type(self), (self.message,))

@@ -171,6 +171,10 @@ class PipelinedBackend(Backend):
   def local_devices(self) -> list[str | None]:
     return self._inner.local_devices
 
+  @property
+  def held_replicas(self) -> dict[int, str | None]:
+    return self._inner.held_replicas
+
   def shards(self, table_name: str, slot: str = "parameters"):
     return self._inner.shards(table_name, slot)
 

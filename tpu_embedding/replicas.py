@@ -44,5 +44,9 @@ def local_replica(strategy: tf.distribute.Strategy) -> int:
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:
-  """The strategy's class name, for messages."""
-  return type(strategy).__name__
+  """The strategy's class name, for messages ("the default strategy ..."
+  for TensorFlow's default one)."""
+  name = type(strategy).__name__
+  if name == "_DefaultDistributionStrategy":
+    return "the default strategy (outside any `strategy.scope()`)"
+  return name

@@ -38,6 +38,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import errors
+from tpu_embedding import memory
 from tpu_embedding.activations import look_up_groups
 from tpu_embedding.compat import Trackable
 from tpu_embedding.config import FeatureConfig
@@ -274,9 +275,20 @@ class TPUEmbeddingForServing(Trackable):
     self._built = False
 
   def build(self) -> None:
-    """Creates the table (and slot) variables."""
+    """Creates the table (and slot) variables.
+
+    Raises:
+      errors.TableMemoryError: for tables that cannot fit in this
+        process's memory (``memory.py``), before allocating them.
+    """
     if self._built:
       return
+    whole = {0: None}  # Every table whole, on the default device.
+    memory.check_tables_fit(
+      memory.tables_here(
+        self._config.tables, None, whole, tf.distribute.get_strategy()
+      )
+    )
     with tf.init_scope():
       tracker = VariableTracker(self)
       self._stores = {

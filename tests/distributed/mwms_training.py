@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding import memory  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 29, 5, 3, 6, 3
 
@@ -140,6 +141,19 @@ def train_and_check(
   assert [s.shape[0] for s in emb.backend.shards("big")] == [
     15 if first == 0 else 14
   ]
+  # build()'s memory check counted what this worker holds: its block of
+  # "big" and its copy of "small" (tpu_embedding/memory.py).
+  counted = memory.tables_here(
+    emb.engine.config.tables,
+    emb.sharding_plan,
+    emb.backend.held_replicas,
+    strategy,
+  )
+  held = {
+    name: sum(store.bytes_per_device().values())
+    for name, store in emb.table_stores.items()
+  }
+  assert counted == held, (counted, held)
   reference, gathered = full_values(single), full_values(emb)
   for key, value in reference.items():
     np.testing.assert_allclose(

@@ -82,6 +82,12 @@ class Backend(metaclass=abc.ABCMeta):
     """One device per local replica (None: the default device)."""
     return [None]
 
+  @property
+  def held_replicas(self) -> dict[int, str | None]:
+    """``{replica of the plan: device}`` of the rows this process holds
+    (``memory.py`` counts their bytes); one device by default."""
+    return {0: self.local_devices[0]}
+
   def shards(
     self, table_name: str, slot: str = "parameters"
   ) -> list[tf.Variable]:

@@ -77,6 +77,10 @@ class ParameterServerBackend(HostBackend):
     """Which tables are split over the PS tasks."""
     return self._plan
 
+  @property
+  def held_replicas(self) -> dict[int, str | None]:
+    return {}  # The rows live on the PS tasks, other processes.
+
   def create_tables(self, tables, tracker):
     for index, table in enumerate(tables):
       placement = self._plan.placements[table_name(table)]

@@ -93,6 +93,10 @@ class ShardedBackend(Backend):
   def local_devices(self) -> list[str | None]:
     return list(self._devices)
 
+  @property
+  def held_replicas(self) -> dict[int, str | None]:
+    return {self._first + i: d for i, d in enumerate(self._devices)}
+
   def create_tables(self, tables, tracker):
     for table in tables:
       self._stores[table.name] = self._create_store(table, tracker)

@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import errors
+from tpu_embedding import memory
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.activations import stack_features
@@ -192,6 +193,14 @@ class OffTPUEngine(Engine, Trackable):
     if incoming is not None:
       self._output_shapes.check(incoming)
       self._output_shapes.update(incoming)
+    memory.check_tables_fit(
+      memory.tables_here(
+        self.config.tables,
+        self.sharding_plan,
+        self._backend.held_replicas,
+        self._strategy,
+      )
+    )
     with tf.init_scope():
       with self._strategy.scope():
         self._stores = create_stacked_tables(
@@ -240,7 +249,7 @@ class OffTPUEngine(Engine, Trackable):
     device: str | None = None,
   ) -> None:
     del name, device
-    self._check_strategy()
+    self._check_strategy((features, weights))
     replica = current_replica(self._strategy)
     if replica is None and (
       self._strategy.num_replicas_in_sync > 1
@@ -291,7 +300,7 @@ class OffTPUEngine(Engine, Trackable):
     self._steps.pop(current_replica(self._strategy) or 0, None)
 
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
-    self._check_strategy()
+    self._check_strategy((features, weights))
     self._maybe_build()
     prepared = self._prepare(
       features, weights, "features passed to lookup", direct=True
@@ -302,7 +311,7 @@ class OffTPUEngine(Engine, Trackable):
   def lookup_for_training(
     self, features: Any, weights: Any = None
   ) -> tuple[Any, Callable[[Any], None]]:
-    self._check_strategy()
+    self._check_strategy((features, weights))
     self._maybe_build()
     prepared = self._prepare(
       features, weights, "features passed to lookup", direct=True
@@ -424,15 +433,32 @@ class OffTPUEngine(Engine, Trackable):
       self._steps[replica] = Step(prepared, enqueued.training, enqueued.graph)
     return self._steps.get(replica)
 
-  def _check_strategy(self) -> None:
-    # Outside any scope is fine (TF's loop enqueues outside the scope);
-    # inside the scope of another strategy is not.
+  def _check_strategy(self, inputs: Any = None) -> None:
+    """Refuses a call under another strategy than the embedding's.
+
+    Outside any scope is fine (TF's loop enqueues outside the scope);
+    inside the scope of another strategy is not, nor are ``inputs``
+    holding another strategy's per-replica values (e.g. enqueued outside
+    ``strategy.run`` from that strategy's distributed dataset).
+
+    Raises:
+      RuntimeError: naming both strategies.
+    """
     current = tf.distribute.get_strategy()
     if tf.distribute.has_strategy() and current is not self._strategy:
       raise RuntimeError(
         errors.WRONG_STRATEGY.format(
           created=strategy_name(self._strategy),
           current=strategy_name(current),
+        )
+      )
+    replicas = _foreign_replicas(self._strategy, inputs)
+    if replicas is not None:
+      raise RuntimeError(
+        errors.WRONG_STRATEGY.format(
+          created=strategy_name(self._strategy),
+          current=f"a strategy of {replicas} replicas (the features are "
+          "its per-replica values, e.g. from its distributed dataset)",
         )
       )
 
@@ -443,6 +469,29 @@ def _distributed(structure: Any) -> bool:
     isinstance(value, tf.distribute.DistributedValues)
     for value in tf.nest.flatten(structure)
   )
+
+
+def _foreign_replicas(
+  strategy: tf.distribute.Strategy, inputs: Any
+) -> int | None:
+  """The replica count of per-replica ``inputs`` that ``strategy`` cannot
+  have made (it has another number of local replicas); None if none.
+
+  The default strategy makes no per-replica values.
+  """
+  counts = {
+    len(value.values)
+    for value in tf.nest.flatten(inputs)
+    if isinstance(value, tf.distribute.DistributedValues)
+  }
+  if not counts:
+    return None
+  try:
+    local = len(strategy.extended.worker_devices)
+  except (RuntimeError, NotImplementedError):  # The default strategy.
+    local = 0
+  foreign = sorted(counts - {local})
+  return foreign[0] if foreign else None
 
 
 def _checked_skip(skip: Any, tables: Any) -> tf.Tensor:
