@@ -287,3 +287,28 @@ def test_an_install_without_a_compiler_succeeds(tmp_path):
   assert not (kernels_dir / builder.BUILD_INFO).exists()
   assert not list(kernels_dir.glob("*.so"))
   assert not list(kernels_dir.glob("tmp*"))  # No partial build left.
+
+
+def test_a_rebuild_of_an_unchanged_tree_reuses_its_libraries(
+  tmp_path, monkeypatch
+):
+  """(``pip install`` again from the same checkout.) Any change (sources,
+  TensorFlow, a missing library) compiles anew."""
+  monkeypatch.setenv("CXX", "false")  # Compiling would fail.
+  names = {lvl.name: builder.LIBRARY.format(lvl.name) for lvl in builder.LEVELS}
+  info = {
+    "tensorflow": builder.tensorflow_identity(),
+    "libraries": {
+      lvl.name: names[lvl.name] for lvl in builder.machine_levels()
+    },
+    "sources": builder.sources_digest(),
+  }
+  for name in info["libraries"].values():
+    (tmp_path / name).write_bytes(b"built")
+  (tmp_path / builder.BUILD_INFO).write_text(json.dumps(info))
+  assert builder.build_portable(str(tmp_path)) == info
+  (tmp_path / builder.BUILD_INFO).write_text(
+    json.dumps({**info, "sources": "edited"})
+  )
+  with pytest.raises(builder.BuildError):
+    builder.build_portable(str(tmp_path))

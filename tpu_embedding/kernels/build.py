@@ -266,6 +266,9 @@ def build_portable(directory: str, jobs: int | None = None) -> dict:
   start = time.perf_counter()
   os.makedirs(directory, exist_ok=True)
   levels = machine_levels()
+  previous = read_build_info(directory)
+  if previous is not None and _same_build(previous, directory, levels):
+    return previous  # Built from these sources for this TensorFlow.
   jobs = jobs or len(os.sched_getaffinity(0))
   with tempfile.TemporaryDirectory(dir=directory) as scratch:
 
@@ -303,10 +306,34 @@ def build_portable(directory: str, jobs: int | None = None) -> dict:
   info = {
     "tensorflow": tensorflow_identity(),
     "libraries": {level.name: LIBRARY.format(level.name) for level in levels},
+    "sources": sources_digest(),
     "seconds": round(time.perf_counter() - start, 1),
   }
   _write_atomically(os.path.join(directory, BUILD_INFO), json.dumps(info))
   return info
+
+
+def sources_digest() -> str:
+  """A hash of the sources, headers and flags a library is built from."""
+  digest = hashlib.sha256()
+  for name in SOURCES + HEADERS:
+    with open(source_path(name), "rb") as f:
+      digest.update(f.read())
+  digest.update(" ".join(EXTRA_FLAGS).encode())
+  digest.update(repr([(lvl.name, lvl.flags) for lvl in LEVELS]).encode())
+  return digest.hexdigest()[:16]
+
+
+def _same_build(info: dict, directory: str, levels: tuple[Level, ...]) -> bool:
+  """Whether ``info`` (with its libraries in ``directory``) is what a
+  build would make now (a rebuilt wheel from an unchanged tree)."""
+  names = {level.name: LIBRARY.format(level.name) for level in levels}
+  return (
+    info.get("tensorflow") == tensorflow_identity()
+    and info.get("sources") == sources_digest()
+    and info.get("libraries") == names
+    and all(os.path.exists(os.path.join(directory, n)) for n in names.values())
+  )
 
 
 def read_build_info(directory: str) -> dict | None:
