@@ -419,3 +419,17 @@ def test_gpu_check_small_oracle_is_the_update_rule():
   assert small.slots["accumulators"][4, 0] == 0.1 + 49.0
   np.testing.assert_allclose(small.params[4, 0], -0.5 * 7.0 / np.sqrt(49.1))
   assert not small.params[[0, 1, 2, 3, 5]].any()
+
+
+def test_gpu_check_runs_its_checks_on_cpu_devices():
+  """Its oracle cases and sharded check, on logical CPUs (no GPU here):
+  the numbers agree, the sharded table is row-sharded and exact."""
+  module = _load("gpu_check.py")
+  oracle = module.oracle_cases(steps=2, device="/cpu:0")
+  assert oracle["oracle"] == "tests/oracle.py"
+  assert sorted(oracle["cases"]) == sorted(module.CASES)
+  assert oracle["ok"], oracle
+  sharded = module.sharded_check(steps=2, kind="CPU")
+  assert sharded["ok"], sharded
+  assert sharded["SGD"]["layout"] == "row_sharded"
+  assert sharded["SGD"]["exact"] and sharded["Adagrad"]["exact"], sharded
