@@ -19,6 +19,7 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
 from tpu_embedding.backends.exchanges import AllToAll
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 
 ROWS, DIM, BATCH, TABLES = 1_000, 4, 64, 3
 
@@ -230,7 +231,9 @@ def test_each_owner_receives_only_its_own_ids(replicas, rng):
     )
     here = int(tf.get_static_value(replica))
     index = _occurrences(len(ids_per_replica[here]))
-    (rows,) = recorder.gather(here, [(placement, store, ids, index)])
+    (rows,) = recorder.gather(
+      here, [(placement, store, ids, index)], TENSORFLOW_OPS
+    )
     # The rows of ids from several owners come back expanded to the
     # occurrences, in their order.
     return rows

@@ -17,12 +17,14 @@ import tensorflow as tf
 
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
-from tpu_embedding.kernels.gather_rows import gather_pieces
-from tpu_embedding.kernels.gather_rows import gather_rows
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
 
 pytestmark = pytest.mark.skipif(
   kernels.load() is None, reason="the kernel library did not build"
 )
+
+KERNEL_OPS = KernelOps(kernels.load())
 
 IDS = {
   "none": lambda rng, rows: np.zeros([0], np.int64),
@@ -64,8 +66,7 @@ def test_rows_read_after_an_update_in_the_same_function():
   @tf.function
   def update_then_read():
     table.scatter_update(tf.IndexedSlices(tf.ones([1, 2]), [4]))
-    with kernels.training_step():
-      return gather_rows(table, tf.constant([4], tf.int64))
+    return KERNEL_OPS.gather_rows(table, tf.constant([4], tf.int64))
 
   assert update_then_read().numpy().tolist() == [[1.0, 1.0]]
 
@@ -77,38 +78,38 @@ def test_gradient_with_respect_to_the_table_equals_tf_gather(traced, rng):
   weights = tf.constant(rng.normal(size=(4, 3)).astype(np.float32))
 
   def gradient(gather):
-    with tf.GradientTape() as tape, kernels.training_step():
+    with tf.GradientTape() as tape:
       loss = tf.reduce_sum(gather(table, ids) * weights)
     return tf.convert_to_tensor(tape.gradient(loss, table))
 
+  gather_rows = KERNEL_OPS.gather_rows
   ours = tf.function(lambda: gradient(gather_rows)) if traced else None
   got = ours() if traced else gradient(gather_rows)
   np.testing.assert_array_equal(got.numpy(), gradient(tf.gather).numpy())
 
 
-def _op_types(table, ids):
-  graph = tf.function(gather_rows).get_concrete_function(table, ids).graph
+def _op_types(ops, table, ids):
+  graph = tf.function(ops.gather_rows).get_concrete_function(table, ids).graph
   return {op.type for op in graph.get_operations()}
 
 
 def test_other_variables_and_ids_take_tf_gather():
   table = tf.Variable(tf.reshape(tf.range(12, dtype=tf.float32), [6, 2]))
   ids = tf.constant([5, 0], tf.int64)
-  with kernels.training_step():
-    assert "TpeGatherRows" in _op_types(table, ids)
-  # Outside a training step (lookups for serving): TensorFlow's op only.
-  assert "TpeGatherRows" not in _op_types(table, ids)
+  assert "TpeGatherRows" in _op_types(KERNEL_OPS, table, ids)
+  # TensorFlow's ops (lookups for serving): TensorFlow's op only.
+  assert "TpeGatherRows" not in _op_types(TENSORFLOW_OPS, table, ids)
   # int32 ids, float64 tables, mirrored variables: tf.gather, same rows.
   want = [[10.0, 11.0], [0.0, 1.0]]
+  gather_rows = KERNEL_OPS.gather_rows
   assert gather_rows(table, tf.constant([5, 0])).numpy().tolist() == want
   doubles = tf.Variable(tf.cast(table, tf.float64))
   assert gather_rows(doubles, ids).numpy().tolist() == want
   strategy = mirrored_strategy(2)
   with strategy.scope():
     mirrored = tf.Variable(table.read_value())
-  with kernels.training_step():
-    assert gather_rows(mirrored, ids).numpy().tolist() == want
-    assert gather_rows(doubles, ids).numpy().tolist() == want
+  assert gather_rows(mirrored, ids).numpy().tolist() == want
+  assert gather_rows(doubles, ids).numpy().tolist() == want
 
 
 PIECES = {
@@ -136,16 +137,15 @@ def test_pieces_kernel_equals_gather_of_the_concat(name, traced, through, rng):
   index = tf.constant(rng.integers(0, 9 if through else total, 40), tf.int32)
 
   def ours(pieces, index):
-    with kernels.training_step():
-      return gather_pieces(pieces, index, slots)
+    return KERNEL_OPS.gather_pieces(pieces, index, slots)
 
   run = tf.function(ours) if traced else ours
   at = index if slots is None else tf.gather(slots, index)
   want = tf.gather(tf.concat(pieces, 0), at).numpy()
   np.testing.assert_array_equal(run(pieces, index).numpy(), want)
-  # The TensorFlow path (outside a training step) gives the same rows.
+  # TensorFlow's ops give the same rows.
   np.testing.assert_array_equal(
-    gather_pieces(pieces, index, slots).numpy(), want
+    TENSORFLOW_OPS.gather_pieces(pieces, index, slots).numpy(), want
   )
 
 
@@ -180,7 +180,7 @@ def test_pieces_gradient_equals_gather_of_the_concat(through, rng):
   weights = tf.constant(rng.normal(size=(6, 5)).astype(np.float32))
 
   def gradients(gather):
-    with tf.GradientTape() as tape, kernels.training_step():
+    with tf.GradientTape() as tape:
       loss = tf.reduce_sum(gather(pieces, index, slots) * weights)
     return [tf.convert_to_tensor(g) for g in tape.gradient(loss, pieces)]
 
@@ -189,6 +189,6 @@ def test_pieces_gradient_equals_gather_of_the_concat(through, rng):
     return tf.gather(tf.concat(pieces, 0), at)
 
   for got, want in zip(
-    gradients(gather_pieces), gradients(reference), strict=True
+    gradients(KERNEL_OPS.gather_pieces), gradients(reference), strict=True
   ):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=0)

@@ -23,7 +23,9 @@ from tpu_embedding import kernels
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels import build as builder
-from tpu_embedding.kernels.fused_update import fused_apply
+from tpu_embedding.kernels.ops import KernelOps
+from tpu_embedding.kernels.ops import cores
+from tpu_embedding.kernels.ops import select_ops
 from tpu_embedding.resolved import resolve
 from tpu_embedding.tables import updates
 
@@ -32,6 +34,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROWS, DIM = 1000, 8
+
+#: The kernel ops, spreading rows over the threads.
+KERNEL_OPS = KernelOps(kernels.load())
+fused_apply = KERNEL_OPS.fused_apply
 
 OPTIMIZERS = {
   "sgd": lambda: tpe.SGD(0.3),
@@ -117,9 +123,8 @@ def test_fused_update_equals_the_tensorflow_path(name, traced, spread, size):
   def fused_step(ids, grads, index):
     # Rows on the worker threads, or all on this one (a step with a
     # replica per core): the same numbers.
-    with kernels.training_step(concurrent=1 if spread else 10_000):
-      assert kernels.spread_rows() == spread
-      assert fused_apply(table, fused, ids, grads, index) is not None
+    ops = KernelOps(kernels.load(), spread=spread)
+    assert ops.fused_apply(table, fused, ids, grads, index) is not None
 
   def tf_step(ids, grads, index):
     _tensorflow_path(table, reference, ids, grads, index)
@@ -318,9 +323,44 @@ def test_a_held_dense_read_is_not_mutated():
   assert not np.array_equal(block["parameters"].numpy(), before)
 
 
+def test_spread_unless_the_step_chains_fill_the_cores():
+  cpu = "/job:localhost/replica:0/task:0/device:CPU:0"
+  assert select_ops([cpu], concurrent=1).spread == (cores() > 1)
+  assert not select_ops([cpu], concurrent=cores()).spread
+
+
 def test_optimizers_without_a_kernel_take_the_tensorflow_path():
   table = _table(tpe.Adam(0.1))
   assert fused_apply(table, {}, None, None, None) is None
+
+
+class _ScaledSGD(tpe.SGD):
+  """A user's SGD with another update: the kernel must not run it."""
+
+  def _rule(self, params, slots, grads, lr):
+    return super()._rule(params, slots, 2.0 * grads, lr)
+
+
+class _NamedSGD(tpe.SGD):
+  """A user's SGD that keeps the update and says so."""
+
+  FUSED_RULE = "sgd"
+
+
+def test_a_subclass_gets_the_kernel_only_when_it_names_the_rule():
+  assert tpe.SGD(0.1).fused_rule == "sgd"
+  assert tpe.Adagrad(0.1).fused_rule == "adagrad"
+  assert tpe.Adam(0.1).fused_rule is None
+  # As ``type(optimizer) in RULES`` did: a subclass is not the kernel's.
+  assert _ScaledSGD(0.1).fused_rule is None
+  rng = np.random.default_rng(12)
+  ids, index, grads = _update(rng)
+  table = _table(_ScaledSGD(0.1))
+  assert fused_apply(table, _block(table, rng), ids, grads, index) is None
+  assert _NamedSGD(0.1).fused_rule == "sgd"
+  table = _table(_NamedSGD(0.1))
+  block = _block(table, rng)
+  assert fused_apply(table, block, ids, grads, index) is not None
 
 
 def _run(code: str, env: dict) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """The combiner's segment sum: the ``TpeSegmentSum`` kernel equals TF's ops.
 
 ``lookup.combine`` sums the (scaled) rows of each output row's ids through
-``kernels/segment_sum.py``; in a training step the kernel must return
+``kernels/segment_sum.py``; the kernel ops' (``kernels/ops.py``) must return
 exactly ``tf.math.unsorted_segment_sum(rows * scales[:, None], segments,
 num)`` (bit for bit: each product rounded, then added in id order from
 zero), refuse segments out of range, and have that expression's gradient.
@@ -14,11 +14,14 @@ import pytest
 import tensorflow as tf
 
 from tpu_embedding import kernels
-from tpu_embedding.kernels.segment_sum import segment_sum
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
 
 pytestmark = pytest.mark.skipif(
   kernels.load() is None, reason="the kernel library did not build"
 )
+
+KERNEL_OPS = KernelOps(kernels.load())
 
 SEGMENTS = {
   "ragged rows": lambda rng, n, num: np.sort(rng.integers(0, num, n)),
@@ -47,8 +50,9 @@ def test_kernel_equals_tensorflow_bit_for_bit(name, scaled, traced, rng):
     scales = tf.constant(rng.uniform(0.1, 3.0, n).astype(np.float32))
 
   def ours(rows, segments):
-    with kernels.training_step():
-      return segment_sum(rows, segments, scales, tf.constant(num, tf.int64))
+    return KERNEL_OPS.segment_sum(
+      rows, segments, scales, tf.constant(num, tf.int64)
+    )
 
   run = tf.function(ours) if traced else ours
   got = run(rows, segments).numpy()
@@ -85,12 +89,12 @@ def test_gradient_equals_tensorflow(scaled, rng):
   num = tf.constant(3, tf.int64)
 
   def gradients(function):
-    with tf.GradientTape() as tape, kernels.training_step():
+    with tf.GradientTape() as tape:
       out = function(rows, segments, scales if scaled else None, num)
       loss = tf.reduce_sum(out * weights)
     return tape.gradient(loss, [rows, scales])
 
-  got = gradients(segment_sum)
+  got = gradients(KERNEL_OPS.segment_sum)
   want = gradients(_reference)
   for g, w in zip(got, want, strict=True):
     if w is None:
@@ -103,12 +107,18 @@ def test_gradient_equals_tensorflow(scaled, rng):
       )
 
 
-def test_serving_lookups_use_tensorflow_ops():
+@pytest.mark.parametrize(
+  "ops", [KERNEL_OPS, TENSORFLOW_OPS], ids=["kernel", "tensorflow"]
+)
+def test_each_ops_object_uses_its_own_ops(ops):
   rows, segments = tf.ones([3, 2]), tf.constant([0, 1, 1], tf.int64)
   graph = (
-    tf.function(lambda r, s: segment_sum(r, s, None, tf.constant(2, tf.int64)))
+    tf.function(
+      lambda r, s: ops.segment_sum(r, s, None, tf.constant(2, tf.int64))
+    )
     .get_concrete_function(rows, segments)
     .graph
   )
   types = {op.type for op in graph.get_operations()}
-  assert "TpeSegmentSum" not in types and "UnsortedSegmentSum" in types
+  assert ("TpeSegmentSum" in types) == ops.kernels
+  assert ("UnsortedSegmentSum" in types) != ops.kernels

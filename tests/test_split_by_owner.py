@@ -15,13 +15,14 @@ import pytest
 import tensorflow as tf
 
 from tpu_embedding import kernels
-from tpu_embedding.kernels.split_by_owner import split_by_owner
-from tpu_embedding.kernels.split_by_owner import split_with_kernel
-from tpu_embedding.kernels.split_by_owner import split_with_tensorflow
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
 
 pytestmark = pytest.mark.skipif(
   kernels.load() is None, reason="the kernel library did not build"
 )
+
+KERNEL_OPS = KernelOps(kernels.load())
 
 CUTS = {
   "one block": (0,),
@@ -47,8 +48,12 @@ def test_kernel_equals_dynamic_partition(cut, size, occurrences, rng):
   index = None
   if occurrences:
     index = tf.constant(rng.integers(0, max(size, 1), 2 * size), tf.int32)
-  got = split_with_kernel(ids, starts, index, positions=True, slots=True)
-  want = split_with_tensorflow(ids, starts, index, positions=True, slots=True)
+  got = KERNEL_OPS.split_by_owner(
+    ids, starts, index, positions=True, slots=True
+  )
+  want = TENSORFLOW_OPS.split_by_owner(
+    ids, starts, index, positions=True, slots=True
+  )
   for got_part, want_part in zip(
     _split_outputs(got), _split_outputs(want), strict=True
   ):
@@ -73,13 +78,15 @@ def test_kernel_equals_dynamic_partition(cut, size, occurrences, rng):
     assert concat[slot] == elements[e] - starts[owners[e]]
 
 
-def test_traced_without_positions_or_slots(rng):
+@pytest.mark.parametrize(
+  "ops", [KERNEL_OPS, TENSORFLOW_OPS], ids=["kernel", "tensorflow"]
+)
+def test_traced_without_positions_or_slots(ops, rng):
   ids = tf.constant(rng.integers(0, 100, 64), tf.int64)
 
   @tf.function
   def split(ids):
-    with kernels.training_step():
-      split = split_by_owner(ids, (0, 50))
+    split = ops.split_by_owner(ids, (0, 50))
     assert split.positions == [] and split.slots is None
     return split.ids
 
@@ -99,4 +106,4 @@ def test_traced_without_positions_or_slots(rng):
 )
 def test_bad_inputs_fail_clearly(ids, index, match):
   with pytest.raises(tf.errors.InvalidArgumentError, match=match):
-    split_with_kernel(ids, (0, 1), index)
+    KERNEL_OPS.split_by_owner(ids, (0, 1), index)

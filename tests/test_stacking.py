@@ -297,7 +297,7 @@ def test_kernels_spread_only_when_the_step_leaves_cores_idle(stacking):
   """One device: three tables alone run three chains of kernels at once
   (each its own deduplication, gather and update), one stack runs one. A
   chain's kernels spread their rows over the worker threads only while the
-  chains are fewer than the cores (``kernels.spread_rows``)."""
+  chains are fewer than the cores (``kernels.ops.KernelOps.spread``)."""
   if kernels.load() is None:
     pytest.skip("the kernels did not build here")
   with tf.distribute.get_strategy().scope():

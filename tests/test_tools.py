@@ -38,6 +38,7 @@ ARGPARSE_TOOLS = (
   "benchmark.py",
   "dynamic_benchmark.py",
   "export.py",
+  "gpu_check.py",
   "pipelining_benchmark.py",
   "sharding_report.py",
   "memory_report.py",  # run by tests/test_memory.py
@@ -395,3 +396,40 @@ def test_quickstart_example(tmp_path):
   assert glob.glob(
     str(tmp_path / "**" / "events.out.tfevents*"), recursive=True
   )
+
+
+@pytest.mark.skipif(
+  bool(tf.config.list_physical_devices("GPU")),
+  reason="a GPU is visible: gpu_check.py runs its checks (minutes)",
+)
+def test_gpu_check_without_a_gpu_says_so_and_succeeds():
+  process = run_tool("gpu_check.py")
+  assert process.stdout.strip().splitlines() == ["no GPU visible to TensorFlow"]
+
+
+def test_gpu_check_small_oracle_is_the_update_rule():
+  """The oracle gpu_check.py falls back on (an installed copy without
+  tests/oracle.py): one Adagrad step by hand."""
+  module = _load("gpu_check.py")
+  init = np.zeros((module.V, module.D))
+  small = module.SmallOracle(init, "adagrad", 0.5)
+  grads = np.zeros((2, module.D))
+  grads[0, 0], grads[1, 0] = 3.0, 1.0
+  small.step([[4, 4], [4]], grads)  # row 4: g = 3 + 3 + 1 = 7
+  assert small.slots["accumulators"][4, 0] == 0.1 + 49.0
+  np.testing.assert_allclose(small.params[4, 0], -0.5 * 7.0 / np.sqrt(49.1))
+  assert not small.params[[0, 1, 2, 3, 5]].any()
+
+
+def test_gpu_check_runs_its_checks_on_cpu_devices():
+  """Its oracle cases and sharded check, on logical CPUs (no GPU here):
+  the numbers agree, the sharded table is row-sharded and exact."""
+  module = _load("gpu_check.py")
+  oracle = module.oracle_cases(steps=2, device="/cpu:0")
+  assert oracle["oracle"] == "tests/oracle.py"
+  assert sorted(oracle["cases"]) == sorted(module.CASES)
+  assert oracle["ok"], oracle
+  sharded = module.sharded_check(steps=2, kind="CPU")
+  assert sharded["ok"], sharded
+  assert sharded["SGD"]["layout"] == "row_sharded"
+  assert sharded["SGD"]["exact"] and sharded["Adagrad"]["exact"], sharded

@@ -1,7 +1,8 @@
 """Deduplicating ids: the ``TpeUnique`` kernel equals ``tf.unique``.
 
 Every step deduplicates each table's ids and, on sharded tables, each
-owner the ids it receives (``kernels/unique.py``). The kernel must return
+owner the ids it receives (``kernels/unique.py``, through the step's
+ops: ``kernels/ops.py``). The kernel must return
 exactly ``tf.unique(ids, out_idx=tf.int32)``: distinct ids in order of
 first occurrence and each id's position among them, for any ids (empty,
 all equal, negative, at the ends of int64, colliding in its hash table).
@@ -14,11 +15,14 @@ import pytest
 import tensorflow as tf
 
 from tpu_embedding import kernels
-from tpu_embedding.kernels.unique import unique_ids
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
 
 pytestmark = pytest.mark.skipif(
   kernels.load() is None, reason="the kernel library did not build"
 )
+
+KERNEL_OPS = KernelOps(kernels.load())
 
 INT64 = np.iinfo(np.int64)
 
@@ -55,14 +59,18 @@ def test_kernel_equals_tf_unique(name, traced, rng):
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
 
 
+@pytest.mark.parametrize(
+  "ops", [KERNEL_OPS, TENSORFLOW_OPS], ids=["kernel", "tensorflow"]
+)
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
-def test_parts_with_offsets_equal_tf_unique_of_their_concatenation(traced, rng):
+def test_parts_with_offsets_equal_tf_unique_of_their_concatenation(
+  traced, ops, rng
+):
   sizes, offsets = [50, 0, 300, 7], [0, 1000, 40, 3]
   parts = [tf.constant(rng.integers(0, 60, n), tf.int64) for n in sizes]
 
   def ours(parts):
-    with kernels.training_step():
-      return unique_ids(parts, offsets)
+    return ops.unique(parts, offsets)
 
   run = tf.function(ours) if traced else ours
   unique, index = run(parts)
@@ -72,10 +80,6 @@ def test_parts_with_offsets_equal_tf_unique_of_their_concatenation(traced, rng):
   want_unique, want_index = tf.unique(tf.constant(whole), out_idx=tf.int32)
   np.testing.assert_array_equal(unique.numpy(), want_unique.numpy())
   np.testing.assert_array_equal(index.numpy(), want_index.numpy())
-  # The TensorFlow path (outside a training step) gives the same.
-  tf_unique, tf_index = unique_ids(parts, offsets)
-  np.testing.assert_array_equal(tf_unique.numpy(), want_unique.numpy())
-  np.testing.assert_array_equal(tf_index.numpy(), want_index.numpy())
 
 
 def _op_types(function, *args):
@@ -83,19 +87,17 @@ def _op_types(function, *args):
   return {op.type for op in graph.get_operations()}
 
 
-def test_wrapper_uses_the_kernel_in_training_steps_only():
+def test_kernel_ops_use_the_kernel_and_tensorflow_ops_never():
   ids64 = tf.constant([3, 1, 3], tf.int64)
-  with kernels.training_step():
-    assert "TpeUnique" in _op_types(unique_ids, ids64)
-  # Outside a training step (lookups for serving): TensorFlow's op only.
-  assert "TpeUnique" not in _op_types(unique_ids, ids64)
-  assert "Unique" in _op_types(unique_ids, ids64)
+  assert "TpeUnique" in _op_types(KERNEL_OPS.unique, ids64)
+  # TensorFlow's ops (lookups for serving): TensorFlow's op only.
+  assert "TpeUnique" not in _op_types(TENSORFLOW_OPS.unique, ids64)
+  assert "Unique" in _op_types(TENSORFLOW_OPS.unique, ids64)
 
 
-def test_wrapper_takes_tf_unique_for_other_dtypes():
+def test_kernel_ops_take_tf_unique_for_other_dtypes():
   ids32 = tf.constant([3, 1, 3], tf.int32)
-  with kernels.training_step():
-    unique, index = unique_ids(ids32)
+  unique, index = KERNEL_OPS.unique(ids32)
   assert unique.numpy().tolist() == [3, 1]
   assert index.numpy().tolist() == [0, 1, 0]
 

@@ -3,8 +3,6 @@ an independent oracle (``tests/vocabulary_oracle.py``)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,6 +11,9 @@ import tpu_embedding as tpe
 from tests.vocabulary_oracle import OracleVocabulary
 from tests.vocabulary_oracle import splitmix64_finalizer
 from tpu_embedding import kernels
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.vocabularies.buckets import bucket_of
 from tpu_embedding.vocabularies.buckets import key_ids
 from tpu_embedding.vocabularies.transition import VocabularyVariables
@@ -104,13 +105,13 @@ def _assert_same_state(variables, oracle):
   assert int(variables["evictions"].numpy()) == oracle.evictions
 
 
-def _path(kernel: bool):
-  """The kernel (inside a training step) or the TensorFlow ops."""
+def _ops(kernel: bool) -> StepOps:
+  """The kernel ops or TensorFlow's (``kernels/ops.py``)."""
   if not kernel:
-    return contextlib.nullcontext()
+    return TENSORFLOW_OPS
   if kernels.load() is None:
     pytest.skip("the kernel library did not build")
-  return kernels.training_step()
+  return KernelOps(kernels.load())
 
 
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
@@ -128,9 +129,10 @@ def test_steps_match_the_oracle(
     capacity, 4, min_count, eviction, ttl_steps, probation_size=3
   )
 
+  ops = _ops(kernel)
+
   def run(v, keys):
-    with _path(kernel):
-      return advance(v, keys)
+    return advance(v, keys, ops)
 
   step = tf.function(run) if traced else run
   for keys in _stream(rng, steps=25, batch=24, key_space=120):
@@ -167,10 +169,11 @@ def test_sharded_state_steps_match_the_oracle(
     capacity, 4, min_count, eviction, ttl_steps, probation_size=3
   )
 
+  ops = _ops(kernel)
+
   @tf.function
   def step(variables, keys):
-    with _path(kernel):
-      return advance(variables, keys)
+    return advance(variables, keys, ops)
 
   for keys in _stream(rng, steps=20, batch=24, key_space=120):
     results = [step(v, tf.constant(keys)) for v in shards]
@@ -204,9 +207,10 @@ def test_admission_eviction_and_expiry_by_hand(kernel):
   )
   v = VocabularyVariables(config, 2)
 
+  ops = _ops(kernel)
+
   def step(*keys):
-    with _path(kernel):
-      rows = advance(v, tf.constant(keys, tf.int64)).rows
+    rows = advance(v, tf.constant(keys, tf.int64), ops).rows
     return rows.numpy().tolist()
 
   assert step(10) == [2]  # seen once: no row (the default row is 2)
@@ -229,13 +233,12 @@ def test_admission_eviction_and_expiry_by_hand(kernel):
 @pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
 def test_step_without_keys_advances_the_step(kernel):
   v = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=2), 4)
-  with _path(kernel):
-    result = advance(v, tf.zeros([0], tf.int64))
+  result = advance(v, tf.zeros([0], tf.int64), _ops(kernel))
   assert result.rows.shape == [0] and result.new_rows.shape == [0]
   assert int(v["step"].numpy()) == 1
 
 
-def test_training_steps_use_the_kernel_and_serving_never_does():
+def test_kernel_ops_use_the_kernel_and_tensorflow_ops_never():
   if kernels.load() is None:
     pytest.skip("the kernel library did not build")
   v = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=2), 4)
@@ -246,10 +249,9 @@ def test_training_steps_use_the_kernel_and_serving_never_does():
 
   keys = tf.constant([3, 4], tf.int64)
 
-  def in_training_step():
-    with kernels.training_step():
-      return advance(v, keys).rows
-
-  assert "TpeVocabularyStep" in ops(in_training_step)
-  assert "TpeVocabularyStep" not in ops(lambda: advance(v, keys).rows)
+  kernel_ops = KernelOps(kernels.load())
+  assert "TpeVocabularyStep" in ops(lambda: advance(v, keys, kernel_ops).rows)
+  assert "TpeVocabularyStep" not in ops(
+    lambda: advance(v, keys, TENSORFLOW_OPS).rows
+  )
   assert not {o for o in ops(lambda: find(v, keys)) if o.startswith("Tpe")}

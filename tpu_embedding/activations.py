@@ -23,7 +23,8 @@ Example:
   >>> def rows(requests):  # row i holds the value i
   ...   return [tf.cast(tf.gather(ids, index), tf.float32)[:, None]
   ...           for _, ids, index in requests]
-  >>> activations, _ = look_up(config, prepared, rows)
+  >>> from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+  >>> activations, _ = look_up(config, prepared, rows, ops=TENSORFLOW_OPS)
   >>> activations["f"].numpy().ravel().tolist()
   [3.0, 3.0]
 """
@@ -41,6 +42,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import prepare_feature
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import combine
 from tpu_embedding.lookup import group_table
@@ -116,6 +118,8 @@ def look_up(
   prepared: Sequence[PreparedFeature],
   row_source: RowSource,
   stacks: Sequence[TableStack] | None = None,
+  *,
+  ops: StepOps,
 ) -> tuple[Any, dict[str, TableBatch]]:
   """Activations of prepared features, with rows from ``row_source``.
 
@@ -126,6 +130,9 @@ def look_up(
     stacks: the tables grouped as the row source holds them
       (``stacking.py``): each stack is deduplicated and read once. None:
       every table alone.
+    ops: the row ops (``kernels/ops.py``) that deduplicate and combine:
+      an engine's training steps pass its own, everything else
+      ``TENSORFLOW_OPS`` (what a SavedModel may hold).
 
   Returns:
     ``(activations, batches)``: a nest like the feature config, and each
@@ -134,9 +141,9 @@ def look_up(
   """
   if stacks is None:
     groups = [(table, config.features_of(table)) for table in config.tables]
-    flat, batches = look_up_groups(groups, prepared, row_source)
+    flat, batches = look_up_groups(groups, prepared, row_source, ops=ops)
   else:
-    flat, batches = _look_up_stacks(config, stacks, prepared, row_source)
+    flat, batches = _look_up_stacks(config, stacks, prepared, row_source, ops)
   return tf.nest.pack_sequence_as(config.structure, flat), batches
 
 
@@ -157,6 +164,7 @@ def _look_up_stacks(
   stacks: Sequence[TableStack],
   prepared: Sequence[PreparedFeature],
   row_source: RowSource,
+  ops: StepOps,
 ) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
   flat: list[Any] = [None] * len(prepared)
   batches = {}
@@ -168,6 +176,7 @@ def _look_up_stacks(
     batches[stack.name] = group_table(
       stack.config,
       [prepared[i] for i in stack_features(config, stack)],
+      ops,
       members if stack.stacked else None,
     )
   all_rows = row_source(
@@ -175,7 +184,7 @@ def _look_up_stacks(
   )
   for stack, rows in zip(stacks, all_rows, strict=True):
     batch = batches[stack.name]
-    outputs = split_activations(combine(rows, batch), batch)
+    outputs = split_activations(combine(rows, batch, ops), batch)
     for i, output in zip(stack_features(config, stack), outputs, strict=True):
       flat[i] = output
   return flat, batches
@@ -185,6 +194,8 @@ def look_up_groups(
   groups: Sequence[tuple[TableConfig, Sequence[int]]],
   prepared: Sequence[PreparedFeature],
   row_source: RowSource,
+  *,
+  ops: StepOps,
 ) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
   """``look_up`` for explicit ``(table, feature indices)`` groups.
 
@@ -193,7 +204,7 @@ def look_up_groups(
   """
   flat: list[Any] = [None] * len(prepared)
   batches = {
-    table_name(table): group_table(table, [prepared[i] for i in indices])
+    table_name(table): group_table(table, [prepared[i] for i in indices], ops)
     for table, indices in groups
   }
   all_rows = row_source(
@@ -202,7 +213,7 @@ def look_up_groups(
   for (table, indices), rows in zip(groups, all_rows, strict=True):
     batch = batches[table_name(table)]
     for i, output in zip(
-      indices, split_activations(combine(rows, batch), batch), strict=True
+      indices, split_activations(combine(rows, batch, ops), batch), strict=True
     ):
       flat[i] = output
   return flat, batches

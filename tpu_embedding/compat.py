@@ -29,6 +29,11 @@ from tensorflow.python.distribute.multi_worker_util import id_in_cluster
 # TensorFlow's own sharded embedding variables.
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
+# This process's address among the cluster's devices
+# (``/job:<job>/replica:<r>/task:<t>``; ``/job:localhost/...`` alone): which
+# variables live in this process's memory (``kernels/ops.py``).
+from tensorflow.python.eager.context import context as _eager_context
+
 # A plain variable on one device even inside a strategy scope (the scope's
 # variable creator would mirror it), and one whose first dimension may
 # change at each assign (pipelining's held updates). Their base class:
@@ -71,6 +76,7 @@ __all__ = [
   "ShardedVariable",
   "Trackable",
   "flatten_with_joined_string_paths",
+  "host_address_space",
   "id_in_cluster",
   "in_save_context",
   "keras_in_symbolic_scope",
@@ -81,6 +87,11 @@ __all__ = [
   "tf_tpu_variables",
   "variable_accessed",
 ]
+
+
+def host_address_space() -> str:
+  """This process's device prefix, e.g. ``/job:localhost/replica:0/task:0``."""
+  return str(_eager_context().host_address_space())
 
 
 def parameter_server_resolver(strategy: tf.distribute.Strategy) -> Any:

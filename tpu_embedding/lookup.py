@@ -20,13 +20,15 @@ Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
   >>> from tpu_embedding.inputs import prepare_feature
+  >>> from tpu_embedding.kernels.ops import TENSORFLOW_OPS as ops
   >>> from tpu_embedding.lookup import group_table, combine
   >>> table = tpe.TableConfig(4, 1, combiner="sum", name="t")
   >>> f = prepare_feature(tf.ragged.constant([[1, 1, 2]]), None,
   ...                     tpe.FeatureConfig(table), "f")
-  >>> batch = group_table(table, [f])
+  >>> batch = group_table(table, [f], ops)
   >>> rows = tf.constant([[10.0], [20.0]])  # rows of ids 1 and 2
-  >>> combine(expand_rows(rows, batch.unique_index), batch).numpy().tolist()
+  >>> occurrence_rows = expand_rows(rows, batch.unique_index, ops)
+  >>> combine(occurrence_rows, batch, ops).numpy().tolist()
   [[40.0]]
 """
 
@@ -42,9 +44,7 @@ from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.inputs import PreparedFeature
-from tpu_embedding.kernels.gather_rows import gather_pieces
-from tpu_embedding.kernels.segment_sum import segment_sum
-from tpu_embedding.kernels.unique import unique_ids as deduplicate
+from tpu_embedding.kernels.ops import StepOps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,7 @@ def _concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 def group_table(
   table: TableConfig,
   features: Sequence[PreparedFeature],
+  ops: StepOps,
   members: Sequence[tuple[TableConfig, int, int]] | None = None,
 ) -> TableBatch:
   """Concatenates and deduplicates all ids one table serves in a step.
@@ -114,6 +115,7 @@ def group_table(
   Args:
     table: the table (or stack: ``stacking.py``) the ids are rows of.
     features: the prepared features looked up in it.
+    ops: the step's row ops (``kernels/ops.py``): they deduplicate.
     members: for a stack, ``(member table, row offset, number of
       features)`` of each member, the features in member order: each
       member's ids are offset into the stack and combined with the
@@ -123,7 +125,7 @@ def group_table(
     members = [(table, 0, len(features))]
   # The features' ids, each member's offset into the stack added, are
   # deduplicated as one vector (read in place, never concatenated).
-  unique_ids, unique_index = deduplicate(
+  unique_ids, unique_index = ops.unique(
     [f.ids for f in features],
     [offset for _, offset, count in members for _ in range(count)],
   )
@@ -200,29 +202,32 @@ def _member_segments(
   )
 
 
-def expand_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+def expand_rows(
+  unique_rows: tf.Tensor, index: tf.Tensor, ops: StepOps
+) -> tf.Tensor:
   """The row of each id occurrence from the rows of the distinct ids.
 
   What a row source returns (``activations.RowSource``): ``unique_rows[i]``
   is the row of ``unique_ids[i]``, ``index`` the position in ``unique_ids``
-  of each occurrence.
+  of each occurrence; ``ops`` the step's row ops (``kernels/ops.py``).
   """
-  return gather_pieces([unique_rows], index)
+  return ops.gather_pieces([unique_rows], index)
 
 
-def combine(rows: tf.Tensor, batch: TableBatch) -> tf.Tensor:
+def combine(rows: tf.Tensor, batch: TableBatch, ops: StepOps) -> tf.Tensor:
   """``[num_segments, dim]`` activations from the row of each id.
 
   Args:
     rows: ``[n, dim]``: the row of each id occurrence, in the order of
       ``batch.unique_index``.
     batch: the ids' ``TableBatch``.
+    ops: the step's row ops (``kernels/ops.py``): they sum.
   """
   if batch.table.quantization_config is not None:
     rows = batch.table.quantization_config.quantize(rows)
   if batch.segments is None:
     return rows if batch.scales is None else rows * batch.scales[:, None]
-  return segment_sum(rows, batch.segments, batch.scales, batch.num_segments)
+  return ops.segment_sum(rows, batch.segments, batch.scales, batch.num_segments)
 
 
 def split_activations(

@@ -50,6 +50,7 @@ from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.gradients import pieces
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
@@ -183,21 +184,26 @@ class PipelinedBackend(Backend):
     self._held = HeldUpdates(tables, self._inner.local_devices)
     return stores
 
-  def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
-    return self._inner.gather_tables(requests)
+  def gather_tables(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
+    return self._inner.gather_tables(requests, ops)
 
-  def gather_for_training(self, requests: GatherRequests) -> list[tf.Tensor]:
-    rows = self._inner.gather_tables(requests)
+  def gather_for_training(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
+    rows = self._inner.gather_tables(requests, ops)
     with tf.control_dependencies(rows):
-      self.flush()
+      self.flush(ops)
     return rows
 
-  def apply_updates(self, updates: Updates) -> None:
+  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+    del ops  # Applied by the next training lookup's (or flush's).
     self._holding().hold(local_replica(self._strategy), updates)
 
-  def flush(self) -> None:
+  def flush(self, ops: StepOps) -> None:
     self._inner.apply_updates(
-      self._holding().take(local_replica(self._strategy))
+      self._holding().take(local_replica(self._strategy)), ops
     )
 
   def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:

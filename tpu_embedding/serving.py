@@ -48,6 +48,7 @@ from tpu_embedding.inputs import check_input_type
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
@@ -192,7 +193,10 @@ def _lookup_one(
   (activations,), _ = look_up_groups(
     [(named, [0])],
     [prepared],
-    lambda requests: [expand_rows(read(requests[0][1]), requests[0][2])],
+    lambda requests: [
+      expand_rows(read(requests[0][1]), requests[0][2], TENSORFLOW_OPS)
+    ],
+    ops=TENSORFLOW_OPS,  # Serving: TensorFlow's ops alone.
   )
   return activations
 

@@ -1,8 +1,7 @@
 """A per-thread value set for the duration of a ``with`` block.
 
 Some behaviour depends on what the calling code is doing, not on an
-argument that could be passed down through TensorFlow: whether ops are
-built for a training step (``kernels.training_step``), whether a
+argument that could be passed down through TensorFlow: whether a
 checkpoint is written in slices (``tables/slicing.py``). Replicas trace
 in threads of their own, so the value is per thread.
 

@@ -21,6 +21,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding import compat  # noqa: E402
+from tpu_embedding import kernels  # noqa: E402
 from tpu_embedding import memory  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 29, 5, 3, 6, 3
@@ -138,6 +140,12 @@ def train_and_check(
         local, expected[key][first * per : (first + 1) * per], atol=1e-5
       )
   assert emb.sharding_plan.placements["big"].sharded
+  # Each worker's blocks are on its own CPU: its kernels serve its steps.
+  assert emb.engine.step_ops.kernels == (kernels.load() is not None), (
+    emb.engine.step_ops,
+    compat.host_address_space(),
+    [v.device for v in emb.backend.shards("big")],
+  )
   assert [s.shape[0] for s in emb.backend.shards("big")] == [
     15 if first == 0 else 14
   ]

@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 37, 5, 3, 6, 4
 
@@ -223,6 +224,8 @@ def main(checkpoint_dir: str) -> None:
   )
   devices = [v.device for v in emb.backend.shards("big")]
   assert {d.split("/")[1] for d in devices} == {"job:ps"}, devices
+  # Tables on the PS tasks: TensorFlow's ops (plain TensorFlow servers).
+  assert emb.engine.step_ops is TENSORFLOW_OPS, emb.engine.step_ops
   assert [v.shape[0] for v in emb.backend.shards("big")] == [19, 18]
   assert_values(emb, want)
   for variable in emb.embedding_tables.values():  # any layout converts

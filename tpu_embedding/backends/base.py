@@ -3,9 +3,10 @@
 A backend decides where each table's store lives (see ``tables/``) and
 runs the two batched row operations of a step, for all tables at once:
 ``gather_tables`` (rows by id) and ``apply_updates`` (each table's
-optimizer applied to rows by id). Everything else (input preparation,
-combiners, shapes, step bookkeeping) is shared and lives outside the
-backends.
+optimizer applied to rows by id), with the row ops the caller passes
+(``kernels/ops.py``: the engine decides them from the devices holding its
+tables). Everything else (input preparation, combiners, shapes, step
+bookkeeping) is shared and lives outside the backends.
 
 ``HostBackend`` is the backend whose host reads and writes every row
 through the stores directly (one device, parameter servers);
@@ -26,6 +27,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
@@ -58,11 +60,6 @@ class Backend(metaclass=abc.ABCMeta):
   #: Why dynamic vocabularies (``vocabularies/``) cannot train here, or
   #: None where they can: every replica of a step in this process.
   dynamic_vocabularies_unsupported: str | None = None
-
-  #: Whether a step's ops run in processes that load this package's
-  #: kernels (``kernels/``); not on ``ParameterServerStrategy``'s workers,
-  #: plain TensorFlow servers.
-  runs_package_kernels = True
 
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}
@@ -116,38 +113,47 @@ class Backend(metaclass=abc.ABCMeta):
     """Creates (and tracks for checkpoints) each table's store."""
 
   @abc.abstractmethod
-  def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
+  def gather_tables(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     """``[m_t, dim_t]`` rows of each table's id occurrences: the rows of
-    its distinct ids ``[n_t]`` at ``index`` ``[m_t]``."""
+    its distinct ids ``[n_t]`` at ``index`` ``[m_t]``, by ``ops`` (the
+    step's row ops, ``kernels/ops.py``)."""
 
   @abc.abstractmethod
-  def apply_updates(self, updates: Updates) -> None:
+  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
     """Applies each table's optimizer to its rows.
 
     Args:
       updates: ``[(table, ids, grads, index)]`` with distinct int64 ``ids``
         ``[n]`` and ``grads`` ``[n, dim]`` summed over duplicates (``index``
         None), or the gradients of single occurrences and their ``index``.
+      ops: the step's row ops (``kernels/ops.py``).
     """
 
-  def gather_from_stores(self, requests: GatherRequests) -> list[tf.Tensor]:
+  def gather_from_stores(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     """Rows read by the calling host from each table's store."""
     return [
-      expand_rows(self._stores[table_name(t)].gather(ids), index)
+      expand_rows(self._stores[table_name(t)].gather(ids, ops=ops), index, ops)
       for t, ids, index in requests
     ]
 
-  def gather_for_training(self, requests: GatherRequests) -> list[tf.Tensor]:
+  def gather_for_training(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     """``gather_tables`` for a lookup that will be followed by an update.
 
     Pipelining (``pipelining.PipelinedBackend``) applies the previous
     step's update here, after the gather.
     """
-    return self.gather_tables(requests)
+    return self.gather_tables(requests, ops)
 
-  def flush(self) -> None:
-    """Applies any update held back (pipelining); a no-op otherwise."""
-    return None
+  def flush(self, ops: StepOps) -> None:
+    """Applies any update held back (pipelining) with ``ops``; a no-op
+    otherwise."""
+    del ops
 
   def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` of table ``table`` from an update held back
@@ -159,9 +165,11 @@ class Backend(metaclass=abc.ABCMeta):
 class HostBackend(Backend):
   """Rows read and written through the stores by the calling host."""
 
-  def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
-    return self.gather_from_stores(requests)
+  def gather_tables(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
+    return self.gather_from_stores(requests, ops)
 
-  def apply_updates(self, updates: Updates) -> None:
+  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
     for table, ids, grads, index in updates:
-      self._stores[table_name(table)].update(ids, grads, index)
+      self._stores[table_name(table)].update(ids, grads, index, ops)

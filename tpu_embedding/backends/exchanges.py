@@ -50,10 +50,7 @@ from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import pieces
-from tpu_embedding.kernels.gather_rows import gather_pieces
-from tpu_embedding.kernels.gather_rows import gather_rows
-from tpu_embedding.kernels.split_by_owner import split_by_owner
-from tpu_embedding.kernels.unique import unique_ids
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
@@ -83,16 +80,27 @@ class RowExchange(metaclass=abc.ABCMeta):
     self._first = first_local
 
   @abc.abstractmethod
-  def gather(self, replica: int, requests: RowRequests) -> list[tf.Tensor]:
+  def gather(
+    self, replica: int, requests: RowRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     """Per request, the ``[m, dim]`` row of each id occurrence (the rows
-    of its ids, from their owners, at ``index``)."""
+    of its ids, from their owners, at ``index``), by the step's row ops
+    ``ops`` (``kernels/ops.py``)."""
 
   @abc.abstractmethod
-  def update(self, replica: int, updates: GradientUpdates) -> None:
-    """Applies every replica's gradients on the rows ``replica`` holds."""
+  def update(
+    self, replica: int, updates: GradientUpdates, ops: StepOps
+  ) -> None:
+    """Applies every replica's gradients on the rows ``replica`` holds,
+    by the step's row ops ``ops``."""
 
   def _apply_owned(
-    self, replica: int, store: TableStore, rows: tf.Tensor, grads
+    self,
+    replica: int,
+    store: TableStore,
+    rows: tf.Tensor,
+    grads: Gradients,
+    ops: StepOps,
   ) -> None:
     """Applies ``grads`` (pieces, in replica order) to ``rows`` of
     ``replica``'s block.
@@ -101,8 +109,8 @@ class RowExchange(metaclass=abc.ABCMeta):
     update in the order given, from zero (the fused kernel where it
     applies).
     """
-    rows, index = unique_ids(rows)
-    store.update_block(replica - self._first, rows, grads, index)
+    rows, index = ops.unique(rows)
+    store.update_block(replica - self._first, rows, grads, index, ops)
 
 
 class AllToAll(RowExchange):
@@ -118,9 +126,9 @@ class AllToAll(RowExchange):
     super().__init__(first_local)
     self._num_replicas = num_replicas
 
-  def gather(self, replica, requests):
+  def gather(self, replica, requests, ops):
     splits = [
-      split_by_owner(ids, placement.shard_offsets, slots=True)
+      ops.split_by_owner(ids, placement.shard_offsets, slots=True)
       for placement, _, ids, _ in requests
     ]
     replies = []
@@ -128,24 +136,24 @@ class AllToAll(RowExchange):
       requests, self._route([split.ids for split in splits]), strict=True
     ):
       block = store.blocks[replica - self._first]["parameters"]
-      replies.append([gather_rows(block, rows) for rows in received])
+      replies.append([ops.gather_rows(block, rows) for rows in received])
     # Each occurrence's row, read straight from the owners' replies (its
     # distinct id's slot in their concatenation).
     return [
-      gather_pieces(rows, index, through=split.slots)
+      ops.gather_pieces(rows, index, through=split.slots)
       for (_, _, _, index), split, rows in zip(
         requests, splits, self._route(replies), strict=True
       )
     ]
 
-  def update(self, replica, updates):
+  def update(self, replica, updates, ops):
     n = self._num_replicas
     lists, shapes = [], []
     for placement, _, ids, grads, index in updates:
       # One id per gradient row (the occurrences ids[index]), as a row of
       # its owner's block, with the gradient row's position.
       if placement.sharded:
-        split = split_by_owner(
+        split = ops.split_by_owner(
           ids, placement.shard_offsets, index, positions=True
         )
         id_parts, where = split.ids, split.positions
@@ -178,9 +186,13 @@ class AllToAll(RowExchange):
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
-      rows, index = unique_ids(occurrences)
+      rows, index = ops.unique(occurrences)
       store.update_block(
-        replica - self._first, rows, _picked_rows(where, grads, scales), index
+        replica - self._first,
+        rows,
+        _picked_rows(where, grads, scales),
+        index,
+        ops,
       )
 
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
@@ -297,7 +309,7 @@ class AllGather(RowExchange):
   ``ReplicaContext`` collectives, batched over tables (``Exchange``).
   """
 
-  def gather(self, replica, requests):
+  def gather(self, replica, requests, ops):
     context = tf.distribute.get_replica_context()
     id_lists = [ids for _, _, ids, _ in requests]
     exchange = Exchange(context, id_lists)
@@ -314,10 +326,10 @@ class AllGather(RowExchange):
     for group in group_by_width([p.dim for p, _, _, _ in requests]):
       summed = exchange.all_reduce_rows([rows[k] for k in group], group)
       for k, value in zip(group, summed, strict=True):
-        results[k] = expand_rows(value, requests[k][3])
+        results[k] = expand_rows(value, requests[k][3], ops)
     return results
 
-  def update(self, replica, updates):
+  def update(self, replica, updates, ops):
     context = tf.distribute.get_replica_context()
     # Each replica's gradients summed per id before they travel.
     updates = [
@@ -343,6 +355,7 @@ class AllGather(RowExchange):
         store,
         tf.boolean_mask(in_block, mine),
         tf.boolean_mask(tf.reshape(grads, [-1, placement.dim]), mine),
+        ops,
       )
 
 

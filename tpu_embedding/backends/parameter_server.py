@@ -55,7 +55,6 @@ class ParameterServerBackend(HostBackend):
     "ParameterServerStrategy (not supported yet: the vocabulary's step "
     "needs every worker's keys of a step at once)"
   )
-  runs_package_kernels = False  # Steps run on remote TensorFlow servers.
 
   def __init__(
     self,

@@ -45,7 +45,7 @@ from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
-from tpu_embedding.kernels.gather_rows import gather_rows
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
@@ -126,10 +126,12 @@ class ShardedBackend(Backend):
     """How replicas exchange ids, rows and gradients (``exchanges.py``)."""
     return self._exchange
 
-  def gather_tables(self, requests: GatherRequests) -> list[tf.Tensor]:
+  def gather_tables(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     replica = current_replica(self._strategy)
     if replica is None:  # A direct lookup outside strategy.run.
-      return self.gather_from_stores(requests)
+      return self.gather_from_stores(requests, ops)
     local = replica - self._first
     results: list = [None] * len(requests)
     sharded, row_requests = [], []
@@ -140,15 +142,15 @@ class ShardedBackend(Backend):
         sharded.append(i)
         row_requests.append((placement, store, ids, index))
       else:  # A replicated table: this replica's own copy.
-        rows = gather_rows(store.blocks[local]["parameters"], ids)
-        results[i] = expand_rows(rows, index)
+        rows = ops.gather_rows(store.blocks[local]["parameters"], ids)
+        results[i] = expand_rows(rows, index, ops)
     if sharded:
-      rows = self._exchange.gather(replica, row_requests)
+      rows = self._exchange.gather(replica, row_requests, ops)
       for i, value in zip(sharded, rows, strict=True):
         results[i] = value
     return results
 
-  def apply_updates(self, updates: Updates) -> None:
+  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
     replica = current_replica(self._strategy)
     if replica is None:
       raise RuntimeError(
@@ -169,4 +171,5 @@ class ShardedBackend(Backend):
         )
         for table, ids, grads, index in updates
       ],
+      ops,
     )

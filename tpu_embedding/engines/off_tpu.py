@@ -6,7 +6,9 @@ path (``activations.py``) with rows from its backend, and turns activation
 gradients into row gradients for the backend's updates. The backend is
 chosen from the strategy (``backends/selection.py``) and, with
 ``pipeline_execution_with_tensor_core=True``, wrapped in a
-``PipelinedBackend``.
+``PipelinedBackend``. The row ops of its training steps are decided once,
+from the devices holding its tables (``kernels/ops.select_ops``), and
+passed down explicitly; every other lookup gets TensorFlow's.
 
 Example:
   >>> import tensorflow as tf
@@ -19,12 +21,12 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding import errors
 from tpu_embedding import memory
 from tpu_embedding.activations import look_up
@@ -39,7 +41,9 @@ from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.kernels import training_step
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.kernels.ops import select_ops
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import occurrence_gradients
 from tpu_embedding.output_shapes import OutputShapes
@@ -117,6 +121,7 @@ class OffTPUEngine(Engine, Trackable):
     self._stores: dict[str, TableStore] = {}
     self._steps: dict[int, Step] = {}
     self._enqueued: Enqueued | None = None
+    self._ops: StepOps | None = None  # Decided at the first training step.
 
   # --- checkpoints and tables ----------------------------------------------
 
@@ -326,7 +331,7 @@ class OffTPUEngine(Engine, Trackable):
 
   def flush_pipeline(self) -> None:
     if self._built:
-      self._backend.flush()
+      self._backend.flush(self._step_ops())
 
   # --- internals -----------------------------------------------------------
 
@@ -342,18 +347,25 @@ class OffTPUEngine(Engine, Trackable):
     if not training:  # TensorFlow's ops only: servable as it is.
       if self._dynamic:
         prepared = self._dynamic.rows(prepared, replica)
+
+      def rows(requests: Any) -> list[tf.Tensor]:
+        return self._backend.gather_tables(requests, TENSORFLOW_OPS)
+
       return look_up(
-        self.config, prepared, self._backend.gather_tables, self._stacks
+        self.config, prepared, rows, self._stacks, ops=TENSORFLOW_OPS
       )
-    with self._training_step():  # This package's kernels may serve.
-      if self._dynamic:
-        prepared, new_rows = self._dynamic.rows_for_training(
-          prepared, replica, self._stores
-        )
-        for name, rows in new_rows.items():
-          self._backend.drop_held_rows(name, rows)
-      source = self._backend.gather_for_training
-      return look_up(self.config, prepared, source, self._stacks)
+    ops = self._step_ops()
+    if self._dynamic:
+      prepared, new_rows = self._dynamic.rows_for_training(
+        prepared, replica, self._stores, ops
+      )
+      for name, given in new_rows.items():
+        self._backend.drop_held_rows(name, given)
+
+    def training_rows(requests: Any) -> list[tf.Tensor]:
+      return self._backend.gather_for_training(requests, ops)
+
+    return look_up(self.config, prepared, training_rows, self._stacks, ops=ops)
 
   def _apply(
     self, gradients: Any, step: Step, what: str, skip: Any = None
@@ -367,8 +379,9 @@ class OffTPUEngine(Engine, Trackable):
     flat = checked_gradients(gradients, step, self.config.features)
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
-    with self._training_step():  # This package's kernels may serve.
-      self._backend.apply_updates(self._updates(flat, step, skip))
+    self._backend.apply_updates(
+      self._updates(flat, step, skip), self._step_ops()
+    )
 
   def _updates(self, flat: list, step: Step, skip: Any) -> list:
     """Each stack's (or table's) ids, occurrence gradients and index."""
@@ -405,14 +418,33 @@ class OffTPUEngine(Engine, Trackable):
       return 0
     return replica - first_local_replica(self._strategy)
 
-  def _training_step(self) -> contextlib.AbstractContextManager:
-    """``kernels.training_step()`` where the step's processes load them."""
-    if self._backend.runs_package_kernels:
-      # Each local replica runs its own ops, one chain per table or stack,
-      # all at once.
+  @property
+  def step_ops(self) -> StepOps:
+    """The row ops of this engine's training steps (``kernels/ops.py``):
+    the kernels only where every table variable is in this process's CPU
+    memory."""
+    self._maybe_build()
+    return self._step_ops()
+
+  def _step_ops(self) -> StepOps:
+    """``step_ops``, decided once from the devices holding the tables.
+
+    A function traced for a SavedModel gets TensorFlow's ops (TF Serving
+    loads no kernel library).
+    """
+    if compat.in_save_context():
+      return TENSORFLOW_OPS
+    if self._ops is None:
+      devices = [
+        str(getattr(variable, "device", ""))
+        for store in self._stores.values()
+        for variable in store.held_variables()
+      ]
+      # Each local replica runs its own ops, one chain per table or
+      # stack, all at once.
       replicas = len(self._backend.local_devices)
-      return training_step(concurrent=replicas * len(self._stacks))
-    return contextlib.nullcontext()
+      self._ops = select_ops(devices, concurrent=replicas * len(self._stacks))
+    return self._ops
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
     """This replica's enqueued step (prepared from per-replica values)."""

@@ -1,20 +1,28 @@
 """The fused sparse update: segment sum and optimizer in one kernel.
 
-``fused_apply`` is what ``tables/updates.apply_rows`` calls first for
-per-occurrence gradients; it returns None where the kernel does not apply
-(another optimizer, or no kernel library), and the TensorFlow path runs.
+``tables/updates.apply_rows`` asks the step's ops (``kernels/ops.py``)
+first for per-occurrence gradients; the kernel ops call ``fused_apply``,
+which returns None where the kernel does not apply (an optimizer without
+a ``fused_rule``, or variables it cannot read), and the TensorFlow path
+runs. It only ever sees variables in this process's CPU memory: the step's
+ops are the kernels' only when every table lives there
+(``ops.select_ops``).
 
 Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
+  >>> from tpu_embedding import kernels
   >>> from tpu_embedding.resolved import resolve
   >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(3, 1, name="t")),
   ...                 tpe.SGD(0.5)).tables[0]
   >>> block = {"parameters": tf.Variable(tf.zeros([3, 1]))}
-  >>> _ = fused_apply(table, block, tf.constant([2], tf.int64),
-  ...                 tf.constant([[1.0], [2.0]]), tf.constant([0, 0]))
-  >>> block["parameters"].numpy().ravel().tolist()  # (either path)
-  [0.0, 0.0, -1.5]
+  >>> module = kernels.load()
+  >>> _ = module is None or fused_apply(
+  ...     module, table, block, tf.constant([2], tf.int64),
+  ...     tf.constant([[1.0], [2.0]]), tf.constant([0, 0]), spread=True)
+  >>> block["parameters"].numpy().ravel().tolist() in ([0.0, 0.0, -1.5],
+  ...     [0.0, 0.0, 0.0])  # (updated, or no kernels here)
+  True
 """
 
 from __future__ import annotations
@@ -28,13 +36,9 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import pieces
-from tpu_embedding.kernels import load
-from tpu_embedding.kernels import spread_rows
-from tpu_embedding.optimizers.adagrad import Adagrad
-from tpu_embedding.optimizers.sgd import SGD
 
-#: The optimizers the kernel implements, by rule name.
-RULES = {SGD: "sgd", Adagrad: "adagrad"}
+#: The rules the kernel implements (an optimizer's ``fused_rule``).
+RULES = ("sgd", "adagrad")
 
 
 def _bound(value: float | None, default: float) -> float:
@@ -60,16 +64,20 @@ def _kernel_gradients(grads: Any) -> tuple[list[tf.Tensor], list, list]:
 
 
 def fused_apply(
+  module: Any,
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
   grads: Gradients,
   index: tf.Tensor,
+  spread: bool,
 ) -> list[Any] | None:
   """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
 
   Args:
-    table: the table (its optimizer must be ``SGD`` or ``Adagrad``).
+    module: the loaded kernel module (``kernels.load()``).
+    table: the table (its optimizer's ``fused_rule`` must be one of
+      ``RULES``: ``SGD`` and ``Adagrad``).
     block: ``{"parameters": var, <slot>: var}``.
     ids: ``[n]`` distinct int64 row indices into ``block``.
     grads: ``[m, dim]`` gradients of single occurrences, pieces whose
@@ -77,25 +85,20 @@ def fused_apply(
       place and scaled as they are summed, never concatenated, gathered
       or multiplied first).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
+    spread: spread the rows over the CPU threads (``ops.KernelOps``).
 
   Returns:
     The kernel op in a list (``[None]`` when eager), or None when the
     kernel does not apply (then nothing was done).
   """
   optimizer = table.optimizer
-  if optimizer is None or type(optimizer) not in RULES:
-    return None
-  rule, module = RULES[type(optimizer)], load()
-  if module is None:
+  rule = None if optimizer is None else optimizer.fused_rule
+  if optimizer is None or rule not in RULES:
     return None
   names = ("parameters", *optimizer.SLOT_NAMES)
   variables = [block[name] for name in names]
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
-  if any("/job:ps" in str(v.device) for v in variables):
-    # Parameter servers are plain TensorFlow servers: the kernel library
-    # is not loaded there.
-    return None
   grad_pieces, positions, scales = _kernel_gradients(grads)
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
@@ -112,6 +115,6 @@ def fused_apply(
     decay_by_lr=bool(optimizer.multiply_weight_decay_factor_by_learning_rate),
     clip_weight_min=_bound(optimizer.clip_weight_min, -math.inf),
     clip_weight_max=_bound(optimizer.clip_weight_max, math.inf),
-    spread=spread_rows(),
+    spread=spread,
   )
   return [op]

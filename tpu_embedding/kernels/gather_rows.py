@@ -3,19 +3,19 @@
 The lookup gathers each table's distinct rows every step
 (``tables/whole.py``) and each owner the rows other replicas ask for
 (``backends/exchanges.py``): random rows of a large table, one cache miss
-each. ``gather_rows`` returns exactly ``tf.gather(variable, ids)``: in a
-training step (``kernels.training_step()``) from the ``TpeGatherRows``
+each. With the kernel ops (``kernels/ops.py``) ``gather_rows_with_kernel``
+returns exactly ``tf.gather(variable, ids)`` from the ``TpeGatherRows``
 kernel (``gather_rows.cc``), which spreads the ids over the CPU threads and
-prefetches rows a few ids ahead; from ``tf.gather`` itself elsewhere
-(lookups for serving, parameter servers' steps) and where the kernel does
-not apply (``kernels.step_kernels()`` is None, or a variable that is not a
-plain float32 resource variable, e.g. a distributed or Keras 3 one).
+prefetches rows a few ids ahead; a variable that is not a plain float32
+resource variable (e.g. a distributed or Keras 3 one) goes to
+``tf.gather`` itself.
 
 Example:
   >>> import tensorflow as tf
-  >>> table = tf.Variable([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
-  >>> gather_rows(table, tf.constant([2, 0], tf.int64)).numpy().tolist()
-  [[4.0, 5.0], [0.0, 1.0]]
+  >>> pieces = [tf.constant([[0.0], [1.0]]), tf.constant([[2.0]])]
+  >>> gather_pieces_with_tensorflow(pieces, tf.constant([2, 0])).numpy(
+  ...     ).ravel().tolist()
+  [2.0, 0.0]
 """
 
 from __future__ import annotations
@@ -26,22 +26,22 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.kernels import spread_rows
-from tpu_embedding.kernels import step_kernels
 
 
-def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
+def gather_rows_with_kernel(
+  module: Any, variable: Any, ids: tf.Tensor, spread: bool
+) -> tf.Tensor:
   """``tf.gather(variable, ids)`` for a ``[rows, dim]`` table variable.
 
   Args:
+    module: the loaded kernel module.
     variable: the table (or slot) variable.
     ids: ``[n]`` row ids.
+    spread: spread the ids over the CPU threads.
   """
   ids = tf.convert_to_tensor(ids)
-  module = step_kernels()
   if (
-    module is None
-    or ids.dtype != tf.int64
+    ids.dtype != tf.int64
     or ids.shape.rank != 1
     or not isinstance(variable, compat.BaseResourceVariable)
     or variable.dtype != tf.float32
@@ -49,7 +49,7 @@ def gather_rows(variable: Any, ids: tf.Tensor) -> tf.Tensor:
   ):
     return tf.gather(variable, ids)
   compat.variable_accessed(variable)  # Differentiable, as tf.gather.
-  return module.tpe_gather_rows(variable.handle, ids, spread=spread_rows())
+  return module.tpe_gather_rows(variable.handle, ids, spread=spread)
 
 
 @tf.RegisterGradient("TpeGatherRows")
@@ -59,32 +59,43 @@ def _gather_rows_gradient(op: Any, grad: tf.Tensor) -> tuple:
   return tf.IndexedSlices(grad, op.inputs[1], shape), None
 
 
-def gather_pieces(
+def gather_pieces_with_tensorflow(
   pieces: list[tf.Tensor],
   index: tf.Tensor,
   through: tf.Tensor | None = None,
 ) -> tf.Tensor:
-  """``tf.gather(tf.concat(pieces, 0), index)``, without the concat.
+  """``tf.gather(tf.concat(pieces, 0), index)``.
 
   The all-to-all lookup (``backends/exchanges.py``) expands the rows its
-  owners sent back straight into each id occurrence's row: one copy of the
-  rows instead of a concat (or stitch) and a gather.
+  owners sent back straight into each id occurrence's row.
 
   Args:
     pieces: ``[rows_k, dim]`` float32 tensors.
     index: ``[n]`` positions in their concatenation, or with ``through``
       positions in ``through``.
     through: None, or ``[m]`` positions in the pieces' concatenation: row
-      ``i`` is then row ``through[index[i]]`` (one pass, no int gather).
+      ``i`` is then row ``through[index[i]]``.
   """
-  module = step_kernels()
-  if module is None or any(p.dtype != tf.float32 for p in pieces):
-    if through is not None:
-      index = tf.gather(through, index)
-    return tf.gather(concat_pieces(pieces), index)
+  if through is not None:
+    index = tf.gather(through, index)
+  return tf.gather(concat_pieces(pieces), index)
+
+
+def gather_pieces_with_kernel(
+  module: Any,
+  pieces: list[tf.Tensor],
+  index: tf.Tensor,
+  through: tf.Tensor | None,
+  spread: bool,
+) -> tf.Tensor:
+  """``gather_pieces_with_tensorflow`` without the concat (one copy of the
+  rows, no int gather) by the ``TpeGatherPieces`` kernel; pieces other than
+  float32 go to TensorFlow's ops."""
+  if any(p.dtype != tf.float32 for p in pieces):
+    return gather_pieces_with_tensorflow(pieces, index, through)
   extra = [] if through is None else [tf.cast(through, tf.int32)]
   return module.tpe_gather_pieces(
-    pieces, tf.cast(index, tf.int32), extra, spread=spread_rows()
+    pieces, tf.cast(index, tf.int32), extra, spread=spread
   )
 
 

@@ -3,31 +3,29 @@
 Every lookup of a feature with several ids per output row (ragged or
 sparse input, sequences aside) sums its ids' rows, each scaled by its
 weight over the combiner's denominator (``lookup.combine``).
-``segment_sum`` returns exactly
-``tf.math.unsorted_segment_sum(rows * scales[:, None], segments, num)``:
-in a training step (``kernels.training_step()``) from the
-``TpeSegmentSum`` kernel (``segment_sum.cc``: output rows spread over the
-CPU threads, each summing its ids in order), elsewhere (lookups for
-serving), without the kernel library or with GPUs from those two
-TensorFlow ops.
+``segment_sum_with_kernel`` (the kernel ops' sum, ``kernels/ops.py``)
+returns exactly what ``segment_sum_with_tensorflow`` returns,
+``tf.math.unsorted_segment_sum(rows * scales[:, None], segments, num)``,
+from the ``TpeSegmentSum`` kernel (``segment_sum.cc``: output rows spread
+over the CPU threads, each summing its ids in order).
 
 Example:
   >>> import tensorflow as tf
   >>> rows = tf.constant([[1.0], [2.0], [4.0]])
-  >>> segment_sum(rows, tf.constant([1, 0, 1], tf.int64), None,
-  ...             tf.constant(2, tf.int64)).numpy().ravel().tolist()
+  >>> segment_sum_with_tensorflow(
+  ...     rows, tf.constant([1, 0, 1], tf.int64), None,
+  ...     tf.constant(2, tf.int64)).numpy().ravel().tolist()
   [2.0, 5.0]
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
-from tpu_embedding.kernels import spread_rows
-from tpu_embedding.kernels import step_kernels
 
-
-def segment_sum(
+def segment_sum_with_tensorflow(
   rows: tf.Tensor,
   segments: tf.Tensor,
   scales: tf.Tensor | None,
@@ -41,17 +39,29 @@ def segment_sum(
     scales: None (all 1), or ``[n]`` float32 per-id factors.
     num_segments: int64 scalar, the number of output rows.
   """
-  module = step_kernels()
-  if module is None or rows.dtype != tf.float32 or rows.shape.rank != 2:
-    if scales is not None:
-      rows = rows * scales[:, None]
-    return tf.math.unsorted_segment_sum(rows, segments, num_segments)
+  if scales is not None:
+    rows = rows * scales[:, None]
+  return tf.math.unsorted_segment_sum(rows, segments, num_segments)
+
+
+def segment_sum_with_kernel(
+  module: Any,
+  rows: tf.Tensor,
+  segments: tf.Tensor,
+  scales: tf.Tensor | None,
+  num_segments: tf.Tensor,
+  spread: bool,
+) -> tf.Tensor:
+  """``segment_sum_with_tensorflow`` by the ``TpeSegmentSum`` kernel of
+  ``module``; rows other than float32 matrices go to TensorFlow's ops."""
+  if rows.dtype != tf.float32 or rows.shape.rank != 2:
+    return segment_sum_with_tensorflow(rows, segments, scales, num_segments)
   return module.tpe_segment_sum(
     rows,
     tf.cast(segments, tf.int64),
     [] if scales is None else [scales],
     tf.cast(num_segments, tf.int64),
-    spread=spread_rows(),
+    spread=spread,
   )
 
 

@@ -6,16 +6,16 @@ row blocks, one per replica in replica order, and every id must go to the
 replica whose block holds its row, as a row of that block. A lookup splits
 the distinct ids (and needs where each one's row will be among the owners'
 replies: ``slots``); an update splits the id occurrences ``ids[index]``
-(and needs each occurrence's position, to pick its gradient row). In a
-training step (``kernels.training_step()``) one ``TpeSplitByOwner`` kernel
-(``split_by_owner.cc``) does this in one pass; elsewhere, without the
-kernel library or with GPUs (where it has no kernel) the same outputs come
-from ``searchsorted`` and ``dynamic_partition``.
+(and needs each occurrence's position, to pick its gradient row). With the
+kernel ops (``kernels/ops.py``) one ``TpeSplitByOwner`` kernel
+(``split_by_owner.cc``) does this in one pass (``split_with_kernel``);
+with TensorFlow's ops the same outputs come from ``searchsorted`` and
+``dynamic_partition`` (``split_with_tensorflow``).
 
 Example:
   >>> import tensorflow as tf
   >>> ids = tf.constant([4, 0, 3, 1], tf.int64)
-  >>> split = split_by_owner(ids, (0, 3), positions=True, slots=True)
+  >>> split = split_with_tensorflow(ids, (0, 3), positions=True, slots=True)
   >>> [p.numpy().tolist() for p in split.ids]  # rows of each block
   [[0, 1], [1, 0]]
   >>> [p.numpy().tolist() for p in split.positions]
@@ -27,12 +27,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from typing import NamedTuple
 
 import tensorflow as tf
-
-from tpu_embedding.kernels import load
-from tpu_embedding.kernels import step_kernels
 
 
 class OwnerSplit(NamedTuple):
@@ -52,40 +50,18 @@ class OwnerSplit(NamedTuple):
   slots: tf.Tensor | None
 
 
-def split_by_owner(
-  ids: tf.Tensor,
-  block_starts: Sequence[int],
-  index: tf.Tensor | None = None,
-  positions: bool = False,
-  slots: bool = False,
-) -> OwnerSplit:
-  """Each owner's share of ``ids`` (or of the occurrences ``ids[index]``).
-
-  Args:
-    ids: ``[u]`` int64 row ids of one table.
-    block_starts: the first row of each replica's block, ascending (the
-      placement's ``shard_offsets``; an empty block starts where the next
-      one does and owns nothing).
-    index: None (the elements are ``ids``), or ``[n]`` int32 positions in
-      ``ids``: the elements are the occurrences ``ids[index]``.
-    positions: also return each owner's element positions.
-    slots: also return each element's position among all owners' ids.
-  """
-  if step_kernels() is not None:
-    return split_with_kernel(ids, block_starts, index, positions, slots)
-  return split_with_tensorflow(ids, block_starts, index, positions, slots)
-
-
 def split_with_kernel(
+  module: Any,
   ids: tf.Tensor,
   block_starts: Sequence[int],
   index: tf.Tensor | None = None,
   positions: bool = False,
   slots: bool = False,
 ) -> OwnerSplit:
-  """``split_by_owner`` with the ``TpeSplitByOwner`` kernel."""
+  """``split_with_tensorflow`` by the ``TpeSplitByOwner`` kernel of
+  ``module``, in one pass."""
   num = len(block_starts)
-  id_parts, position_parts, slot_list = load().tpe_split_by_owner(
+  id_parts, position_parts, slot_list = module.tpe_split_by_owner(
     ids=ids,
     index=[] if index is None else [tf.cast(index, tf.int32)],
     block_starts=[int(start) for start in block_starts],
@@ -105,7 +81,18 @@ def split_with_tensorflow(
   positions: bool = False,
   slots: bool = False,
 ) -> OwnerSplit:
-  """``split_by_owner`` with TensorFlow ops (the same outputs)."""
+  """Each owner's share of ``ids`` (or of the occurrences ``ids[index]``).
+
+  Args:
+    ids: ``[u]`` int64 row ids of one table.
+    block_starts: the first row of each replica's block, ascending (the
+      placement's ``shard_offsets``; an empty block starts where the next
+      one does and owns nothing).
+    index: None (the elements are ``ids``), or ``[n]`` int32 positions in
+      ``ids``: the elements are the occurrences ``ids[index]``.
+    positions: also return each owner's element positions.
+    slots: also return each element's position among all owners' ids.
+  """
   num = len(block_starts)
   if index is not None:
     ids = tf.gather(ids, index)

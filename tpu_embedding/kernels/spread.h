@@ -3,7 +3,8 @@
 // A training step with one replica per core already runs one op on every
 // core (each replica's ops on an inter-op thread): there a kernel that also
 // spreads its rows over the worker threads only queues behind the other
-// replicas' work. The Python wrappers pass `spread` (kernels.spread_rows()).
+// replicas' work. The Python side passes `spread` (kernels/ops.py:
+// KernelOps.spread, decided by select_ops).
 #ifndef TPU_EMBEDDING_KERNELS_SPREAD_H_
 #define TPU_EMBEDDING_KERNELS_SPREAD_H_
 

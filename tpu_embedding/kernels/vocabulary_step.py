@@ -1,10 +1,10 @@
 """A dynamic vocabulary's training step in one kernel (``TpeVocabularyStep``).
 
-``vocabularies/transition.advance`` calls ``vocabulary_step`` first; it
-returns None where the kernel does not serve (outside a training step,
-without the kernel library), and the TensorFlow ops run instead, with the
-same outputs and the same state after the step (``tests/test_vocabulary.py``
-runs both against the oracle).
+``vocabularies/transition.advance`` asks the step's ops
+(``kernels/ops.py``) first; TensorFlow's return None and the TensorFlow
+ops of ``transition.py`` run instead, with the same outputs and the same
+state after the step (``tests/test_vocabulary.py`` runs both against the
+oracle); the kernel ops call ``vocabulary_step``.
 
 Example:
   >>> import tensorflow as tf
@@ -12,8 +12,9 @@ Example:
   >>> from tpu_embedding import kernels
   >>> from tpu_embedding.vocabularies.transition import VocabularyVariables
   >>> state = VocabularyVariables(tpe.DynamicVocabulary(bucket_size=4), 4)
-  >>> with kernels.training_step():
-  ...   step = vocabulary_step(state, tf.constant([7, 9, 7], tf.int64))
+  >>> module = kernels.load()
+  >>> step = module and vocabulary_step(
+  ...     module, state, tf.constant([7, 9, 7], tf.int64))
   >>> step is None or step[0].numpy().tolist() == [0, 1, 0]
   True
 """
@@ -23,8 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-
-from tpu_embedding.kernels import step_kernels
 
 #: The state variables the kernel takes, in its input order.
 STATE = (
@@ -40,17 +39,15 @@ STATE = (
 
 
 def vocabulary_step(
-  variables: Any, occurrences: tf.Tensor
-) -> tuple[tf.Tensor, tf.Tensor] | None:
-  """``(rows, new_rows)`` of one step by the kernel, or None.
+  module: Any, variables: Any, occurrences: tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+  """``(rows, new_rows)`` of one step by the ``TpeVocabularyStep`` kernel.
 
   Args:
+    module: the loaded kernel module.
     variables: a ``vocabularies.transition.VocabularyVariables``.
     occurrences: ``[m]`` int64 keys of the global batch, in order.
   """
-  module = step_kernels()
-  if module is None:
-    return None
   vocabulary = variables.vocabulary
   return module.tpe_vocabulary_step(
     *[variables[name].handle for name in STATE],

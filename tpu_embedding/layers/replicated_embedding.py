@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.layers import common
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
@@ -160,13 +161,15 @@ class ReplicatedEmbedding(Layer):
       )
     }
 
+    ops = TENSORFLOW_OPS  # Keras weights, maybe on a GPU.
+
     def rows(requests):
       return [
-        expand_rows(tf.gather(readable[table.name], ids), index)
+        expand_rows(tf.gather(readable[table.name], ids), index, ops)
         for table, ids, index in requests
       ]
 
-    activations, _ = look_up(self._config, prepared, rows)
+    activations, _ = look_up(self._config, prepared, rows, ops=ops)
     return common.unbatch_scalars(activations, scalar)
 
   def _readable(self, variable: Any) -> Any:

@@ -47,6 +47,7 @@ class Adagrad(Optimizer):
 
   SLOT_NAMES = ("accumulators",)
   Slots = AdagradSlots
+  FUSED_RULE = "adagrad"
 
   def __init__(
     self,

@@ -34,6 +34,7 @@ import math
 import numbers
 from collections.abc import Callable
 from typing import Any
+from typing import ClassVar
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -114,6 +115,11 @@ class Optimizer(metaclass=abc.ABCMeta):
 
   SLOT_NAMES: tuple[str, ...] = ()
   Slots: type[SlotRows] = _NoSlots
+
+  #: The fused update kernel's name for this class's rule
+  #: (``kernels/fused_update.py``), or None where the kernel has none.
+  #: Read by ``fused_rule`` on the class that sets it only.
+  FUSED_RULE: ClassVar[str | None] = None
 
   def __init__(
     self,
@@ -205,6 +211,16 @@ class Optimizer(metaclass=abc.ABCMeta):
       name: variable_creator(name, init)
       for name, init in zip(names, initializers, strict=True)
     }
+
+  @property
+  def fused_rule(self) -> str | None:
+    """The fused kernel's rule for this optimizer, or None.
+
+    Only the class that names a rule (``FUSED_RULE``) has it: a subclass
+    may change the update, so it runs the TensorFlow path unless it names
+    the rule again (having kept its parent's update).
+    """
+    return type(self).__dict__.get("FUSED_RULE")
 
   @property
   def updates_all_rows(self) -> bool:

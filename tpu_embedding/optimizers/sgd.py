@@ -35,6 +35,8 @@ class SGD(Optimizer):
     0.2
   """
 
+  FUSED_RULE = "sgd"
+
   def __init__(
     self,
     learning_rate: LearningRate = 0.01,

@@ -52,6 +52,8 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
@@ -177,8 +179,16 @@ class TableStore(metaclass=abc.ABCMeta):
     """``(first global row, number of rows)`` of local block ``block``."""
 
   @abc.abstractmethod
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
     """Rows ``ids`` (any shape) of ``key``, in id order: ``ids.shape + [dim]``.
+
+    ``ops``: the step's row ops (``kernels/ops.py``; a layout may gather
+    with TensorFlow's whatever they are).
 
     Raises:
       RuntimeError: where this host cannot read every row (a table
@@ -211,6 +221,7 @@ class TableStore(metaclass=abc.ABCMeta):
     rows: tf.Tensor,
     grads: tf.Tensor,
     index: tf.Tensor | None = None,
+    ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
     """Applies the table's optimizer to rows of one local block.
 
@@ -224,16 +235,17 @@ class TableStore(metaclass=abc.ABCMeta):
         ``index`` the ``[m, dim]`` gradients of single occurrences.
       index: None, or ``[m]`` int32 position in ``rows`` of each gradient
         (see ``updates.apply_rows``).
+      ops: the step's row ops (``kernels/ops.py``).
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
     locks = getattr(self, "_locks", None)
     if locks is None:
-      apply_rows(self.table, variables, rows, grads, size, index)
+      apply_rows(self.table, variables, rows, grads, size, index, ops)
       return
 
     def locked_update():
-      writes = apply_rows(self.table, variables, rows, grads, size, index)
+      writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)
@@ -282,7 +294,11 @@ class TableStore(metaclass=abc.ABCMeta):
     return tf.group(writes)
 
   def update(
-    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+    self,
+    ids: tf.Tensor,
+    grads: tf.Tensor,
+    index: tf.Tensor | None = None,
+    ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
     """Applies the table's optimizer to rows ``ids`` (distinct, global).
 
@@ -293,9 +309,11 @@ class TableStore(metaclass=abc.ABCMeta):
       grads: ``[n, dim]`` summed gradients, or with ``index`` the
         gradients of single occurrences (see ``update_block``).
       index: None, or the position in ``ids`` of each row of ``grads``.
+      ops: the step's row ops (``kernels/ops.py``).
     """
     if self.block_rows(0) == (0, self.table.vocabulary_size):
-      self.update_block(0, ids, grads, index)  # One block holds every row.
+      # One block holds every row.
+      self.update_block(0, ids, grads, index, ops)
       return
     if index is not None:
       grads = tf.math.unsorted_segment_sum(
@@ -308,6 +326,7 @@ class TableStore(metaclass=abc.ABCMeta):
         block,
         tf.boolean_mask(ids - first, mine),
         tf.boolean_mask(grads, mine),
+        ops=ops,
       )
 
   def held_variables(self) -> list[Any]:

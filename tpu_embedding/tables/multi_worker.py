@@ -23,6 +23,8 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.base import VALUE_KEY
@@ -236,7 +238,12 @@ class MultiWorkerShardedTable(RowShardedTable):
       self._strategy, shards, self.placement, self._first
     )
 
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
     raise RuntimeError(
       f"Table '{self.table.name}' is sharded over several workers: no "
       "process can read its rows alone. Look it up inside strategy.run "
@@ -245,7 +252,11 @@ class MultiWorkerShardedTable(RowShardedTable):
     )
 
   def update(
-    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+    self,
+    ids: tf.Tensor,
+    grads: tf.Tensor,
+    index: tf.Tensor | None = None,
+    ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
     raise RuntimeError(
       f"Table '{self.table.name}' is sharded over several workers: update "

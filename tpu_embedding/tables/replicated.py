@@ -21,6 +21,8 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -99,11 +101,21 @@ class ReplicatedTable(TableStore):
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self.table.vocabulary_size
 
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
+    del ops  # Copy 0's rows, by TensorFlow's gather.
     return tf.gather(self._blocks[0][key], ids)
 
   def update(
-    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+    self,
+    ids: tf.Tensor,
+    grads: tf.Tensor,
+    index: tf.Tensor | None = None,
+    ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
@@ -112,4 +124,4 @@ class ReplicatedTable(TableStore):
       )
       index = None
     for block in range(len(self._blocks)):
-      self.update_block(block, ids, grads, index)
+      self.update_block(block, ids, grads, index, ops)

@@ -39,6 +39,8 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
@@ -172,6 +174,12 @@ class RowShardedTable(TableStore):
       self.placement.shard_sizes[replica],
     )
 
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
+    del ops  # Outside strategy.run: TensorFlow's lookup over the blocks.
     # "div" row blocks: embedding_lookup returns the rows in id order.
     return tf.nn.embedding_lookup(self._variables[key], ids)

@@ -29,6 +29,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
@@ -95,13 +97,22 @@ class StackMember(TableStore):
       f"{self.offset}."
     )
 
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
-    return self.stack.gather(ids + self.offset, key)
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
+    return self.stack.gather(ids + self.offset, key, ops)
 
   def update(
-    self, ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None = None
+    self,
+    ids: tf.Tensor,
+    grads: tf.Tensor,
+    index: tf.Tensor | None = None,
+    ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
-    self.stack.update(ids + self.offset, grads, index)
+    self.stack.update(ids + self.offset, grads, index, ops)
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)

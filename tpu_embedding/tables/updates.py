@@ -28,7 +28,8 @@ import tensorflow as tf
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.kernels.fused_update import fused_apply
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 
 
 def apply_rows(
@@ -38,6 +39,7 @@ def apply_rows(
   grads: Gradients,
   num_rows: int,
   index: tf.Tensor | None = None,
+  ops: StepOps = TENSORFLOW_OPS,
 ) -> list[Any]:
   """Applies ``table.optimizer`` to rows ``ids`` of one block of variables.
 
@@ -53,6 +55,8 @@ def apply_rows(
     index: None, or ``[m]`` int32: the position in ``ids`` of each row of
       ``grads``. A row's gradient is then the sum of its occurrences, added
       in occurrence order starting from zero (``unsorted_segment_sum``).
+    ops: the step's row ops (``kernels/ops.py``): with the kernels', the
+      fused update applies per-occurrence gradients where it can.
 
   Returns:
     The write operations (in a graph; None entries when eager).
@@ -64,7 +68,7 @@ def apply_rows(
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
   if index is not None:
-    fused = fused_apply(table, block, ids, grads, index)
+    fused = ops.fused_apply(table, block, ids, grads, index)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
     grads = tf.math.unsorted_segment_sum(

@@ -27,7 +27,8 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
-from tpu_embedding.kernels.gather_rows import gather_rows
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -111,5 +112,10 @@ class WholeTable(TableStore):
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self.table.vocabulary_size
 
-  def gather(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
-    return gather_rows(self._variables[key], ids)
+  def gather(
+    self,
+    ids: tf.Tensor,
+    key: str = "parameters",
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> tf.Tensor:
+    return ops.gather_rows(self._variables[key], ids)

@@ -47,6 +47,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.inputs import PreparedFeature
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
@@ -131,6 +132,7 @@ class DynamicTables:
     Args:
       devices: one device per local replica.
       stores: the table stores by name.
+      ops: the step's row ops (``kernels/ops.py``).
       tracker: registers the states for checkpoints.
       sharded: the row-sharded tables: their state is sharded too, one
         shard per replica of ``strategy``.
@@ -198,6 +200,7 @@ class DynamicTables:
     prepared: list[PreparedFeature],
     replica: int,
     stores: dict[str, TableStore],
+    ops: StepOps,
   ) -> tuple[list, dict[str, tf.Tensor]]:
     """Runs each dynamic table's step, then maps keys to rows.
 
@@ -206,6 +209,7 @@ class DynamicTables:
       replica: this replica's index among the local ones (its copy of
         the state, and the block of each store it writes).
       stores: the table stores by name.
+      ops: the step's row ops (``kernels/ops.py``).
 
     Returns:
       ``prepared`` with rows for keys, and per dynamic table the rows
@@ -222,7 +226,7 @@ class DynamicTables:
         [prepared[i].ids for i in features]
       )
       rows, given = self._states[name].step(
-        tf.concat(flat(parts), 0), replica, self._sharing
+        tf.concat(flat(parts), 0), replica, self._sharing, ops
       )
       # One order whatever the layout: the same initial values per row.
       given = tf.sort(given)

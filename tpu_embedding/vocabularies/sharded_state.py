@@ -94,8 +94,8 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
   def worker_index(self) -> int:
     return self._first // len(self.copies)
 
-  def step(self, occurrences, replica, sharing):
-    result = advance(self.copies[replica], occurrences)
+  def step(self, occurrences, replica, sharing, ops):
+    result = advance(self.copies[replica], occurrences, ops)
     (every,), _ = sharing.every_replica([result.new_rows])
     return sharing.combine_owned(result.rows), tf.concat(every, 0)
 

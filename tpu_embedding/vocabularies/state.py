@@ -35,6 +35,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.transition import VocabularyVariables
@@ -96,10 +97,15 @@ class VocabularyState(compat.Trackable, abc.ABC):
 
   @abc.abstractmethod
   def step(
-    self, occurrences: tf.Tensor, replica: int, sharing: ReplicaSharing
+    self,
+    occurrences: tf.Tensor,
+    replica: int,
+    sharing: ReplicaSharing,
+    ops: StepOps,
   ) -> tuple[tf.Tensor, tf.Tensor]:
     """A training step on the global batch's key ``occurrences`` (every
-    replica's, in order), on local replica ``replica``'s variables.
+    replica's, in order), on local replica ``replica``'s variables, by
+    the step's row ops ``ops`` (``kernels/ops.py``).
 
     Returns:
       ``(rows, new_rows)``: every occurrence's row, and every row given
@@ -191,9 +197,9 @@ class ReplicatedVocabulary(VocabularyState):
       [variables_on(device, vocabulary, capacity) for device in devices],
     )
 
-  def step(self, occurrences, replica, sharing):
+  def step(self, occurrences, replica, sharing, ops):
     del sharing  # Every copy decides alone, and alike.
-    result = advance(self.copies[replica], occurrences)
+    result = advance(self.copies[replica], occurrences, ops)
     return result.rows, result.new_rows
 
   def lookup(self, keys, replica, sharing):

@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tpu_embedding.kernels.vocabulary_step import vocabulary_step
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.vocabularies.buckets import BucketLayout
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 
@@ -289,17 +290,23 @@ def _scatter(variable: tf.Variable, indices: tf.Tensor, values) -> None:
   )
 
 
-def advance(variables: VocabularyVariables, occurrences: tf.Tensor) -> StepRows:
+def advance(
+  variables: VocabularyVariables,
+  occurrences: tf.Tensor,
+  ops: StepOps = TENSORFLOW_OPS,
+) -> StepRows:
   """Runs one training step on the global batch's key ``occurrences``.
 
   Args:
     variables: the vocabulary's state (written).
     occurrences: ``[m]`` int64 keys of the global batch, in order.
+    ops: the step's row ops (``kernels/ops.py``): the kernels' run the
+      whole step in one kernel (the same outputs and state).
 
   Returns:
     The ``StepRows`` of the occurrences.
   """
-  done = vocabulary_step(variables, occurrences)
+  done = ops.vocabulary_step(variables, occurrences)
   if done is not None:  # The kernel (training steps): the same step.
     return StepRows(*done)
   vocabulary, layout = variables.vocabulary, variables.layout

@@ -1,0 +1,176 @@
+"""The kernel seam: which ops serve a step, decided from the tables' devices.
+
+``kernels/ops.select_ops`` is the one place that decides: this package's
+CPU kernels only for tables whose every variable lives in this process's
+CPU memory; TensorFlow's ops for a table on a GPU, on a parameter server
+or on another worker (or nowhere yet). The engine decides once and passes
+its ops down, so a table elsewhere never reaches a kernel, the fused
+update included. No GPU here: devices are given as strings, and an
+engine's tables are made to report another device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tpu_embedding import compat
+from tpu_embedding import kernels
+from tpu_embedding.kernels import ops as ops_module
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import KernelOps
+from tpu_embedding.kernels.ops import in_this_process_cpu
+from tpu_embedding.kernels.ops import select_ops
+from tpu_embedding.tables.base import TableStore
+
+needs_kernels = pytest.mark.skipif(
+  kernels.load() is None, reason="the kernel library did not build"
+)
+
+#: This process, as a worker of a cluster.
+HOST = "/job:worker/replica:0/task:0"
+
+HERE = {
+  "localhost cpu": "/job:localhost/replica:0/task:0/device:CPU:0",
+  "this task's cpu": "/job:worker/replica:0/task:0/device:CPU:0",
+  "this task's logical cpu": "/job:worker/replica:0/task:0/device:CPU:3",
+  "a cpu, job unnamed": "/device:CPU:1",
+}
+
+ELSEWHERE = {
+  "gpu": "/job:localhost/replica:0/task:0/device:GPU:0",
+  "this task's gpu": "/job:worker/replica:0/task:0/device:GPU:1",
+  "gpu, job unnamed": "/device:GPU:0",
+  "parameter server": "/job:ps/replica:0/task:0/device:CPU:0",
+  "another worker": "/job:worker/replica:0/task:1/device:CPU:0",
+  "the chief": "/job:chief/replica:0/task:0/device:CPU:0",
+  "unplaced": "",
+}
+
+
+@pytest.mark.parametrize("where", sorted(HERE))
+def test_this_process_cpu_is_here(where):
+  assert in_this_process_cpu(HERE[where], HOST)
+
+
+@pytest.mark.parametrize("where", sorted(ELSEWHERE))
+def test_gpus_parameter_servers_and_other_tasks_are_not(where):
+  assert not in_this_process_cpu(ELSEWHERE[where], HOST)
+
+
+@needs_kernels
+def test_tables_on_this_process_cpu_get_the_kernels():
+  ops = select_ops(HERE.values(), host=HOST)
+  assert isinstance(ops, KernelOps) and ops.kernels
+  assert ops.module is kernels.load()
+
+
+@pytest.mark.parametrize("where", sorted(ELSEWHERE))
+def test_one_variable_elsewhere_gives_every_table_tensorflow_ops(where):
+  devices = [*HERE.values(), ELSEWHERE[where]]
+  assert select_ops(devices, host=HOST) is TENSORFLOW_OPS
+
+
+def test_no_tables_get_tensorflow_ops():
+  assert select_ops([]) is TENSORFLOW_OPS
+
+
+def test_tensorflow_ops_when_the_kernels_cannot_load(monkeypatch):
+  monkeypatch.setattr(ops_module, "load", lambda: None)
+  assert select_ops([HERE["localhost cpu"]]) is TENSORFLOW_OPS
+
+
+def test_concurrent_below_one_is_refused():
+  with pytest.raises(ValueError, match="concurrent must be >= 1, got 0"):
+    select_ops([HERE["localhost cpu"]], concurrent=0)
+
+
+# --- an engine ----------------------------------------------------------
+
+
+class _Elsewhere:
+  """A variable as the engine sees it: only its device."""
+
+  def __init__(self, device: str):
+    self.device = device
+
+
+def _never(*args, **kwargs):
+  raise AssertionError("the fused update was reached")
+
+
+def _engine(optimizer) -> tpe.TPUEmbedding:
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), optimizer
+  )
+  emb.build()
+  return emb
+
+
+def _train(emb):
+  @tf.function
+  def train(ids):
+    emb.enqueue(ids, training=True)
+    emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
+
+  return train
+
+
+def _op_types(function, *args) -> set[str]:
+  graph = function.get_concrete_function(*args).graph
+  types = {op.type for op in graph.get_operations()}
+  for nested in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in nested.definition.node_def}
+  return types
+
+
+IDS = tf.ragged.constant([[1, 2], [2]], tf.int64)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+  "where", ["gpu", "parameter server", "another worker", "the chief"]
+)
+@pytest.mark.parametrize("optimizer", [tpe.SGD, tpe.Adagrad])
+def test_an_engine_with_a_table_elsewhere_never_reaches_a_kernel(
+  where, optimizer, monkeypatch
+):
+  monkeypatch.setattr(compat, "host_address_space", lambda: HOST)
+  monkeypatch.setattr(ops_module, "fused_apply", _never)
+  held = TableStore.held_variables
+  monkeypatch.setattr(
+    TableStore,
+    "held_variables",
+    lambda store: [*held(store), _Elsewhere(ELSEWHERE[where])],
+  )
+  emb = _engine(optimizer(0.1))
+  assert emb.engine.step_ops is TENSORFLOW_OPS
+  table = emb.variables["t"]["parameters"]
+  before = table.numpy()
+  train = _train(emb)
+  train(IDS)  # The update runs: TensorFlow's path, never the kernel.
+  changed = (table.numpy() != before).any(axis=1).nonzero()[0].tolist()
+  assert changed == [1, 2]
+  assert not {t for t in _op_types(train, IDS) if t.startswith("Tpe")}
+
+
+@needs_kernels
+def test_an_engine_with_tables_here_reaches_the_fused_update(monkeypatch):
+  """The control of the test above: the same engine, its tables on this
+  process's CPU, does reach the (here refusing) fused update."""
+  monkeypatch.setattr(ops_module, "fused_apply", _never)
+  emb = _engine(tpe.Adagrad(0.1))
+  assert isinstance(emb.engine.step_ops, KernelOps)
+  with pytest.raises(AssertionError, match="the fused update was reached"):
+    _train(emb)(IDS)
+
+
+def test_lookups_for_serving_take_tensorflow_ops():
+  emb = _engine(tpe.SGD(0.1))
+
+  @tf.function
+  def serve(ids):  # What a SavedModel for TF Serving holds.
+    return emb.embedding_lookup(ids)
+
+  assert not {t for t in _op_types(serve, IDS) if t.startswith("Tpe")}
