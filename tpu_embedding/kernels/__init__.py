@@ -35,7 +35,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import tensorflow as tf
