@@ -526,3 +526,14 @@ def test_failing_step_leaves_checkpoint_unchanged(
   assert sorted(after) == sorted(before)
   changed = [k for k in before if not np.array_equal(before[k], after[k])]
   assert not changed, f"the failed step changed {changed}"
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, -4])
+def test_sliced_checkpoints_refuse_chunks_without_bytes(chunk_bytes, tmp_path):
+  checkpoint = tf.train.Checkpoint(step=tf.Variable(1))
+  path = str(tmp_path / "ckpt")
+  with pytest.raises(ValueError, match="chunk_bytes must be positive"):
+    tpe.checkpoints.write(checkpoint, path, chunk_bytes=chunk_bytes)
+  tpe.checkpoints.write(checkpoint, path, chunk_bytes=1)
+  with pytest.raises(ValueError, match="chunk_bytes must be positive"):
+    tpe.checkpoints.restore(checkpoint, path, chunk_bytes=chunk_bytes)

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.distributed import cluster
+from tests.distributed import mwms_checkpoint_chunks
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_training.py"
 
@@ -46,4 +47,39 @@ DYNAMIC = pathlib.Path(__file__).parent / "distributed" / "mwms_dynamic.py"
 
 def test_two_workers_train_dynamic_tables_like_one_device(tmp_path):
   for worker in cluster.run_workers([DYNAMIC, tmp_path]):
+    worker.check()
+
+
+CHUNKS = (
+  pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_chunks.py"
+)
+
+
+def test_tables_of_several_chunks_per_block_restore_exactly(tmp_path):
+  """Saved on 2 workers in 48-byte chunks (2 to 4 rows, several per
+  block); restored on 2 fresh workers (chunk by chunk, whole blocks,
+  before build) and on one device: the saved values, exactly."""
+  for worker in cluster.run_workers([CHUNKS, "save", tmp_path]):
+    worker.check()
+  for worker in cluster.run_workers([CHUNKS, "restore", tmp_path]):
+    worker.check()
+  saved = np.load(tmp_path / "saved.npz")
+  emb = mwms_checkpoint_chunks.make_embedding(init=False)
+  tf.train.Checkpoint(embedding=emb).restore(str(tmp_path / "ckpt"))
+  emb.build()
+  got = mwms_checkpoint_chunks.values(emb)
+  assert sorted(got) == sorted(saved)
+  for key in saved:
+    np.testing.assert_array_equal(got[key], saved[key], err_msg=key)
+
+
+PIPELINING = (
+  pathlib.Path(__file__).parent / "distributed" / "mwms_pipelining.py"
+)
+
+
+def test_two_workers_pipelined_follow_the_one_step_stale_schedule():
+  """Pipelined on 2 workers, flushed after step 1 and at the end: the
+  one-step-stale schedule of tests/test_pipelining.py on one device."""
+  for worker in cluster.run_workers([PIPELINING]):
     worker.check()

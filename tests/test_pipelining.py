@@ -56,11 +56,17 @@ def loss_fn(activations, projection):
   )
 
 
-def reference(init, data, projection, combiner="sum"):
-  """The stale schedule, spelled out with an unpipelined object."""
+def reference(init, data, projection, combiner="sum", flush_after=None):
+  """The stale schedule, spelled out with an unpipelined object.
+
+  ``flush_after``: the step after which ``flush_pipeline`` is called (its
+  held update applied then, once; the next step holds none). Returns each
+  step's activations, the table before the last flush, and the variables
+  after it.
+  """
   emb = make_embedding(False, init, combiner=combiner)
   seen, pending = [], None
-  for features in data:
+  for n, features in enumerate(data):
     with tf.GradientTape() as tape:
       activations, apply = emb.lookup_for_training(features)
       tape.watch(activations)
@@ -70,8 +76,12 @@ def reference(init, data, projection, combiner="sum"):
       pending[0](pending[1])  # step n-1's update, after step n's lookup
     pending = (apply, grads)
     seen.append(activations)
+    if n == flush_after:
+      pending[0](pending[1])
+      pending = None
   before_flush = emb.embedding_tables[emb_table(emb)].numpy()
-  pending[0](pending[1])
+  if pending is not None:
+    pending[0](pending[1])
   return seen, before_flush, emb.variables["t"]
 
 
@@ -114,6 +124,47 @@ def test_pipelined_steps_follow_the_one_step_stale_schedule(combiner, rng):
   for slot, variable in emb.variables["t"].items():
     np.testing.assert_allclose(
       variable.numpy(), want_vars[slot].numpy(), rtol=1e-5, err_msg=slot
+    )
+
+
+def test_flush_then_train_applies_the_held_update_exactly_once(rng):
+  """Train 2 steps, flush_pipeline, train 2 more, flush: each step's
+  activations and the tables are the schedule's (flushed after step 1),
+  exactly."""
+  init = rng.normal(size=(V, DIM)).astype(np.float32)
+  data = batches(rng)
+  projection = tf.constant(rng.normal(size=(BATCH, DIM)), tf.float32)
+  want_activations, want_before_flush, want_vars = reference(
+    init, data, projection, flush_after=1
+  )
+  emb = make_embedding(True, init)
+
+  @tf.function
+  def step(features):
+    emb.enqueue(features)
+    with tf.GradientTape() as tape:
+      activations = emb.dequeue()
+      tape.watch(activations)
+      loss = loss_fn(activations, projection)
+    emb.apply_gradients(tape.gradient(loss, activations))
+    return activations
+
+  for n, (features, want) in enumerate(
+    zip(data, want_activations, strict=True)
+  ):
+    got = step(features)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=f"{n} {key}")
+    if n == 1:
+      emb.flush_pipeline()
+  np.testing.assert_array_equal(
+    emb.embedding_tables[emb_table(emb)].numpy(), want_before_flush
+  )
+  emb.flush_pipeline()
+  emb.flush_pipeline()  # Nothing held: no-op.
+  for slot, variable in emb.variables["t"].items():
+    np.testing.assert_array_equal(
+      variable.numpy(), want_vars[slot].numpy(), err_msg=slot
     )
 
 

@@ -11,7 +11,8 @@ filesystem they share, and keep each worker at its own rows:
    weights, small tables, the object graph, which records every table) as
    one part under ``<prefix>_temp/``; every worker writes its own rows, as
    slices of each full ``[vocabulary_size, dim]`` tensor, in chunks of at
-   most 64 MiB (read row by row: no whole-block copy);
+   most 64 MiB (read row by row: no whole-block copy; ``chunk_bytes``
+   sets another size);
 2. the chief merges the parts into ``<prefix>`` (TensorFlow's own
    ``MergeV2Checkpoints``, as for its partitioned variables), removing
    ``<prefix>_temp``; a ``*_temp`` directory left by a worker killed while
@@ -133,7 +134,13 @@ def _remove_stale_temps(file_prefix: str) -> None:
       _remove(os.path.join(directory, name))
 
 
-def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
+def write(
+  checkpoint: Any,
+  file_prefix: str,
+  options: Any = None,
+  *,
+  chunk_bytes: int | None = None,
+) -> str:
   """Writes ``checkpoint`` to ``file_prefix``, each worker its own rows.
 
   Call it on every worker with the same ``file_prefix`` (like
@@ -143,13 +150,31 @@ def write(checkpoint: Any, file_prefix: str, options: Any = None) -> str:
     checkpoint: a ``tf.train.Checkpoint``.
     file_prefix: the checkpoint prefix, on a filesystem all workers share.
     options: optional ``tf.train.CheckpointOptions`` (used by the chief).
+    chunk_bytes: the most bytes of a table's rows a worker copies and
+      writes at once (at least one row); None (default): a sixteenth of
+      its block, between 8 and 64 MiB. The checkpoint's keys and values
+      do not depend on it.
 
   Returns:
     ``file_prefix``.
+
+  Raises:
+    ValueError: ``chunk_bytes`` is not positive.
   """
   return _write_parts(
-    checkpoint, _worker_parts(checkpoint), file_prefix, options
+    checkpoint,
+    _worker_parts(checkpoint),
+    file_prefix,
+    options,
+    _checked(chunk_bytes),
   )
+
+
+def _checked(chunk_bytes: int | None) -> int | None:
+  """``chunk_bytes``, if None or positive."""
+  if chunk_bytes is not None and chunk_bytes < 1:
+    raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}.")
+  return chunk_bytes
 
 
 def _write_parts(
@@ -157,6 +182,7 @@ def _write_parts(
   variables: list[slicing.WorkerParts],
   file_prefix: str,
   options: Any,
+  chunk_bytes: int | None = None,
 ) -> str:
   """``write`` for the multi-worker state ``variables`` of ``checkpoint``."""
   if not variables:
@@ -176,7 +202,7 @@ def _write_parts(
     _checkpoint_keys(checkpoint, variables), variables, strict=True
   ):
     variable.write_parts(
-      keys, f"{temp}/part-{workers.index:05d}-{key_id(keys[0])}"
+      keys, f"{temp}/part-{workers.index:05d}-{key_id(keys[0])}", chunk_bytes
     )
   workers.barrier()
   if workers.chief:
@@ -195,7 +221,13 @@ def _write_parts(
   return file_prefix
 
 
-def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
+def restore(
+  checkpoint: Any,
+  save_path: str,
+  options: Any = None,
+  *,
+  chunk_bytes: int | None = None,
+) -> Any:
   """``checkpoint.restore(save_path)``, each worker reading its own rows.
 
   Tables built after the restore read their rows when created
@@ -204,9 +236,21 @@ def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
   their rows, beside them, instead of by TensorFlow's restore (which would
   hold a second copy of every block at once).
 
+  Args:
+    checkpoint: a ``tf.train.Checkpoint``.
+    save_path: the checkpoint prefix (any chunk size wrote it).
+    options: optional ``tf.train.CheckpointOptions``.
+    chunk_bytes: the most bytes of a built table's rows a worker reads at
+      once (at least one row); None (default): a sixteenth of its block,
+      between 8 and 64 MiB.
+
   Returns:
     TensorFlow's restore status.
+
+  Raises:
+    ValueError: ``chunk_bytes`` is not positive.
   """
+  _checked(chunk_bytes)
   variables = _worker_sharded(checkpoint)
   keys = []
   if variables:  # A table's one key each.
@@ -225,7 +269,7 @@ def restore(checkpoint: Any, save_path: str, options: Any = None) -> Any:
     for variable, old in zip(variables, previous, strict=True):
       variable._update_uid = old if uid is None else uid  # noqa: SLF001
   for key, variable in zip(keys, variables, strict=True):
-    variable.read_rows(key, save_path)
+    variable.read_rows(key, save_path, chunk_bytes)
   return status
 
 

@@ -142,24 +142,28 @@ class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
       }
     }
 
-  def _chunks(self):
-    """``(local shard, first local row, rows, slice spec)`` of every chunk."""
+  def _chunks(self, chunk_bytes: int | None = None):
+    """``(local shard, first local row, rows, slice spec)`` of every chunk
+    (``chunk_bytes``: see ``chunk_rows``)."""
     width = self.shape[1]
-    chunk = max(1, chunk_rows(self._rows(0)[1], width))
+    chunk = max(1, chunk_rows(self._rows(0)[1], width, chunk_bytes))
     for local in range(len(self._shards)):
       start, rows = self._rows(local)
       for first in range(0, rows, chunk):
         count = min(chunk, rows - first)
         yield local, first, count, self._rows_spec(start + first, count)
 
-  def read_rows(self, key: str, save_path: str) -> None:
+  def read_rows(
+    self, key: str, save_path: str, chunk_bytes: int | None = None
+  ) -> None:
     """Reads this worker's rows of checkpoint ``key``, chunk by chunk.
 
     Each chunk is read as a slice (only the stored slices it overlaps)
     and scattered into its rows in place, so a restore into built tables
-    holds one chunk beside them, not a second copy.
+    holds one chunk beside them, not a second copy. ``chunk_bytes``: see
+    ``chunk_rows``.
     """
-    for local, first, count, spec in self._chunks():
+    for local, first, count, spec in self._chunks(chunk_bytes):
       shard = self._shards[local]
       with tf.device("CPU"):
         (value,) = tf.raw_ops.RestoreV2(
@@ -176,19 +180,24 @@ class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
         )
       del value
 
-  def write_parts(self, keys: list[str], prefix: str) -> None:
+  def write_parts(
+    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
+  ) -> None:
     (key,) = keys
-    self.write_rows(key, prefix)
+    self.write_rows(key, prefix, chunk_bytes)
 
-  def write_rows(self, key: str, prefix: str) -> None:
+  def write_rows(
+    self, key: str, prefix: str, chunk_bytes: int | None = None
+  ) -> None:
     """Writes this worker's rows under checkpoint ``key``, in chunks.
 
     Each chunk of rows is read (``ResourceGather``: only those rows; a
     dense read of a sparsely updated variable would copy it whole) and
     written as a slice of the full tensor to its own checkpoint part
     ``<prefix>-<shard>-<chunk>``, for ``MergeV2Checkpoints``.
+    ``chunk_bytes``: see ``chunk_rows``.
     """
-    for local, first, count, spec in self._chunks():
+    for local, first, count, spec in self._chunks(chunk_bytes):
       shard = self._shards[local]
       with tf.device(shard.device):
         value = tf.raw_ops.ResourceGather(
@@ -206,13 +215,27 @@ class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
       del value
 
 
-#: Chunks of rows ``write_rows`` copies at once: at least 8 MiB (a small
-#: block is one chunk), a sixteenth of a block, at most 64 MiB.
+#: Chunks of rows ``write_rows`` and ``read_rows`` copy at once, by
+#: default: at least 8 MiB (a small block is one chunk), a sixteenth of a
+#: block, at most 64 MiB.
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
 
 
-def chunk_rows(rows: int, width: int) -> int:
-  """Rows per written chunk of a block of ``rows`` rows."""
+def chunk_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
+  """Rows per chunk written or read of a block of ``rows`` rows.
+
+  Args:
+    rows: the block's rows.
+    width: the table's dim (float32 rows).
+    chunk_bytes: None for the default (a sixteenth of the block, between
+      ``MIN_CHUNK_BYTES`` and ``MAX_CHUNK_BYTES``), or the most bytes a
+      chunk holds (at least one row).
+
+  Returns:
+    Rows per chunk.
+  """
+  if chunk_bytes is not None:
+    return max(1, chunk_bytes // (4 * width))
   sixteenth = max(-(-rows // 16), MIN_CHUNK_BYTES // (4 * width))
   return min(sixteenth, MAX_CHUNK_BYTES // (4 * width))
 

@@ -80,10 +80,14 @@ class WorkerParts(abc.ABC):
     """Workers holding parts of the state."""
 
   @abc.abstractmethod
-  def write_parts(self, keys: list[str], prefix: str) -> None:
+  def write_parts(
+    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
+  ) -> None:
     """Writes this worker's part of each checkpoint key in ``keys`` (this
     object's keys, in serialization order) under ``prefix``; every
-    worker calls it at once (collectives allowed)."""
+    worker calls it at once (collectives allowed). ``chunk_bytes``: the
+    most bytes of rows copied at once, where the state is written in
+    chunks (None: the state's default)."""
 
 
 def warn_whole(table: str, shape: tf.TensorShape) -> None:

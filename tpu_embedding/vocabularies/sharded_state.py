@@ -202,9 +202,14 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       for name, (size, start, _) in first.items()
     }
 
-  def write_parts(self, keys: list[str], prefix: str) -> None:
+  def write_parts(
+    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
+  ) -> None:
     """This worker's shards as slices of each whole array; the chief adds
-    the step and every worker's evictions (summed: a collective)."""
+    the step and every worker's evictions (summed: a collective). Each
+    array is written whole (a vocabulary's state is small: ``chunk_bytes``
+    is not used)."""
+    del chunk_bytes  # unused
     by_name = {key.rsplit("/", 1)[-1]: key for key in keys}
     parts = []  # (names, slice specs, tensors) of each file
     for copy in self.copies:
