@@ -366,6 +366,7 @@ def test_a_subclass_gets_the_kernel_only_when_it_names_the_rule():
 def _run(code: str, env: dict) -> subprocess.CompletedProcess:
   return subprocess.run(
     [sys.executable, "-c", code],
+    cwd="/",  # Not the checkout: the installed package is imported.
     env={**os.environ, **env},
     capture_output=True,
     text=True,
@@ -378,6 +379,7 @@ def test_build_command_from_an_empty_cache(tmp_path):
   env = {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path)}
   result = subprocess.run(
     [sys.executable, "-m", "tpu_embedding.kernels", "build"],
+    cwd="/",
     env={**os.environ, **env},
     capture_output=True,
     text=True,

@@ -126,6 +126,7 @@ def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
   }
   finished = subprocess.run(
     [sys.executable, "-c", _TUNING],
+    cwd="/",  # Not the checkout: the installed package is imported.
     env={**base, **env},
     capture_output=True,
     text=True,
