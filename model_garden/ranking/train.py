@@ -58,7 +58,10 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import dataclasses  # noqa: E402
 import time  # noqa: E402
@@ -161,6 +164,12 @@ def define_flags() -> None:
   flags.DEFINE_enum(
     "progress_bar", "auto", ["auto", "on", "off"], "Show a progress bar."
   )
+  if "debug" not in FLAGS:
+    flags.DEFINE_boolean(
+      "debug",
+      False,
+      "Show the traceback of an error (also: TPE_DEBUG=1).",
+    )
 
 
 def build_config(
@@ -221,6 +230,17 @@ def build_config(
     )
     if not config.task.validation_data.input_path:
       changes["task.validation_data.input_path"] = data
+  # The validation batch follows a training batch set by the user, unless
+  # set too.
+  default = configs.get_config(experiment).task
+  train_batch = config.task.train_data.global_batch_size
+  if (
+    train_batch != default.train_data.global_batch_size
+    and config.task.validation_data.global_batch_size
+    == default.validation_data.global_batch_size
+    and "task.validation_data.global_batch_size" not in changes
+  ):
+    changes["task.validation_data.global_batch_size"] = train_batch
   if strategy:
     changes["runtime.distribution_strategy"] = strategy
   if seed is not None:
@@ -303,12 +323,9 @@ def prepare(tf_config: str = "") -> Plan:
   elif not plan.launch and strategy in preflight.CLUSTER_STRATEGIES:
     cluster = preflight.check_cluster(strategy, tf_config)
   preflight.check_data(config)
+  preflight.check_data_keys(config, FLAGS.mode)
   preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
-  preflight.check_memory(
-    config,
-    FLAGS.experiment,
-    hosts=preflight.cluster_hosts(strategy, cluster),
-  )
+  preflight.check_run_dir(config, FLAGS.model_dir, FLAGS.mode)
   steps = preflight.validation_steps(config, FLAGS.mode)
   if steps is not None:
     plan.config = configs.override(config, {"trainer.validation_steps": steps})
@@ -317,6 +334,24 @@ def prepare(tf_config: str = "") -> Plan:
       "set's global batches): parameter-server workers read it as a stream."
     )
   return plan
+
+
+def check_resources(plan: Plan, tf_config: str = "") -> None:
+  """The checks of memory, input files and ``--model_dir`` (runtime
+  failures: ``cli.Failure``), after ``prepare`` and before anything is
+  written; ``--model_dir`` is left as it was."""
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  cluster = None
+  if tf_config and plan.strategy in preflight.CLUSTER_STRATEGIES:
+    cluster = json.loads(tf_config)
+  preflight.check_memory(
+    plan.config,
+    FLAGS.experiment,
+    hosts=preflight.cluster_hosts(plan.strategy, cluster),
+  )
+  preflight.check_inputs(plan.config, FLAGS.mode)
+  preflight.check_model_dir(FLAGS.model_dir)
 
 
 def _parse_local_cluster(text: str) -> tuple[int, int]:
@@ -360,10 +395,13 @@ def main(argv: list[str]) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.get_logger().setLevel("ERROR")
+  tf_config = os.environ.get("TF_CONFIG", "")
   try:
-    plan = prepare(os.environ.get("TF_CONFIG", ""))
+    plan = prepare(tf_config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  check_resources(plan, tf_config)
+  _RUNNING.append(plan.config)
   for note in plan.notes:
     print(note, flush=True)
   if plan.launch:
@@ -552,6 +590,45 @@ def _report(loop: Any, summary: dict[str, Any]) -> None:
   sys.stdout.flush()
 
 
+def translate_error(error: BaseException) -> BaseException | None:
+  """A run's failure the user can fix, as one ``cli`` line (or None)."""
+  from model_garden.ranking.data import bad_records  # noqa: PLC0415
+
+  if isinstance(error, app.UsageError):
+    return cli.UsageError(str(error))
+  message = bad_records.describe_bad_record(error, _bad_record_key(error))
+  if message is not None:
+    return cli.Failure(message)
+  if isinstance(error, ValueError) and "no full global batch" in str(error):
+    return cli.Failure(str(error))
+  return None
+
+
+#: The config ``main`` runs (for the error messages).
+_RUNNING: list[definitions.ExperimentConfig] = []
+
+
+def _bad_record_key(error: BaseException) -> str:
+  """``task.<split>.on_bad_record`` of the split whose file ``error``
+  names."""
+  import fnmatch  # noqa: PLC0415
+
+  text = str(getattr(error, "message", error))
+  splits = ("train_data", "validation_data")
+  if _RUNNING:
+    for split in splits:
+      paths = getattr(_RUNNING[-1].task, split).input_path.split(",")
+      for pattern in (p.strip() for p in paths if p.strip()):
+        at = text.find("Bad record at ") + len("Bad record at ")
+        if fnmatch.fnmatch(text[at:].split(":")[0], pattern):
+          return f"task.{split}.on_bad_record"
+  return "task.train_data.on_bad_record (or validation_data's)"
+
+
+def _main(argv: list[str]) -> None:
+  cli.run(lambda: main(argv), translate_error)
+
+
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(_main, flags_parser=cli.absl_flags_parser)
