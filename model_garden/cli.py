@@ -7,7 +7,7 @@ One place for the behaviour of ``model_garden`` programs and ``tools/``:
   allowed, ending ``see --help``, and exits 2 (``UsageError``);
 * a **runtime failure the user can fix** (files, permissions, memory,
   data) prints one line naming the file, key or table, and exits 1
-  (``Failure``, and the ``OSError``\\ s, TensorFlow file errors and
+  (``FixableError``, and the ``OSError``\\ s, TensorFlow file errors and
   ``MemoryError`` that ``one_line`` recognises);
 * no traceback for either, unless ``--debug`` is on the command line or
   ``TPE_DEBUG=1`` is set; any other exception is a bug and keeps its
@@ -74,7 +74,7 @@ class UsageError(Exception):
   exit_code = USAGE
 
 
-class Failure(Exception):
+class FixableError(Exception):
   """A runtime failure the user can fix (names the file, key or table):
   one line, exit 1."""
 
@@ -110,7 +110,7 @@ def one_line(error: BaseException) -> tuple[int, str] | None:
   """
   if isinstance(error, UsageError):
     return USAGE, with_help(str(error))
-  if isinstance(error, Failure):
+  if isinstance(error, FixableError):
     return RUNTIME, " ".join(str(error).split("\n")[:2]).strip()
   if isinstance(error, MemoryError):
     return RUNTIME, (
@@ -163,7 +163,7 @@ def run(
 
   Args:
     main: the program.
-    translate: turns an exception into a ``UsageError`` / ``Failure``
+    translate: turns an exception into a ``UsageError`` / ``FixableError``
       with a better message (or returns None to keep it).
 
   Returns:

@@ -369,19 +369,37 @@ def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
 def test_export_errors_are_one_line(ranking_run, tmp_path):
   both = run_tool(
     "export.py", f"--model_dir={ranking_run}", "--spec=x.py:build",
-    f"--export_dir={tmp_path / 'a'}", returncode=1,
+    f"--export_dir={tmp_path / 'a'}", returncode=2,
   )  # fmt: skip
-  assert "either --model_dir" in both.stderr
+  assert "either --model_dir" in _last_line(both)
   subset = run_tool(
     "export.py", f"--model_dir={ranking_run}", "--tables=embedding_table_00",
-    f"--export_dir={tmp_path / 'b'}", returncode=1,
+    f"--export_dir={tmp_path / 'b'}", returncode=2,
   )  # fmt: skip
-  assert "reads all of its tables" in subset.stderr
+  assert "reads all of its tables" in _last_line(subset)
   missing = run_tool(
     "export.py", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'c'}",
     returncode=1,
   )  # fmt: skip
-  assert "params.yaml not found" in missing.stderr
+  assert "params.yaml not found" in _last_line(missing)
+  unknown = run_tool("export.py", "--export_dir=x", "--bogus", returncode=2)
+  assert _last_line(unknown) == (
+    "export.py: unrecognized arguments: --bogus; see --help"
+  )
+  (tmp_path / "file").write_text("x")
+  into_a_file = run_tool(
+    "export.py", f"--model_dir={ranking_run}",
+    f"--export_dir={tmp_path / 'file'}", returncode=1,
+  )  # fmt: skip
+  assert _last_line(into_a_file).startswith(
+    f"--export_dir {tmp_path / 'file'} is a file, not a directory"
+  )
+
+
+def _last_line(process: subprocess.CompletedProcess) -> str:
+  """stderr's last line; there is no traceback."""
+  assert "Traceback" not in process.stderr, process.stderr
+  return process.stderr.strip().splitlines()[-1]
 
 
 def test_quickstart_example(tmp_path):

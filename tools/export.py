@@ -62,7 +62,10 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
@@ -74,8 +77,9 @@ from tpu_embedding.export import serving_embedding_for  # noqa: E402
 from tpu_embedding.export import validate_signature  # noqa: E402
 
 
-class ExportError(Exception):
-  """A problem with the tool's inputs, reported without a traceback."""
+class ExportError(cli.FixableError):
+  """A problem with the tool's inputs, reported without a traceback
+  (one line, exit 1)."""
 
 
 def load_spec(reference: str) -> ExportSpec:
@@ -87,7 +91,7 @@ def load_spec(reference: str) -> ExportSpec:
   """
   module_ref, _, function_name = reference.rpartition(":")
   if not module_ref or not function_name:
-    raise ExportError(
+    raise cli.UsageError(
       f"--spec {reference!r}: expected 'package.module:function' or "
       "'path/to/file.py:function'."
     )
@@ -100,7 +104,15 @@ def load_spec(reference: str) -> ExportSpec:
     module_spec.loader.exec_module(module)
   else:
     sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_ref)
+    try:
+      module = importlib.import_module(module_ref)
+    except ModuleNotFoundError as e:
+      if e.name is None or not module_ref.startswith(e.name):
+        raise  # the spec's own import: its traceback helps
+      raise ExportError(
+        f"--spec {reference!r}: no module {e.name!r} (run from the "
+        "directory that holds it, or pass 'path/to/file.py:function')."
+      ) from None
   function = getattr(module, function_name, None)
   if not callable(function):
     raise ExportError(
@@ -171,7 +183,7 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
   from model_garden.ranking.configs import params_file  # noqa: PLC0415
 
   if args.tables:
-    raise ExportError(
+    raise cli.UsageError(
       "--tables: a ranking model reads all of its tables; export a subset "
       "with --spec."
     )
@@ -191,6 +203,9 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
 
 def prepare_export_dir(args: argparse.Namespace) -> None:
   """Checks (or, with ``--overwrite``, empties) ``--export_dir``."""
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_model_dir(args.export_dir, flag="--export_dir")
   if tf.io.gfile.exists(args.export_dir) and tf.io.gfile.listdir(
     args.export_dir
   ):
@@ -207,7 +222,7 @@ def run(args: argparse.Namespace) -> ExportResult:
   writes the SavedModel."""
   start = time.time()
   if bool(args.spec) == bool(args.model_dir):
-    raise ExportError(
+    raise cli.UsageError(
       "Pass either --model_dir (a model_garden.ranking.train directory) or "
       "--spec with --checkpoint."
     )
@@ -217,7 +232,7 @@ def run(args: argparse.Namespace) -> ExportResult:
     logging.info("Done in %.1fs", time.time() - start)
     return result
   if not args.checkpoint:
-    raise ExportError("--spec needs --checkpoint.")
+    raise cli.UsageError("--spec needs --checkpoint.")
   logging.info("Loading the spec %s", args.spec)
   spec = load_spec(args.spec)
   tables = spec.tables
@@ -260,7 +275,7 @@ def describe(result: ExportResult) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     epilog="See the module docstring (tools/export.py) for the spec format.",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -310,14 +325,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Exports; a user's error is one line (exit 2 usage, 1 runtime)."""
   args = parse_args(argv)
   logging.use_absl_handler()  # timestamped progress lines on stderr
   logging.set_verbosity(logging.INFO)
-  try:
-    result = run(args)
-  except ExportError as e:
-    print(f"export failed: {e}", file=sys.stderr)
-    return 1
+  result = cli.run(lambda: run(args))
   print(describe(result))
   return 0
 

@@ -2,7 +2,7 @@
 
 ``train.main`` runs these after parsing its flags and building the config,
 and turns each ``ValueError`` into one usage line (exit 2); the checks
-of files, memory and permissions raise ``cli.Failure`` (exit 1). Nothing
+of files, memory and permissions raise ``cli.FixableError`` (exit 1). Nothing
 is written before they all pass:
 
 * ``check_flags``: flags that contradict each other (``--num_replicas``
@@ -320,7 +320,7 @@ def check_memory(
     The estimate.
 
   Raises:
-    cli.Failure: saying how much is needed and what to do (a runtime
+    cli.FixableError: saying how much is needed and what to do (a runtime
       failure: exit 1).
   """
   estimate = table_bytes(config)
@@ -332,7 +332,7 @@ def check_memory(
   where = "this machine" if hosts == 1 else f"each of {hosts} machines"
   from model_garden import cli  # noqa: PLC0415
 
-  raise cli.Failure(
+  raise cli.FixableError(
     f"{experiment}: the {len(config.task.model.vocab_sizes)} embedding "
     f"tables need about {_gib(needed)} per machine (tables "
     f"{_gib(estimate.tables)}, optimizer slots {_gib(estimate.slots)}, "
@@ -485,7 +485,7 @@ def check_data_keys(config: definitions.ExperimentConfig, mode: str) -> None:
     >>> try:
     ...   preflight.check_data_keys(config, "train")
     ... except ValueError as e:
-    ...   print(str(e)[:59])
+    ...   print(str(e)[:60])
     task.train_data.input_path='/data/day_*.tsv' is ignored whil
   """
   task = config.task
@@ -529,19 +529,23 @@ def _probe_name() -> str:
   return f".preflight-{os.getpid()}"
 
 
-def check_model_dir(model_dir: str) -> None:
+def check_model_dir(model_dir: str, flag: str = "--model_dir") -> None:
   """``model_dir`` can be created and written; leaves it as it was.
 
   Creates the missing directories and a probe file, then removes them.
 
+  Args:
+    model_dir: the directory.
+    flag: its flag, for the message.
+
   Raises:
-    cli.Failure: naming ``model_dir`` and why it cannot be written.
+    cli.FixableError: naming ``model_dir`` and why it cannot be written.
   """
   from model_garden import cli  # noqa: PLC0415
 
   if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-    raise cli.Failure(
-      f"--model_dir {model_dir} is a file, not a directory: choose a "
+    raise cli.FixableError(
+      f"{flag} {model_dir} is a file, not a directory: choose a "
       "directory (it is created if missing)."
     )
   missing = []
@@ -554,8 +558,8 @@ def check_model_dir(model_dir: str) -> None:
         break
       parent = up
     if parent and tf.io.gfile.exists(parent) and not tf.io.gfile.isdir(parent):
-      raise cli.Failure(
-        f"--model_dir {model_dir}: {parent} is a file, not a directory."
+      raise cli.FixableError(
+        f"{flag} {model_dir}: {parent} is a file, not a directory."
       )
     tf.io.gfile.makedirs(model_dir)
     probe = os.path.join(model_dir, _probe_name())
@@ -565,8 +569,8 @@ def check_model_dir(model_dir: str) -> None:
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, "strerror", None) or getattr(e, "message", str(e))
     reason = str(reason).strip().splitlines()[0] if str(reason) else ""
-    raise cli.Failure(
-      f"--model_dir {model_dir} cannot be created or written ({reason}): "
+    raise cli.FixableError(
+      f"{flag} {model_dir} cannot be created or written ({reason}): "
       "choose a writable directory."
     ) from None
   finally:
@@ -657,13 +661,13 @@ def _split_files(config: definitions.ExperimentConfig, split: str) -> list[str]:
     try:
       matches = tf.io.gfile.glob(pattern)
     except tf.errors.OpError as e:
-      raise cli.Failure(
+      raise cli.FixableError(
         f"task.{split}.input_path: {pattern} cannot be listed "
         f"({e.message.strip().splitlines()[0]})."
       ) from None
     matches = [m for m in matches if not tf.io.gfile.isdir(m)]
     if not matches:
-      raise cli.Failure(
+      raise cli.FixableError(
         f"task.{split}.input_path: no file matches {pattern!r}; check the "
         "path (--data or the input_path key)."
       )
@@ -680,7 +684,7 @@ def _count_text_records(path: str, split: str, limit: int) -> int:
     with tf.io.gfile.GFile(path, "rb") as f:
       head = f.read(_SNIFF_BYTES)
       if b"\0" in head or head[:2] == b"\x1f\x8b":
-        raise cli.Failure(
+        raise cli.FixableError(
           f"{path}: not a text file (task.{split}.input_path expects Criteo "
           "TSV lines; TFRecord files need task.use_tf_record_reader=true, "
           "compressed files must be decompressed)."
@@ -688,9 +692,10 @@ def _count_text_records(path: str, split: str, limit: int) -> int:
       try:
         head.decode("utf-8")
       except UnicodeDecodeError as e:
-        if e.start < len(head) - 4:  # not a character cut at the end
+        if len(head) < _SNIFF_BYTES or e.start < len(head) - 4:
+          # (not a character that the read cut in two)
           line = head[: e.start].count(b"\n") + 1
-          raise cli.Failure(
+          raise cli.FixableError(
             f"{path}:{line}: not UTF-8 text (task.{split}.input_path expects "
             "Criteo TSV lines)."
           ) from None
@@ -703,7 +708,7 @@ def _count_text_records(path: str, split: str, limit: int) -> int:
         count, last = count + chunk.count(b"\n"), chunk[-1:]
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, "strerror", None) or getattr(e, "message", str(e))
-    raise cli.Failure(
+    raise cli.FixableError(
       f"{path}: cannot be read ({str(reason).strip().splitlines()[0]})."
     ) from None
   return count
@@ -715,7 +720,7 @@ def _count_tfrecords(path: str, limit: int) -> int:
   try:
     return sum(1 for _ in tf.data.TFRecordDataset(path).take(limit))
   except tf.errors.OpError as e:
-    raise cli.Failure(
+    raise cli.FixableError(
       f"{path}: not a readable TFRecord file "
       f"({e.message.strip().splitlines()[0]})."
     ) from None
@@ -729,7 +734,7 @@ def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
   (counting stops there: big data sets are not read).
 
   Raises:
-    cli.Failure: naming the key, the file and what was expected.
+    cli.FixableError: naming the key, the file and what was expected.
   """
   from model_garden import cli  # noqa: PLC0415
 
@@ -748,7 +753,7 @@ def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
         "num_train_examples" if split == "train_data" else "num_eval_examples"
       )
       if count < batch:
-        raise cli.Failure(
+        raise cli.FixableError(
           f"task.synthetic.{which}={count} is less than one global batch "
           f"({key}={batch}): raise it or lower the batch."
         )
@@ -766,7 +771,7 @@ def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
         break
     if count < batch:
       shown = files[0] if len(files) == 1 else f"{len(files)} files"
-      raise cli.Failure(
+      raise cli.FixableError(
         f"task.{split}.input_path: {shown} hold(s) {count} record(s), "
         f"fewer than one global batch ({key}={batch}): lower the batch "
         "or add data."

@@ -273,6 +273,7 @@ class Plan:
   strategy: str
   launch: bool = False
   local_cluster: tuple[int, int] | None = None
+  cluster: dict[str, Any] | None = None
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -317,11 +318,10 @@ def prepare(tf_config: str = "") -> Plan:
     tf_config=tf_config,
   )
   plan = Plan(config, strategy, launch=FLAGS.num_workers > 0)
-  cluster = None
   if FLAGS.ps_local_cluster:
     plan.local_cluster = _parse_local_cluster(FLAGS.ps_local_cluster)
   elif not plan.launch and strategy in preflight.CLUSTER_STRATEGIES:
-    cluster = preflight.check_cluster(strategy, tf_config)
+    plan.cluster = preflight.check_cluster(strategy, tf_config)
   preflight.check_data(config)
   preflight.check_data_keys(config, FLAGS.mode)
   preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
@@ -336,19 +336,16 @@ def prepare(tf_config: str = "") -> Plan:
   return plan
 
 
-def check_resources(plan: Plan, tf_config: str = "") -> None:
+def check_resources(plan: Plan) -> None:
   """The checks of memory, input files and ``--model_dir`` (runtime
-  failures: ``cli.Failure``), after ``prepare`` and before anything is
+  failures: ``cli.FixableError``), after ``prepare`` and before anything is
   written; ``--model_dir`` is left as it was."""
   from model_garden.ranking import preflight  # noqa: PLC0415
 
-  cluster = None
-  if tf_config and plan.strategy in preflight.CLUSTER_STRATEGIES:
-    cluster = json.loads(tf_config)
   preflight.check_memory(
     plan.config,
     FLAGS.experiment,
-    hosts=preflight.cluster_hosts(plan.strategy, cluster),
+    hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
   )
   preflight.check_inputs(plan.config, FLAGS.mode)
   preflight.check_model_dir(FLAGS.model_dir)
@@ -400,7 +397,7 @@ def main(argv: list[str]) -> None:
     plan = prepare(tf_config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
-  check_resources(plan, tf_config)
+  check_resources(plan)
   _RUNNING.append(plan.config)
   for note in plan.notes:
     print(note, flush=True)
@@ -598,9 +595,9 @@ def translate_error(error: BaseException) -> BaseException | None:
     return cli.UsageError(str(error))
   message = bad_records.describe_bad_record(error, _bad_record_key(error))
   if message is not None:
-    return cli.Failure(message)
+    return cli.FixableError(message)
   if isinstance(error, ValueError) and "no full global batch" in str(error):
-    return cli.Failure(str(error))
+    return cli.FixableError(str(error))
   return None
 
 
