@@ -250,21 +250,43 @@ def test_sharding_report_of_a_named_experiment():
   assert "experiment dlrm_criteo: 26 tables (187,767,399 rows), SGD" in out
   # Model Garden's threshold (50,000 rows) on 8 replicas: the biggest
   # table split in 8, the 3-row one replicated.
-  assert re.search(r"embedding_table_00\s+row_sharded\s+4,985,551\s", out)
-  assert re.search(r"embedding_table_05\s+replicated\s+3\s", out)
+  assert re.search(
+    r"embedding_table_00\s+row_sharded .* -\s+4,985,551 \(r0-r5\), "
+    r"4,985,550 \(r6-r7\)\n",
+    out,
+  )
+  assert re.search(r"embedding_table_05\s+replicated .* 3 \(r0-r7\)\n", out)
   assert "more than 50,000 rows are row-sharded" in out
   stacked = run_tool(
     "sharding_report.py", "--tables=4", "--rows=100000", "--replicas=2",
     "--table_stacking=t0+t1+t2,t3",
   ).stdout  # fmt: skip
   assert "1 stack(s) hold 3 of the 4 tables" in stacked
-  # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved.
+  # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved,
+  # t2 on replica 1; each table's rows on each replica, as they are.
   assert re.search(
-    r"t0\s+row_sharded\s+100,000\s+\S+\s+stack_t0_t1_t2", stacked
+    r"t0\s+row_sharded\s+48\.83\s+stack_t0_t1_t2\s+100,000 \| 0\n", stacked
+  ), stacked
+  assert re.search(r"t1\s+row_sharded .* 50,000 \| 50,000\n", stacked)
+  assert re.search(r"t2\s+row_sharded .* 0 \| 100,000\n", stacked)
+  bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=2)
+  assert "Traceback" not in bad.stderr
+  assert (
+    bad.stderr.strip()
+    .splitlines()[-1]
+    .startswith("--experiment 'dlrm': not an experiment; one of dcn_criteo")
   )
-  assert re.search(r"t1\s+row_sharded\s+50,000\s", stacked)
-  bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
-  assert "'dlrm': not an experiment" in bad.stderr
+
+
+def test_sharding_report_json_holds_each_replicas_rows(tmp_path):
+  run_tool(
+    "sharding_report.py", "--tables=3", "--rows=1000", "--replicas=2",
+    "--row_threshold=0", "--table_stacking=t0+t1+t2",
+    f"--json={tmp_path / 's.json'}",
+  )  # fmt: skip
+  (plan,) = _json(tmp_path / "s.json")["plans"]
+  rows = {t["table"]: t["rows_per_replica"] for t in plan["tables"]}
+  assert rows == {"t0": [1000, 0], "t1": [500, 500], "t2": [0, 1000]}
 
 
 def test_sharding_report_builds_and_measures():

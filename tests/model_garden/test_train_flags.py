@@ -172,7 +172,7 @@ def test_clusters_are_checked_before_anything_is_built(
 def test_tables_that_cannot_fit_are_refused_up_front(run_main, monkeypatch):
   monkeypatch.setattr(preflight, "available_memory", lambda: 16 * 2**30)
   with pytest.raises(cli.FixableError) as raised:  # runtime: exit 1
-    run_main("--experiment=dlrm_criteo")
+    run_main("--experiment=dlrm_criteo", "--data=synthetic")
   message = str(raised.value)
   assert "\n" not in message
   assert message.startswith("dlrm_criteo: the 26 embedding tables need about")
