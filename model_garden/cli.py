@@ -108,7 +108,7 @@ def one_line(error: BaseException) -> tuple[int, str] | None:
     >>> cli.one_line(KeyError("x")) is None  # a bug: keep the traceback
     True
   """
-  if isinstance(error, UsageError):
+  if isinstance(error, UsageError) or _is_absl_usage_error(error):
     return USAGE, with_help(str(error))
   if isinstance(error, FixableError):
     return RUNTIME, " ".join(str(error).split("\n")[:2]).strip()
@@ -126,6 +126,11 @@ def one_line(error: BaseException) -> tuple[int, str] | None:
   if tf_error is not None:
     return RUNTIME, tf_error
   return None
+
+
+def _is_absl_usage_error(error: BaseException) -> bool:
+  kind = type(error)
+  return kind.__name__ == "UsageError" and kind.__module__ == "absl.app"
 
 
 def _tensorflow_error(error: BaseException) -> str | None:
@@ -201,6 +206,15 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def error(self, message: str) -> NoReturn:
     fail(USAGE, with_help(f"{self.prog}: {message}"))
+
+
+def absl_main(
+  main: Callable[[list[str]], Any],
+  translate: Callable[[BaseException], BaseException | None] | None = None,
+) -> Callable[[list[str]], Any]:
+  """``app.run(cli.absl_main(main), flags_parser=cli.absl_flags_parser)``:
+  ``main(argv)`` under ``run`` (absl's ``UsageError`` is a usage line)."""
+  return lambda argv: run(lambda: main(argv), translate)
 
 
 def absl_flags_parser(argv: list[str]) -> list[str]:

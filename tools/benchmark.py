@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _floor  # noqa: E402  (tools/_floor.py, next to this script)
 import _plots  # noqa: E402
@@ -210,7 +212,7 @@ def sharded_step(args, head, replicas: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
@@ -551,4 +553,4 @@ def _figures(extra: dict) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -33,10 +33,12 @@ range and the spread (range / median).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 import keras  # noqa: E402
@@ -174,7 +176,7 @@ def seconds_per_step(step, batches, args) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
@@ -316,4 +318,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -236,8 +236,8 @@ def describe_bad_record(
   text = found["text"].split("\n")[0]
   text = re.sub(r"\]\s*(\[\[\{\{node .*)?$", "", text)[:60]
   file, line, kind = found["file"], found["line"], found["kind"]
-  if "\ufffd" in text:
-    what = "not UTF-8 text (a binary or compressed file?)"
+  if "\ufffd" in text or re.search(r"\\[0-3][0-7]{2}", text):
+    what = "not a line of text (a binary or compressed file?)"
   elif kind == "columns":
     what = "wrong number of tab-separated columns"
   else:
