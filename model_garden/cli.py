@@ -10,8 +10,9 @@ One place for the behaviour of ``model_garden`` programs and ``tools/``:
   (``FixableError``, and the ``OSError``\\ s, TensorFlow file errors and
   ``MemoryError`` that ``one_line`` recognises);
 * no traceback for either, unless ``--debug`` is on the command line or
-  ``TPE_DEBUG=1`` is set; any other exception is a bug and keeps its
-  traceback.
+  ``TPE_DEBUG=1`` is set (the traceback then comes before the same line
+  and exit code); any other exception is a bug and keeps its traceback;
+  Ctrl-C is ``Interrupted.``, exit 130.
 
 ``quiet_tensorflow()``, called by an entry point's ``main`` module before
 TensorFlow is imported, keeps TensorFlow's start-up banner out of the
@@ -34,6 +35,7 @@ import os
 import re
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 from typing import NoReturn
@@ -41,6 +43,7 @@ from typing import NoReturn
 #: Exit codes.
 USAGE = 2
 RUNTIME = 1
+INTERRUPTED = 130  # as a shell reports SIGINT
 #: Set to 1 (or pass ``--debug``) to see the traceback of a handled error.
 DEBUG_ENV = "TPE_DEBUG"
 #: Marks a ``TF_CPP_MIN_LOG_LEVEL`` set by ``quiet_tensorflow`` (not by
@@ -176,13 +179,19 @@ def run(
   """
   try:
     return main()
-  except (KeyboardInterrupt, SystemExit):
+  except SystemExit:
     raise
+  except KeyboardInterrupt:
+    if debugging():
+      traceback.print_exc()
+    fail(INTERRUPTED, "Interrupted.")
   except Exception as error:  # noqa: BLE001 (re-raised unless a user's)
     better = translate(error) if translate is not None else None
     answer = one_line(better if better is not None else error)
-    if answer is None or debugging():
+    if answer is None:
       raise
+    if debugging():
+      traceback.print_exc()
     fail(*answer)
 
 

@@ -37,12 +37,19 @@ Flags:
   ``validation_data``'s): ``raise`` (default), ``count`` (drop; counts in
   the logs and TensorBoard) or ``skip`` (drop uncounted).
 
-Wrong flags, configs or clusters stop the program with one line (absl's
-``UsageError``) before any table is built: unknown experiments or keys,
-missing files, contradicting flags, a cluster without the tasks the
-strategy needs, an evaluation without a checkpoint or with a config that
-does not match the checkpoint's ``params.yaml``, tables that cannot fit in
-memory.
+Wrong flags, configs or clusters stop the program with one line ending
+``see --help`` and exit code 2 (``model_garden.cli``), before anything is
+built or written: unknown experiments, keys or flag values, missing
+config files, contradicting flags or data keys, a cluster without the
+tasks the strategy needs, an evaluation without a checkpoint or with a
+config that does not match the checkpoint's ``params.yaml``, training into
+a ``--model_dir`` that holds another experiment's run. Problems with
+files, memory or data are one line naming the file or key, exit code 1:
+an input glob that matches nothing, a binary or non-UTF-8 file, data
+smaller than one global batch, a ``--model_dir`` that cannot be written,
+tables that cannot fit in memory, a bad record (``file:line``, and the
+``on_bad_record`` key that drops it). ``--debug`` (or ``TPE_DEBUG=1``)
+also prints the traceback.
 
 Writes to ``--model_dir`` (any TensorFlow filesystem, e.g. ``gs://``):
 ``params.yaml`` (the effective config; training modes only), checkpoints

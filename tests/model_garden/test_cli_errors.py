@@ -289,12 +289,17 @@ def test_one_line_keeps_tracebacks_for_bugs():
   assert json.dumps(cli.one_line(MemoryError()))  # a line, exit 1
 
 
-def test_debug_shows_the_traceback(monkeypatch):
+def test_debug_shows_the_traceback(monkeypatch, capsys):
   def missing():
     raise FileNotFoundError(2, "No such file", "/data/x.tsv")
 
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as raised:
     cli.run(missing)
+  assert raised.value.code == 1
+  assert capsys.readouterr().err == "/data/x.tsv: No such file\n"
   monkeypatch.setenv(cli.DEBUG_ENV, "1")
-  with pytest.raises(FileNotFoundError):
+  with pytest.raises(SystemExit) as raised:
     cli.run(missing)
+  assert raised.value.code == 1
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.endswith("/data/x.tsv: No such file\n")
