@@ -353,10 +353,14 @@ def ranking_run(tmp_path_factory):
 def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
   export_dir = tmp_path / "serving" / "1"
   out = run_tool(
-    "export.py", f"--model_dir={ranking_run}", f"--export_dir={export_dir}"
-  ).stdout
+    "export.py", f"--model_dir={ranking_run}", f"--export_dir={export_dir}",
+    f"--json={tmp_path / 'e.json'}",
+  ).stdout  # fmt: skip
   assert f"SavedModel: {export_dir}" in out
   assert "input sparse_25: int64 [None]" in out
+  written = _json(tmp_path / "e.json")
+  assert written["export_dir"] == str(export_dir)
+  assert written["inputs"]["sparse_25"] == {"dtype": "int64", "shape": [None]}
   # TensorFlow alone serves it; the trained model predicts the same.
   config = params_file.read_params(str(ranking_run))
   assert config.task.model.interaction == "cross"

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -317,7 +318,30 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--overwrite", action="store_true", help="replace a non-empty export_dir"
   )
+  parser.add_argument(
+    "--json",
+    default="",
+    help="also write the result (directory, tables, signature) here",
+  )
   return parser
+
+
+def figures(result: ExportResult) -> dict:
+  """``--json``: what ``describe`` prints."""
+
+  def specs(named) -> dict:
+    return {
+      name: {"dtype": spec.dtype.name, "shape": spec.shape.as_list()}
+      for name, spec in named.items()
+    }
+
+  return {
+    "export_dir": result.export_dir,
+    "tables": list(result.tables),
+    "signature_name": result.signature_name,
+    "inputs": specs(result.inputs),
+    "outputs": specs(result.outputs),
+  }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
   logging.set_verbosity(logging.INFO)
   result = cli.run(lambda: run(args))
   print(describe(result))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(figures(result), f, indent=1)
   return 0
 
 
