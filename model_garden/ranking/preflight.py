@@ -472,6 +472,23 @@ def needed_splits(mode: str) -> tuple[str, ...]:
   return ("train_data", "validation_data")
 
 
+def check_batches(
+  config: definitions.ExperimentConfig, replicas: int, mode: str
+) -> None:
+  """Each global batch ``mode`` reads splits evenly over ``replicas``.
+
+  Raises:
+    ValueError: naming the batch key.
+  """
+  for split in needed_splits(mode):
+    batch = getattr(config.task, split).global_batch_size
+    if replicas > 1 and batch % replicas:
+      raise ValueError(
+        f"task.{split}.global_batch_size={batch} does not split over "
+        f"{replicas} replicas: use a multiple of {replicas}."
+      )
+
+
 def check_data_keys(config: definitions.ExperimentConfig, mode: str) -> None:
   """Rejects data keys that contradict each other (or would be ignored).
 
@@ -665,7 +682,13 @@ def _split_files(config: definitions.ExperimentConfig, split: str) -> list[str]:
         f"task.{split}.input_path: {pattern} cannot be listed "
         f"({e.message.strip().splitlines()[0]})."
       ) from None
-    matches = [m for m in matches if not tf.io.gfile.isdir(m)]
+    files_only = [m for m in matches if not tf.io.gfile.isdir(m)]
+    if matches and not files_only:
+      raise cli.FixableError(
+        f"task.{split}.input_path: {pattern!r} is a directory; name its "
+        f"files with a glob (e.g. {os.path.join(pattern, '*')!r})."
+      )
+    matches = files_only
     if not matches:
       raise cli.FixableError(
         f"task.{split}.input_path: no file matches {pattern!r}; check the "
@@ -759,7 +782,13 @@ def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
         )
       continue
     if definitions.paddlerec_sample_lines(task, split) is not None:
-      continue  # checked by definitions.validate
+      from model_garden.ranking.data import paddlerec  # noqa: PLC0415
+
+      try:
+        paddlerec.find_sample_file()
+      except FileNotFoundError as e:
+        raise cli.FixableError(str(e).strip().splitlines()[0]) from None
+      continue  # its batches are checked by definitions.validate
     files = _split_files(config, split)
     count = 0
     for path in files:

@@ -298,9 +298,13 @@ def prepare(tf_config: str = "") -> Plan:
   if not FLAGS.model_dir:
     raise ValueError("--model_dir is required.")
   if FLAGS.experiment not in configs.experiments():
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(FLAGS.experiment, configs.experiments())
     raise ValueError(
-      f"Unknown --experiment {FLAGS.experiment!r}; known: "
-      f"{', '.join(configs.experiments())}."
+      f"Unknown --experiment {FLAGS.experiment!r}"
+      + (f" (did you mean {close[0]}?)" if close else "")
+      + f"; known: {', '.join(configs.experiments())}."
     )
   config = build_config(
     FLAGS.experiment,
@@ -331,6 +335,8 @@ def prepare(tf_config: str = "") -> Plan:
     plan.cluster = preflight.check_cluster(strategy, tf_config)
   preflight.check_data(config)
   preflight.check_data_keys(config, FLAGS.mode)
+  if strategy == "mirrored":
+    preflight.check_batches(config, FLAGS.num_replicas, FLAGS.mode)
   preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
   preflight.check_run_dir(config, FLAGS.model_dir, FLAGS.mode)
   steps = preflight.validation_steps(config, FLAGS.mode)
@@ -605,6 +611,12 @@ def translate_error(error: BaseException) -> BaseException | None:
     return cli.FixableError(message)
   if isinstance(error, ValueError) and "no full global batch" in str(error):
     return cli.FixableError(str(error))
+  if isinstance(error, ValueError) and "is not divisible by" in str(error):
+    # (replicas known only once the strategy exists: GPUs, workers)
+    return cli.FixableError(
+      f"{str(error).strip()}: set task.train_data.global_batch_size (and "
+      "validation_data's) to a multiple of the replicas."
+    )
   return None
 
 

@@ -86,7 +86,8 @@ def test_usage_error_is_one_line_exit_2_without_banner_or_help(tmp_path):
   assert result.returncode == 2
   # The whole of stderr: no flag help, no TensorFlow banner.
   assert result.stderr.strip().splitlines() == [
-    "Unknown --experiment 'dlrm_tiny'; known: dcn_criteo, "
+    "Unknown --experiment 'dlrm_tiny' (did you mean dlrm_criteo?); known: "
+    "dcn_criteo, "
     "dcn_criteo_cpu_small, dlrm_criteo, dlrm_criteo_cpu_small, "
     "dlrm_dcn_v2_criteo, dlrm_dcn_v2_criteo_cpu_small; see --help"
   ], result.stderr
@@ -183,7 +184,21 @@ def test_preflight_refuses_what_cannot_run(run_main, tmp_path, capsys):
   latin = tmp_path / "latin.tsv"
   latin.write_bytes(("\n".join([tsv_line()] * 3) + "\n").encode() + b"\xe9\n")
   (tmp_path / "a_file").write_text("x")
+  days = tmp_path / "days"
+  days.mkdir()
   cases = [
+    (
+      [f"--data={days}", f"--params_override={TINY}"],
+      1,
+      f"task.train_data.input_path: {str(days)!r} is a directory; name its "
+      f"files with a glob (e.g. {str(days / '*')!r}).",
+    ),
+    (
+      ["--strategy=mirrored", "--num_replicas=3", f"--params_override={TINY}"],
+      2,
+      "task.train_data.global_batch_size=8 does not split over 3 replicas: "
+      "use a multiple of 3; see --help",
+    ),
     (
       [f"--data={small}", f"--params_override={TINY}"],
       1,

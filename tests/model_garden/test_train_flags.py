@@ -57,7 +57,10 @@ def usage_error(run_main, *args, tf_config=None):
 @pytest.mark.parametrize(
   "args, expected",
   [
-    (["--experiment=dlrm_tiny"], "Unknown --experiment 'dlrm_tiny'; known:"),
+    (
+      ["--experiment=dlrm_tiny"],
+      "Unknown --experiment 'dlrm_tiny' (did you mean dlrm_criteo?); known:",
+    ),
     (
       ["--params_override=task.model.embeding_dim=8"],
       "Unknown config key 'task.model.embeding_dim'. Valid keys under "
