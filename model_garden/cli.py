@@ -216,6 +216,24 @@ class ArgumentParser(argparse.ArgumentParser):
   def error(self, message: str) -> NoReturn:
     fail(USAGE, with_help(f"{self.prog}: {message}"))
 
+  def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    """Parses, then checks that a ``--json`` file can be written (before
+    the work, not after it)."""
+    parsed = super().parse_args(*args, **kwargs)
+    path = getattr(parsed, "json", None)
+    if path and isinstance(path, str):
+      directory = os.path.dirname(os.path.abspath(path))
+      if os.path.isdir(path) or not os.path.isdir(directory):
+        what = (
+          "is a directory"
+          if os.path.isdir(path)
+          else (f"{directory} is not a directory")
+        )
+        fail(RUNTIME, f"--json {path}: {what}.")
+      if not os.access(directory, os.W_OK):
+        fail(RUNTIME, f"--json {path}: {directory} is not writable.")
+    return parsed
+
 
 def absl_main(
   main: Callable[[list[str]], Any],

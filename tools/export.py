@@ -128,19 +128,20 @@ def load_spec(reference: str) -> ExportSpec:
   return spec
 
 
-def checkpoint_path(path: str) -> str:
+def checkpoint_path(path: str, flag: str = "--checkpoint") -> str:
   """``path`` itself, or the latest checkpoint in directory ``path``."""
   if tf.io.gfile.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
       raise ExportError(
-        f"--checkpoint: directory {path} has no 'checkpoint' state file "
-        "(written by Checkpoint.save or CheckpointManager); pass the "
-        "checkpoint's prefix instead (e.g. ckpt-20)."
+        f"{flag}: directory {path} has no checkpoint (no 'checkpoint' state "
+        "file, written by Checkpoint.save or CheckpointManager); train "
+        "first, or pass --checkpoint with a checkpoint's prefix (e.g. "
+        "ckpt-20)."
       )
     return latest
   if not tf.io.gfile.glob(path + ".index"):
-    raise ExportError(f"--checkpoint: no checkpoint {path} ({path}.index).")
+    raise ExportError(f"{flag}: no checkpoint {path} ({path}.index).")
   return path
 
 
@@ -192,7 +193,10 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
     config = params_file.read_params(args.model_dir)
   except (FileNotFoundError, ValueError) as e:
     raise ExportError(f"--model_dir: {e}") from e
-  path = checkpoint_path(args.checkpoint or args.model_dir)
+  path = checkpoint_path(
+    args.checkpoint or args.model_dir,
+    "--checkpoint" if args.checkpoint else "--model_dir",
+  )
   logging.info("Restoring %s (the run's config: %s)", path, args.model_dir)
   try:
     return saved_model.export_from_checkpoint(config, path, args.export_dir)

@@ -514,8 +514,6 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  if chief and mode in TRAINING_MODES:
-    write_params(config, model_dir)
   task = RankingTask(config, strategy, seed=seed)
   inputs = RankingInputs(config.task, strategy)
   loop = Trainer(
@@ -525,6 +523,10 @@ def run(
     kill_at_step=kill_at_step,
     progress_bar=progress_bar,
   )
+  if chief and mode in TRAINING_MODES:
+    # After the restore: a checkpoint of another experiment stops the run
+    # before its directory gets this experiment's params.yaml.
+    write_params(config, model_dir)
   _describe(loop, experiment or "experiment")
   summary: dict[str, Any] = {"model_dir": model_dir}
   if mode == "eval":
@@ -611,6 +613,15 @@ def translate_error(error: BaseException) -> BaseException | None:
     return cli.FixableError(message)
   if isinstance(error, ValueError) and "no full global batch" in str(error):
     return cli.FixableError(str(error))
+  if "Received incompatible tensor" in str(error) or (
+    "Shapes" in str(error) and "are incompatible" in str(error)
+  ):
+    model_dir = FLAGS.model_dir if "model_dir" in FLAGS else "--model_dir"
+    return cli.FixableError(
+      f"The checkpoint in {model_dir} was written by another experiment "
+      f"({_first_line(error)}): use a new --model_dir, or run with that "
+      "experiment's config."
+    )
   if isinstance(error, ValueError) and "is not divisible by" in str(error):
     # (replicas known only once the strategy exists: GPUs, workers)
     return cli.FixableError(
@@ -618,6 +629,11 @@ def translate_error(error: BaseException) -> BaseException | None:
       "validation_data's) to a multiple of the replicas."
     )
   return None
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(getattr(error, "message", error)).strip()
+  return text.splitlines()[0][:160] if text else type(error).__name__
 
 
 #: The config ``main`` runs (for the error messages).

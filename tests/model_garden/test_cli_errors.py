@@ -318,3 +318,30 @@ def test_debug_shows_the_traceback(monkeypatch, capsys):
   assert raised.value.code == 1
   err = capsys.readouterr().err
   assert "Traceback" in err and err.endswith("/data/x.tsv: No such file\n")
+
+
+def test_a_checkpoint_of_another_experiment_leaves_its_directory_alone(
+  run_main, tmp_path, capsys
+):
+  # A run directory without its params.yaml (copied, or written by hand).
+  model_dir = tmp_path / "run"
+  tiny = train.build_config(
+    "dlrm_criteo_cpu_small",
+    params_override=TINY + ",trainer.train_steps=1,task.synthetic."
+    "num_train_examples=64,task.synthetic.num_eval_examples=64",
+  )
+  train.run(tiny, str(model_dir), mode="train", progress_bar=False)
+  os.remove(model_dir / "params.yaml")
+  capsys.readouterr()
+  code = run_main(
+    "--experiment=dcn_criteo_cpu_small",
+    "--mode=train",
+    f"--params_override={TINY}",
+    model_dir=model_dir,
+  )
+  assert code == 1
+  line = capsys.readouterr().err.strip().splitlines()[-1]
+  assert line.startswith(
+    f"The checkpoint in {model_dir} was written by another experiment "
+    "(Received incompatible tensor"
+  ), line
