@@ -49,16 +49,17 @@ DEBUG_ENV = "TPE_DEBUG"
 #: Marks a ``TF_CPP_MIN_LOG_LEVEL`` set by ``quiet_tensorflow`` (not by
 #: the user), so that child processes stay quiet too.
 _QUIET_ENV = "TPE_QUIET_TENSORFLOW"
-#: TensorFlow's C++ log lines (absl format) that ``quiet_tensorflow``
-#: drops: INFO and WARNING (what ``TF_CPP_MIN_LOG_LEVEL=2`` means), the
+#: TensorFlow's C++ log lines (absl format, from a ``.cc`` source: Python's
+#: absl logging is kept) that ``quiet_tensorflow`` drops: INFO and WARNING
+#: (what ``TF_CPP_MIN_LOG_LEVEL=2`` means), the
 #: notice printed before absl's logging starts, the CPU-instruction
 #: notice's second line and the CUDA probe's errors on a machine without
 #: a GPU driver.
 _NOISE = re.compile(
-  r"^(?:[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] "
+  r"^(?:[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+\.(?:cc|h|cpp):\d+\] "
   r"|WARNING: All log messages before absl::InitializeLog\(\) "
   r"|To enable the following instructions: "
-  r"|E\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] (?:failed call to cuInit"
+  r"|E\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+\.cc:\d+\] (?:failed call to cuInit"
   r"|Unable to register cu))"
 )
 _FILTER = r"""
@@ -99,6 +100,20 @@ def with_help(message: str) -> str:
   """``message`` on one line, ending ``; see --help``."""
   text = " ".join(message.split()).rstrip(".")
   return text if text.endswith("see --help") else f"{text}; see --help"
+
+
+def is_noise(line: str) -> bool:
+  """Whether ``quiet_tensorflow`` drops this line of stderr.
+
+  Example:
+    >>> from model_garden import cli
+    >>> cli.is_noise("I0000 00:00:1795703316.512546    4492 port.cc:153] "
+    ...              "oneDNN custom operations are on.")
+    True
+    >>> cli.is_noise("W1126 14:50:00.123456 140123 train.py:12] kept")
+    False
+  """
+  return _NOISE.match(line) is not None
 
 
 def one_line(error: BaseException) -> tuple[int, str] | None:
