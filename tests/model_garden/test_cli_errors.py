@@ -156,6 +156,13 @@ def test_another_experiments_run_dir_is_refused_and_kept(tmp_path):
 # --- the preflight, in this process --------------------------------------
 
 
+def _contents(path):
+  """A directory's names, a file's text, or None."""
+  if path.is_dir():
+    return sorted(os.listdir(path))
+  return path.read_text() if path.exists() else None
+
+
 @pytest.fixture
 def run_main(monkeypatch, tmp_path):
   """``run_main(*flags)``: runs ``train.main``; returns the error it raised
@@ -164,12 +171,12 @@ def run_main(monkeypatch, tmp_path):
   def run(*args, model_dir=None):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     model_dir = model_dir or tmp_path / "run"
-    existed = sorted(os.listdir(model_dir)) if model_dir.exists() else None
+    existed = _contents(model_dir)
     argv = ["train", f"--model_dir={model_dir}", "--progress_bar=off", *args]
     with flagsaver.flagsaver(), pytest.raises(SystemExit) as raised:
       FLAGS(argv)
       train.cli.run(lambda: train.main([]), train.translate_error)
-    now = sorted(os.listdir(model_dir)) if model_dir.exists() else None
+    now = _contents(model_dir)
     assert now == existed  # nothing written
     return raised.value.code
 
@@ -252,6 +259,8 @@ def test_preflight_refuses_what_cannot_run(run_main, tmp_path, capsys):
   "where, reason",
   [
     ("a_file/run", "a_file is a file, not a directory."),
+    ("a_file", "is a file, not a directory: choose a directory"),
+    ("/proc/self", "cannot be created or written"),
     ("/proc/tpe_test/run", "cannot be created or written"),
   ],
 )
