@@ -63,7 +63,8 @@ _NOISE = re.compile(
   r"|Unable to register cu))"
 )
 _FILTER = r"""
-import os, re, sys
+import os, re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: reads to the end
 noise = re.compile(sys.argv[1].encode())
 out = os.fdopen(int(sys.argv[2]), "wb", buffering=0)
 for line in sys.stdin.buffer:
@@ -294,7 +295,7 @@ def quiet_tensorflow() -> None:
     real = os.dup(2)
     read, write = os.pipe()
     process = subprocess.Popen(
-      [sys.executable, "-S", "-c", _FILTER, _NOISE.pattern, str(real)],
+      [sys.executable, "-I", "-S", "-c", _FILTER, _NOISE.pattern, str(real)],
       stdin=read,
       pass_fds=(real,),
       close_fds=True,
