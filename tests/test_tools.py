@@ -87,6 +87,9 @@ def test_argparse_flags_have_help_and_defaults(name):
       assert action.help and len(action.help) > 3, (name, action.dest)
   text = parser.format_help()
   assert text.count("(default:") >= len(parser._actions) - 2, text
+  # Every tool writes its figures with --json and explains an error with
+  # --debug.
+  assert {"json", "debug"} <= {a.dest for a in parser._actions}, name
 
 
 @pytest.mark.parametrize("name", ABSL_TOOLS)
@@ -94,6 +97,7 @@ def test_absl_flags_have_help(name):
   out = run_tool(name, "--help", returncode=1).stdout  # absl exits 1
   flags = re.findall(r"^  --(\w+): (.*)$", out, flags=re.MULTILINE)
   assert len(flags) >= 4, out
+  assert "json" in dict(flags), name
   for flag, text in flags:
     assert len(text.strip()) > 3, (name, flag)
 
