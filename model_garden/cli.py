@@ -211,6 +211,25 @@ def run(
     fail(*answer)
 
 
+def positive_int(text: str) -> int:
+  """An ``argparse`` type: an integer >= 1.
+
+  Example:
+    >>> from model_garden import cli
+    >>> cli.positive_int("3")
+    3
+  """
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+      f"expected a positive integer, got {text!r}"
+    ) from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+  return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """``argparse`` with one-line usage errors (exit 2) and ``--debug``.
 

@@ -102,7 +102,12 @@ def load_spec(reference: str) -> ExportSpec:
     name = os.path.splitext(os.path.basename(module_ref))[0]
     module_spec = importlib.util.spec_from_file_location(name, module_ref)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+      module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+      raise ExportError(
+        f"--spec: {module_ref}:{e.lineno}: {e.msg} (a syntax error)."
+      ) from None
   else:
     sys.path.insert(0, os.getcwd())
     try:

@@ -236,9 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     help="benchmark: --tables tables of --rows rows; criteo: Criteo 1TB's "
     "26 vocabulary sizes.",
   )
-  parser.add_argument("--tables", type=int, default=26, help="Tables.")
-  parser.add_argument("--rows", type=int, default=200_000, help="Rows each.")
-  parser.add_argument("--dim", type=int, default=64, help="Table width.")
+  parser.add_argument(
+    "--tables", type=cli.positive_int, default=26, help="Tables."
+  )
+  parser.add_argument(
+    "--rows", type=cli.positive_int, default=200_000, help="Rows each."
+  )
+  parser.add_argument(
+    "--dim", type=cli.positive_int, default=64, help="Table width."
+  )
   parser.add_argument(
     "--replicas", default="1,2,4", help="Comma-separated replica counts."
   )
@@ -266,13 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--steps",
-    type=int,
+    type=cli.positive_int,
     default=20,
     help="With --dynamic --build: steps of random keys before the "
     "vocabulary statistics.",
   )
   parser.add_argument(
-    "--batch_size", type=int, default=4096, help="Keys per table per step."
+    "--batch_size",
+    type=cli.positive_int,
+    default=4096,
+    help="Keys per table per step.",
   )
   parser.add_argument(
     "--json", default="", help="Write the plans' figures here (JSON)."
@@ -295,7 +304,14 @@ def replica_counts(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> None:
   args = build_parser().parse_args(argv)
-  cli.run(lambda: report(args))
+  cli.run(lambda: report(args), _flag_values)
+
+
+def _flag_values(error: BaseException) -> BaseException | None:
+  """A table config refused (from the flags' values) is a usage error."""
+  if isinstance(error, ValueError):
+    return cli.UsageError(str(error))
+  return None
 
 
 def report(args: argparse.Namespace) -> None:
