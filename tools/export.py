@@ -78,6 +78,11 @@ from tpu_embedding.export import serving_embedding_for  # noqa: E402
 from tpu_embedding.export import validate_signature  # noqa: E402
 
 
+def progress(message: str, *args: object) -> None:
+  """A progress line on stderr (``message % args``)."""
+  print(message % args if args else message, file=sys.stderr, flush=True)
+
+
 class ExportError(cli.FixableError):
   """A problem with the tool's inputs, reported without a traceback
   (one line, exit 1)."""
@@ -202,7 +207,8 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
     args.checkpoint or args.model_dir,
     "--checkpoint" if args.checkpoint else "--model_dir",
   )
-  logging.info("Restoring %s (the run's config: %s)", path, args.model_dir)
+  prepare_export_dir(args)  # after the inputs' checks
+  progress("Restoring %s (the run's config: %s)", path, args.model_dir)
   try:
     return saved_model.export_from_checkpoint(config, path, args.export_dir)
   except (ValueError, AssertionError) as e:
@@ -236,26 +242,24 @@ def run(args: argparse.Namespace) -> ExportResult:
       "Pass either --model_dir (a model_garden.ranking.train directory) or "
       "--spec with --checkpoint."
     )
-  prepare_export_dir(args)
   if args.model_dir:
     result = export_ranking_run(args)
-    logging.info("Done in %.1fs", time.time() - start)
+    progress("Done in %.1fs", time.time() - start)
     return result
   if not args.checkpoint:
     raise cli.UsageError("--spec needs --checkpoint.")
-  logging.info("Loading the spec %s", args.spec)
+  progress("Loading the spec %s", args.spec)
   spec = load_spec(args.spec)
   tables = spec.tables
   if args.tables:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
   path = checkpoint_path(args.checkpoint)
+  prepare_export_dir(args)  # after the inputs' checks
   try:
     validate_signature(spec.feature_config, spec.input_signature, tables)
-    logging.info("Restoring %s (tables: %s)", path, tables or "all")
+    progress("Restoring %s (tables: %s)", path, tables or "all")
     embedding, names = restore(spec, path, tables)
-    logging.info(
-      "Restored tables %s in %.1fs", list(names), time.time() - start
-    )
+    progress("Restored tables %s in %.1fs", list(names), time.time() - start)
     result = export_for_serving(
       args.export_dir,
       embedding,
@@ -267,7 +271,7 @@ def run(args: argparse.Namespace) -> ExportResult:
     )
   except (ValueError, TypeError) as e:
     raise ExportError(str(e)) from e
-  logging.info("Done in %.1fs", time.time() - start)
+  progress("Done in %.1fs", time.time() - start)
   return result
 
 
@@ -360,8 +364,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
   """Exports; a user's error is one line (exit 2 usage, 1 runtime)."""
   args = parse_args(argv)
-  logging.use_absl_handler()  # timestamped progress lines on stderr
-  logging.set_verbosity(logging.INFO)
+  # Our progress lines only (``progress``): TensorFlow's and the library's
+  # INFO logs stay out.
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel("ERROR")
   result = cli.run(lambda: run(args))
   print(describe(result))
   if args.json:
