@@ -578,11 +578,7 @@ def check_model_dir(model_dir: str, flag: str = "--model_dir") -> None:
       raise cli.FixableError(
         f"{flag} {model_dir}: {parent} is a file, not a directory."
       )
-    tf.io.gfile.makedirs(model_dir)
-    probe = os.path.join(model_dir, _probe_name())
-    with tf.io.gfile.GFile(probe, "w") as f:
-      f.write("probe")
-    tf.io.gfile.remove(probe)
+    _write_probe(model_dir)
   except (OSError, tf.errors.OpError) as e:
     reason = getattr(e, "strerror", None) or getattr(e, "message", str(e))
     reason = str(reason).strip().splitlines()[0] if str(reason) else ""
@@ -597,6 +593,30 @@ def check_model_dir(model_dir: str, flag: str = "--model_dir") -> None:
           _rmdir(path)
       except (OSError, tf.errors.OpError):
         pass
+
+
+def _write_probe(model_dir: str, attempts: int = 3) -> None:
+  """Creates ``model_dir`` and writes and removes a file in it.
+
+  Retried: the tasks of a cluster check the same directory at once, and
+  one may remove the directory it created while another writes its probe.
+  """
+  for attempt in range(attempts):
+    try:
+      tf.io.gfile.makedirs(model_dir)
+      probe = os.path.join(model_dir, _probe_name())
+      with tf.io.gfile.GFile(probe, "w") as f:
+        f.write("probe")
+      tf.io.gfile.remove(probe)
+      return
+    except (FileNotFoundError, tf.errors.NotFoundError):
+      if attempt == attempts - 1 or not _parent_exists(model_dir):
+        raise
+
+
+def _parent_exists(path: str) -> bool:
+  parent = os.path.dirname(path.rstrip("/"))
+  return not parent or tf.io.gfile.isdir(parent)
 
 
 def _rmdir(path: str) -> None:
