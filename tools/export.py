@@ -369,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
   logging.use_absl_handler()
   logging.set_verbosity(logging.WARNING)
   tf.get_logger().setLevel("ERROR")
-  result = cli.run(lambda: run(args))
+  try:
+    result = cli.run(lambda: run(args))
+  except SystemExit as e:  # the one line is printed: its code, in-process
+    return int(e.code or 0)
   print(describe(result))
   if args.json:
     with open(args.json, "w") as f:
