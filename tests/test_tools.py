@@ -88,6 +88,9 @@ def test_argparse_flags_have_help_and_defaults(name):
       assert action.help and len(action.help) > 3, (name, action.dest)
   text = parser.format_help()
   assert text.count("(default:") >= len(parser._actions) - 2, text
+  # Every tool writes its figures with --json and explains an error with
+  # --debug.
+  assert {"json", "debug"} <= {a.dest for a in parser._actions}, name
 
 
 @pytest.mark.parametrize("name", ABSL_TOOLS)
@@ -95,6 +98,7 @@ def test_absl_flags_have_help(name):
   out = run_tool(name, "--help", returncode=1).stdout  # absl exits 1
   flags = re.findall(r"^  --(\w+): (.*)$", out, flags=re.MULTILINE)
   assert len(flags) >= 4, out
+  assert "json" in dict(flags), name
   for flag, text in flags:
     assert len(text.strip()) > 3, (name, flag)
 
@@ -251,21 +255,43 @@ def test_sharding_report_of_a_named_experiment():
   assert "experiment dlrm_criteo: 26 tables (187,767,399 rows), SGD" in out
   # Model Garden's threshold (50,000 rows) on 8 replicas: the biggest
   # table split in 8, the 3-row one replicated.
-  assert re.search(r"embedding_table_00\s+row_sharded\s+4,985,551\s", out)
-  assert re.search(r"embedding_table_05\s+replicated\s+3\s", out)
+  assert re.search(
+    r"embedding_table_00\s+row_sharded .* -\s+4,985,551 \(r0-r5\), "
+    r"4,985,550 \(r6-r7\)\n",
+    out,
+  )
+  assert re.search(r"embedding_table_05\s+replicated .* 3 \(r0-r7\)\n", out)
   assert "more than 50,000 rows are row-sharded" in out
   stacked = run_tool(
     "sharding_report.py", "--tables=4", "--rows=100000", "--replicas=2",
     "--table_stacking=t0+t1+t2,t3",
   ).stdout  # fmt: skip
   assert "1 stack(s) hold 3 of the 4 tables" in stacked
-  # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved.
+  # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved,
+  # t2 on replica 1; each table's rows on each replica, as they are.
   assert re.search(
-    r"t0\s+row_sharded\s+100,000\s+\S+\s+stack_t0_t1_t2", stacked
+    r"t0\s+row_sharded\s+48\.83\s+stack_t0_t1_t2\s+100,000 \| 0\n", stacked
+  ), stacked
+  assert re.search(r"t1\s+row_sharded .* 50,000 \| 50,000\n", stacked)
+  assert re.search(r"t2\s+row_sharded .* 0 \| 100,000\n", stacked)
+  bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=2)
+  assert "Traceback" not in bad.stderr
+  assert (
+    bad.stderr.strip()
+    .splitlines()[-1]
+    .startswith("--experiment 'dlrm': not an experiment; one of dcn_criteo")
   )
-  assert re.search(r"t1\s+row_sharded\s+50,000\s", stacked)
-  bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=1)
-  assert "'dlrm': not an experiment" in bad.stderr
+
+
+def test_sharding_report_json_holds_each_replicas_rows(tmp_path):
+  run_tool(
+    "sharding_report.py", "--tables=3", "--rows=1000", "--replicas=2",
+    "--row_threshold=0", "--table_stacking=t0+t1+t2",
+    f"--json={tmp_path / 's.json'}",
+  )  # fmt: skip
+  (plan,) = _json(tmp_path / "s.json")["plans"]
+  rows = {t["table"]: t["rows_per_replica"] for t in plan["tables"]}
+  assert rows == {"t0": [1000, 0], "t1": [500, 500], "t2": [0, 1000]}
 
 
 def test_sharding_report_builds_and_measures():
@@ -332,10 +358,14 @@ def ranking_run(tmp_path_factory):
 def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
   export_dir = tmp_path / "serving" / "1"
   out = run_tool(
-    "export.py", f"--model_dir={ranking_run}", f"--export_dir={export_dir}"
-  ).stdout
+    "export.py", f"--model_dir={ranking_run}", f"--export_dir={export_dir}",
+    f"--json={tmp_path / 'e.json'}",
+  ).stdout  # fmt: skip
   assert f"SavedModel: {export_dir}" in out
   assert "input sparse_25: int64 [None]" in out
+  written = _json(tmp_path / "e.json")
+  assert written["export_dir"] == str(export_dir)
+  assert written["inputs"]["sparse_25"] == {"dtype": "int64", "shape": [None]}
   # TensorFlow alone serves it; the trained model predicts the same.
   config = params_file.read_params(str(ranking_run))
   assert config.task.model.interaction == "cross"
@@ -370,19 +400,37 @@ def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
 def test_export_errors_are_one_line(ranking_run, tmp_path):
   both = run_tool(
     "export.py", f"--model_dir={ranking_run}", "--spec=x.py:build",
-    f"--export_dir={tmp_path / 'a'}", returncode=1,
+    f"--export_dir={tmp_path / 'a'}", returncode=2,
   )  # fmt: skip
-  assert "either --model_dir" in both.stderr
+  assert "either --model_dir" in _last_line(both)
   subset = run_tool(
     "export.py", f"--model_dir={ranking_run}", "--tables=embedding_table_00",
-    f"--export_dir={tmp_path / 'b'}", returncode=1,
+    f"--export_dir={tmp_path / 'b'}", returncode=2,
   )  # fmt: skip
-  assert "reads all of its tables" in subset.stderr
+  assert "reads all of its tables" in _last_line(subset)
   missing = run_tool(
     "export.py", f"--model_dir={tmp_path}", f"--export_dir={tmp_path / 'c'}",
     returncode=1,
   )  # fmt: skip
-  assert "params.yaml not found" in missing.stderr
+  assert "params.yaml not found" in _last_line(missing)
+  unknown = run_tool("export.py", "--export_dir=x", "--bogus", returncode=2)
+  assert _last_line(unknown) == (
+    "export.py: unrecognized arguments: --bogus; see --help"
+  )
+  (tmp_path / "file").write_text("x")
+  into_a_file = run_tool(
+    "export.py", f"--model_dir={ranking_run}",
+    f"--export_dir={tmp_path / 'file'}", returncode=1,
+  )  # fmt: skip
+  assert _last_line(into_a_file).startswith(
+    f"--export_dir {tmp_path / 'file'} is a file, not a directory"
+  )
+
+
+def _last_line(process: subprocess.CompletedProcess) -> str:
+  """stderr's last line; there is no traceback."""
+  assert "Traceback" not in process.stderr, process.stderr
+  return process.stderr.strip().splitlines()[-1]
 
 
 def test_quickstart_example(tmp_path):
@@ -433,3 +481,26 @@ def test_gpu_check_runs_its_checks_on_cpu_devices():
   assert sharded["ok"], sharded
   assert sharded["SGD"]["layout"] == "row_sharded"
   assert sharded["SGD"]["exact"] and sharded["Adagrad"]["exact"], sharded
+
+
+def test_memory_report_fails_only_for_a_promised_phase_and_names_it():
+  report = _load("memory_report.py")
+
+  def row(phase, growth, checked=True):
+    return report.Row(
+      "default", "MWMS 2 workers", "worker1", phase, growth, 1.0,
+      full_bytes=100, checked=checked,
+    )  # fmt: skip
+
+  # export and restore 1->N promise nothing; nor does a 1-process job.
+  shown_only = [
+    row("train", 50), row("export", 90), row("restore 1->N", 95),
+    row("save", 99, checked=False),
+  ]  # fmt: skip
+  assert report.over_promise(shown_only, 0.6) is None
+  assert "OVER" not in report.format_table(shown_only, 0.6)
+  line = report.over_promise([row("restore", 71), *shown_only], 0.6)
+  assert line == (
+    "memory_report: phase over the 0.6x promise: restore 0.71x "
+    "(MWMS 2 workers worker1)"
+  )

@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _floor  # noqa: E402  (tools/_floor.py, next to this script)
 import _plots  # noqa: E402
@@ -210,15 +212,24 @@ def sharded_step(args, head, replicas: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
-  parser.add_argument("--tables", type=int, default=26, help="Tables.")
-  parser.add_argument("--rows", type=int, default=200_000, help="Rows each.")
-  parser.add_argument("--dim", type=int, default=64, help="Table width.")
   parser.add_argument(
-    "--batch_size", type=int, default=4096, help="Examples per step."
+    "--tables", type=cli.positive_int, default=26, help="Tables."
+  )
+  parser.add_argument(
+    "--rows", type=cli.positive_int, default=200_000, help="Rows each."
+  )
+  parser.add_argument(
+    "--dim", type=cli.positive_int, default=64, help="Table width."
+  )
+  parser.add_argument(
+    "--batch_size",
+    type=cli.positive_int,
+    default=4096,
+    help="Examples per step.",
   )
   parser.add_argument(
     "--dist",
@@ -235,14 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     help="Zipf exponent of the ids (zipf and skewed; membench uses 1.05).",
   )
   parser.add_argument(
-    "--steps", type=int, default=20, help="Timed steps per repeat."
+    "--steps", type=cli.positive_int, default=20, help="Timed steps per repeat."
   )
   parser.add_argument(
     "--warmup", type=int, default=3, help="Untimed steps before each repeat."
   )
   parser.add_argument(
     "--distinct_batches",
-    type=int,
+    type=cli.positive_int,
     default=4,
     help="Batches generated (and cycled through).",
   )
@@ -258,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--repeats",
-    type=int,
+    type=cli.positive_int,
     default=3,
     help="Timings of each measurement (median and spread are reported).",
   )
@@ -292,7 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     help="Rows per table of the rows sweep.",
   )
   parser.add_argument(
-    "--sweep_tables", type=int, default=8, help="Tables of the rows sweep."
+    "--sweep_tables",
+    type=cli.positive_int,
+    default=8,
+    help="Tables of the rows sweep.",
   )
   parser.add_argument(
     "--plot",
@@ -551,4 +565,4 @@ def _figures(extra: dict) -> dict:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

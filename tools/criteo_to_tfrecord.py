@@ -26,7 +26,10 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
@@ -67,6 +70,19 @@ flags.DEFINE_string(
 flags.mark_flags_as_required(["input", "output_dir"])
 
 
+def _remove_new_files(directory: str, existed: bool, before: set) -> None:
+  """A failed conversion leaves ``directory`` as it was."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  if not tf.io.gfile.exists(directory):
+    return
+  if not existed:
+    tf.io.gfile.rmtree(directory)
+    return
+  for name in set(tf.io.gfile.listdir(directory)) - before:
+    tf.io.gfile.remove(os.path.join(directory, name))
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
@@ -80,7 +96,8 @@ def main(argv: list[str]) -> int:
   tf.get_logger().setLevel("ERROR")
   if FLAGS.experiment not in configs.experiments():
     raise app.UsageError(
-      f"--experiment {FLAGS.experiment!r}: one of {configs.experiments()}."
+      f"--experiment {FLAGS.experiment!r}: one of "
+      f"{', '.join(configs.experiments())}."
     )
   model = configs.get_config(FLAGS.experiment).task.model
   sample = FLAGS.input == "paddlerec"
@@ -101,6 +118,8 @@ def main(argv: list[str]) -> int:
     rate = examples / max(time.perf_counter() - start, 1e-9)
     print(f"\r{examples:,} examples ({rate:,.0f}/s)", end="", flush=True)
 
+  existed = tf.io.gfile.exists(FLAGS.output_dir)
+  before = set(tf.io.gfile.listdir(FLAGS.output_dir)) if existed else set()
   try:
     result = criteo_tfrecord.convert(
       pattern,
@@ -112,8 +131,14 @@ def main(argv: list[str]) -> int:
       progress=progress,
     )
   except (FileNotFoundError, ValueError, tf.errors.InvalidArgumentError) as e:
-    print(f"\nconversion failed: {getattr(e, 'message', e)}", file=sys.stderr)
-    return 1
+    from model_garden.ranking.data import bad_records  # noqa: PLC0415
+
+    print(file=sys.stderr)  # ends the progress line
+    _remove_new_files(FLAGS.output_dir, existed, before)
+    message = bad_records.describe_bad_record(e, "--on_bad_record")
+    if message is None:
+      message = str(getattr(e, "message", e)).strip().splitlines()[0]
+    raise cli.FixableError(f"conversion failed: {message}") from e
   seconds = time.perf_counter() - start
   print(
     f"\nwrote {result.examples:,} examples to {len(result.files)} file(s) "
@@ -137,4 +162,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.absl_main(main), flags_parser=cli.absl_flags_parser)

@@ -23,10 +23,12 @@ Run:
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 import numpy as np  # noqa: E402
@@ -171,24 +173,42 @@ def memory(args) -> list[_timing.Measurement]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
-  parser.add_argument("--tables", type=int, default=8, help="Tables.")
-  parser.add_argument("--rows", type=int, default=100_000, help="Capacity.")
-  parser.add_argument("--dim", type=int, default=64, help="Table width.")
-  parser.add_argument("--batch_size", type=int, default=4096, help="Batch.")
   parser.add_argument(
-    "--key_space", type=int, default=10_000_000, help="Distinct raw keys."
+    "--tables", type=cli.positive_int, default=8, help="Tables."
+  )
+  parser.add_argument(
+    "--rows", type=cli.positive_int, default=100_000, help="Capacity."
+  )
+  parser.add_argument(
+    "--dim", type=cli.positive_int, default=64, help="Table width."
+  )
+  parser.add_argument(
+    "--batch_size", type=cli.positive_int, default=4096, help="Batch."
+  )
+  parser.add_argument(
+    "--key_space",
+    type=cli.positive_int,
+    default=10_000_000,
+    help="Distinct raw keys.",
   )
   parser.add_argument("--zipf", type=float, default=1.05, help="Skew.")
-  parser.add_argument("--steps", type=int, default=20, help="Timed steps.")
+  parser.add_argument(
+    "--steps", type=cli.positive_int, default=20, help="Timed steps."
+  )
   parser.add_argument("--warmup", type=int, default=3, help="Untimed steps.")
   parser.add_argument(
-    "--distinct_batches", type=int, default=8, help="Batches cycled."
+    "--distinct_batches",
+    type=cli.positive_int,
+    default=8,
+    help="Batches cycled.",
   )
-  parser.add_argument("--repeats", type=int, default=3, help="Repeats.")
+  parser.add_argument(
+    "--repeats", type=cli.positive_int, default=3, help="Repeats."
+  )
   parser.add_argument(
     "--stream_keys",
     type=int,
@@ -219,4 +239,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

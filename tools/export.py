@@ -58,11 +58,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
@@ -74,8 +78,14 @@ from tpu_embedding.export import serving_embedding_for  # noqa: E402
 from tpu_embedding.export import validate_signature  # noqa: E402
 
 
-class ExportError(Exception):
-  """A problem with the tool's inputs, reported without a traceback."""
+def progress(message: str, *args: object) -> None:
+  """A progress line on stderr (``message % args``)."""
+  print(message % args if args else message, file=sys.stderr, flush=True)
+
+
+class ExportError(cli.FixableError):
+  """A problem with the tool's inputs, reported without a traceback
+  (one line, exit 1)."""
 
 
 def load_spec(reference: str) -> ExportSpec:
@@ -87,7 +97,7 @@ def load_spec(reference: str) -> ExportSpec:
   """
   module_ref, _, function_name = reference.rpartition(":")
   if not module_ref or not function_name:
-    raise ExportError(
+    raise cli.UsageError(
       f"--spec {reference!r}: expected 'package.module:function' or "
       "'path/to/file.py:function'."
     )
@@ -97,10 +107,23 @@ def load_spec(reference: str) -> ExportSpec:
     name = os.path.splitext(os.path.basename(module_ref))[0]
     module_spec = importlib.util.spec_from_file_location(name, module_ref)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+      module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+      raise ExportError(
+        f"--spec: {module_ref}:{e.lineno}: {e.msg} (a syntax error)."
+      ) from None
   else:
     sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_ref)
+    try:
+      module = importlib.import_module(module_ref)
+    except ModuleNotFoundError as e:
+      if e.name is None or not module_ref.startswith(e.name):
+        raise  # the spec's own import: its traceback helps
+      raise ExportError(
+        f"--spec {reference!r}: no module {e.name!r} (run from the "
+        "directory that holds it, or pass 'path/to/file.py:function')."
+      ) from None
   function = getattr(module, function_name, None)
   if not callable(function):
     raise ExportError(
@@ -115,19 +138,20 @@ def load_spec(reference: str) -> ExportSpec:
   return spec
 
 
-def checkpoint_path(path: str) -> str:
+def checkpoint_path(path: str, flag: str = "--checkpoint") -> str:
   """``path`` itself, or the latest checkpoint in directory ``path``."""
   if tf.io.gfile.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
       raise ExportError(
-        f"--checkpoint: directory {path} has no 'checkpoint' state file "
-        "(written by Checkpoint.save or CheckpointManager); pass the "
-        "checkpoint's prefix instead (e.g. ckpt-20)."
+        f"{flag}: directory {path} has no checkpoint (no 'checkpoint' state "
+        "file, written by Checkpoint.save or CheckpointManager); train "
+        "first, or pass --checkpoint with a checkpoint's prefix (e.g. "
+        "ckpt-20)."
       )
     return latest
   if not tf.io.gfile.glob(path + ".index"):
-    raise ExportError(f"--checkpoint: no checkpoint {path} ({path}.index).")
+    raise ExportError(f"{flag}: no checkpoint {path} ({path}.index).")
   return path
 
 
@@ -171,7 +195,7 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
   from model_garden.ranking.configs import params_file  # noqa: PLC0415
 
   if args.tables:
-    raise ExportError(
+    raise cli.UsageError(
       "--tables: a ranking model reads all of its tables; export a subset "
       "with --spec."
     )
@@ -179,8 +203,12 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
     config = params_file.read_params(args.model_dir)
   except (FileNotFoundError, ValueError) as e:
     raise ExportError(f"--model_dir: {e}") from e
-  path = checkpoint_path(args.checkpoint or args.model_dir)
-  logging.info("Restoring %s (the run's config: %s)", path, args.model_dir)
+  path = checkpoint_path(
+    args.checkpoint or args.model_dir,
+    "--checkpoint" if args.checkpoint else "--model_dir",
+  )
+  prepare_export_dir(args)  # after the inputs' checks
+  progress("Restoring %s (the run's config: %s)", path, args.model_dir)
   try:
     return saved_model.export_from_checkpoint(config, path, args.export_dir)
   except (ValueError, AssertionError) as e:
@@ -191,6 +219,9 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
 
 def prepare_export_dir(args: argparse.Namespace) -> None:
   """Checks (or, with ``--overwrite``, empties) ``--export_dir``."""
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_model_dir(args.export_dir, flag="--export_dir")
   if tf.io.gfile.exists(args.export_dir) and tf.io.gfile.listdir(
     args.export_dir
   ):
@@ -207,30 +238,28 @@ def run(args: argparse.Namespace) -> ExportResult:
   writes the SavedModel."""
   start = time.time()
   if bool(args.spec) == bool(args.model_dir):
-    raise ExportError(
+    raise cli.UsageError(
       "Pass either --model_dir (a model_garden.ranking.train directory) or "
       "--spec with --checkpoint."
     )
-  prepare_export_dir(args)
   if args.model_dir:
     result = export_ranking_run(args)
-    logging.info("Done in %.1fs", time.time() - start)
+    progress("Done in %.1fs", time.time() - start)
     return result
   if not args.checkpoint:
-    raise ExportError("--spec needs --checkpoint.")
-  logging.info("Loading the spec %s", args.spec)
+    raise cli.UsageError("--spec needs --checkpoint.")
+  progress("Loading the spec %s", args.spec)
   spec = load_spec(args.spec)
   tables = spec.tables
   if args.tables:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
   path = checkpoint_path(args.checkpoint)
+  prepare_export_dir(args)  # after the inputs' checks
   try:
     validate_signature(spec.feature_config, spec.input_signature, tables)
-    logging.info("Restoring %s (tables: %s)", path, tables or "all")
+    progress("Restoring %s (tables: %s)", path, tables or "all")
     embedding, names = restore(spec, path, tables)
-    logging.info(
-      "Restored tables %s in %.1fs", list(names), time.time() - start
-    )
+    progress("Restored tables %s in %.1fs", list(names), time.time() - start)
     result = export_for_serving(
       args.export_dir,
       embedding,
@@ -242,7 +271,7 @@ def run(args: argparse.Namespace) -> ExportResult:
     )
   except (ValueError, TypeError) as e:
     raise ExportError(str(e)) from e
-  logging.info("Done in %.1fs", time.time() - start)
+  progress("Done in %.1fs", time.time() - start)
   return result
 
 
@@ -260,7 +289,7 @@ def describe(result: ExportResult) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     epilog="See the module docstring (tools/export.py) for the spec format.",
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -302,7 +331,30 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--overwrite", action="store_true", help="replace a non-empty export_dir"
   )
+  parser.add_argument(
+    "--json",
+    default="",
+    help="also write the result (directory, tables, signature) here",
+  )
   return parser
+
+
+def figures(result: ExportResult) -> dict:
+  """``--json``: what ``describe`` prints."""
+
+  def specs(named) -> dict:
+    return {
+      name: {"dtype": spec.dtype.name, "shape": spec.shape.as_list()}
+      for name, spec in named.items()
+    }
+
+  return {
+    "export_dir": result.export_dir,
+    "tables": list(result.tables),
+    "signature_name": result.signature_name,
+    "inputs": specs(result.inputs),
+    "outputs": specs(result.outputs),
+  }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -310,15 +362,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Exports; a user's error is one line (exit 2 usage, 1 runtime)."""
   args = parse_args(argv)
-  logging.use_absl_handler()  # timestamped progress lines on stderr
-  logging.set_verbosity(logging.INFO)
+  # Our progress lines only (``progress``): TensorFlow's and the library's
+  # INFO logs stay out.
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel("ERROR")
   try:
-    result = run(args)
-  except ExportError as e:
-    print(f"export failed: {e}", file=sys.stderr)
-    return 1
+    result = cli.run(lambda: run(args))
+  except SystemExit as e:  # the one line is printed: its code, in-process
+    return int(e.code or 0)
   print(describe(result))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(figures(result), f, indent=1)
   return 0
 
 

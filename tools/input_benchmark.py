@@ -33,7 +33,10 @@ import shutil
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 from absl import app  # noqa: E402
@@ -181,4 +184,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.absl_main(main), flags_parser=cli.absl_flags_parser)

@@ -33,10 +33,12 @@ range and the spread (range / median).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import _timing  # noqa: E402  (tools/_timing.py, next to this script)
 import keras  # noqa: E402
@@ -174,25 +176,42 @@ def seconds_per_step(step, batches, args) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
-  parser.add_argument("--tables", type=int, default=8, help="Tables.")
-  parser.add_argument("--rows", type=int, default=100_000, help="Rows each.")
-  parser.add_argument("--dim", type=int, default=64, help="Table width.")
   parser.add_argument(
-    "--ids_per_example", type=int, default=4, help="Ids per feature."
+    "--tables", type=cli.positive_int, default=8, help="Tables."
   )
   parser.add_argument(
-    "--batch_size", type=int, default=4096, help="Examples per step."
+    "--rows", type=cli.positive_int, default=100_000, help="Rows each."
   )
   parser.add_argument(
-    "--hidden", type=int, default=128, help="Units of each MLP layer."
+    "--dim", type=cli.positive_int, default=64, help="Table width."
   )
-  parser.add_argument("--layers", type=int, default=2, help="MLP layers.")
   parser.add_argument(
-    "--steps", type=int, default=32, help="Timed steps per repeat."
+    "--ids_per_example",
+    type=cli.positive_int,
+    default=4,
+    help="Ids per feature.",
+  )
+  parser.add_argument(
+    "--batch_size",
+    type=cli.positive_int,
+    default=4096,
+    help="Examples per step.",
+  )
+  parser.add_argument(
+    "--hidden",
+    type=cli.positive_int,
+    default=128,
+    help="Units of each MLP layer.",
+  )
+  parser.add_argument(
+    "--layers", type=cli.positive_int, default=2, help="MLP layers."
+  )
+  parser.add_argument(
+    "--steps", type=cli.positive_int, default=32, help="Timed steps per repeat."
   )
   parser.add_argument(
     "--warmup", type=int, default=3, help="Untimed calls before each repeat."
@@ -205,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--repeats",
-    type=int,
+    type=cli.positive_int,
     default=3,
     help="Timings of each measurement (median and spread are reported).",
   )
@@ -316,4 +335,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
+import json
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import tensorflow as tf  # noqa: E402
 
@@ -54,9 +57,9 @@ def experiment_tables(name: str) -> tuple[list[tpe.TableConfig], int]:
   from model_garden.ranking import optimizers  # noqa: PLC0415
 
   if name not in configs.experiments():
-    raise SystemExit(
+    raise cli.UsageError(
       f"--experiment {name!r}: not an experiment; one of "
-      f"{configs.experiments()}."
+      f"{', '.join(configs.experiments())}."
     )
   config = configs.get_config(name)
   model = config.task.model
@@ -152,8 +155,70 @@ def measured_bytes_per_device(
   return [per_device[d] for d in sorted(per_device)]
 
 
+def rows_on_replicas(sizes: tuple[int, ...]) -> str:
+  """A table's rows on each replica, as they are: ``"200,000 | 0"``, or
+  runs of replicas holding the same (``"200,000 (r0-r3), 0 (r4-r7)"``).
+
+  Example:
+    >>> rows_on_replicas((100, 0)), rows_on_replicas((5, 5, 5, 0, 0))
+    ('100 | 0', '5 (r0-r2), 0 (r3-r4)')
+  """
+  if len(sizes) <= 4:
+    return " | ".join(f"{n:,}" for n in sizes)
+  runs: list[list[int]] = []  # [rows, first, last]
+  for i, n in enumerate(sizes):
+    if runs and runs[-1][0] == n:
+      runs[-1][2] = i
+    else:
+      runs.append([n, i, i])
+  return ", ".join(
+    f"{n:,} (r{a})" if a == b else f"{n:,} (r{a}-r{b})" for n, a, b in runs
+  )
+
+
+def placements_report(plan) -> str:
+  """The plan's table: each table's rows on every replica (a stacked
+  table's rows sit where its stack's row blocks put them)."""
+  stack_width = max(
+    [5] + [len(p.stack or "-") for p in plan.placements.values()]
+  )
+  lines = plan.report().splitlines()[:1]
+  lines.append(
+    f"{'table':<24} {'placement':<12} {'MiB (largest)':>13}  "
+    f"{'stack':<{stack_width}}  rows on each replica"
+  )
+  for p in plan.placements.values():
+    lines.append(
+      f"{p.table:<24} {p.kind:<12} "
+      f"{max(p.bytes_per_replica()) / 2**20:>13.2f}  "
+      f"{p.stack or '-':<{stack_width}}  {rows_on_replicas(p.shard_sizes)}"
+    )
+  total = max(plan.bytes_per_replica()) / 2**20
+  lines.append(f"{'total (largest replica)':<37} {total:>13.2f}")
+  return "\n".join(lines)
+
+
+def plan_figures(plan, stacks) -> dict:
+  """``--json``: one replica count's placements."""
+  return {
+    "replicas": plan.num_replicas,
+    "bytes_per_replica": list(plan.bytes_per_replica()),
+    "stores": len(stacks),
+    "tables": [
+      {
+        "table": p.table,
+        "placement": p.kind,
+        "rows_per_replica": list(p.shard_sizes),
+        "bytes_per_replica": list(p.bytes_per_replica()),
+        "stack": p.stack,
+      }
+      for p in plan.placements.values()
+    ],
+  }
+
+
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
@@ -171,9 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     help="benchmark: --tables tables of --rows rows; criteo: Criteo 1TB's "
     "26 vocabulary sizes.",
   )
-  parser.add_argument("--tables", type=int, default=26, help="Tables.")
-  parser.add_argument("--rows", type=int, default=200_000, help="Rows each.")
-  parser.add_argument("--dim", type=int, default=64, help="Table width.")
+  parser.add_argument(
+    "--tables", type=cli.positive_int, default=26, help="Tables."
+  )
+  parser.add_argument(
+    "--rows", type=cli.positive_int, default=200_000, help="Rows each."
+  )
+  parser.add_argument(
+    "--dim", type=cli.positive_int, default=64, help="Table width."
+  )
   parser.add_argument(
     "--replicas", default="1,2,4", help="Comma-separated replica counts."
   )
@@ -201,20 +272,52 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--steps",
-    type=int,
+    type=cli.positive_int,
     default=20,
     help="With --dynamic --build: steps of random keys before the "
     "vocabulary statistics.",
   )
   parser.add_argument(
-    "--batch_size", type=int, default=4096, help="Keys per table per step."
+    "--batch_size",
+    type=cli.positive_int,
+    default=4096,
+    help="Keys per table per step.",
+  )
+  parser.add_argument(
+    "--json", default="", help="Write the plans' figures here (JSON)."
   )
   return parser
 
 
+def replica_counts(text: str) -> list[int]:
+  try:
+    counts = [int(r) for r in text.split(",")]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1:
+    raise cli.UsageError(
+      f"--replicas {text!r}: expected comma-separated positive counts "
+      "(e.g. 1,2,4)."
+    )
+  return counts
+
+
 def main(argv: list[str] | None = None) -> None:
   args = build_parser().parse_args(argv)
-  counts = [int(r) for r in args.replicas.split(",")]
+  cli.run(lambda: report(args), _flag_values)
+
+
+def _flag_values(error: BaseException) -> BaseException | None:
+  """A table config refused (from the flags' values) is a usage error."""
+  if isinstance(error, ValueError):
+    return cli.UsageError(str(error))
+  return None
+
+
+def report(args: argparse.Namespace) -> None:
+  """Prints (and with ``--json`` writes) the plans."""
+  counts = replica_counts(args.replicas)
+  figures: list[dict] = []
   if args.build:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
@@ -237,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
   single = make_plan(resolved, 1, threshold).bytes_per_replica()[0]
   for replicas in counts:
     plan, stacks = plan_with_stacks(resolved, replicas, threshold, stacking)
-    print(plan.report())
+    print(placements_report(plan))
+    figures.append(plan_figures(plan, stacks))
     stacked = [s for s in stacks if s.stacked]
     print(
       f"{len(stacked)} stack(s) hold {sum(len(s.tables) for s in stacked)} "
@@ -279,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
         f"  {name}: capacity {stats['capacity']:,}, rows in use {used:,} "
         f"({used / stats['capacity']:.1%}), evictions {stats['evictions']:,}"
       )
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"settings": vars(args), "plans": figures}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ import dataclasses
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from model_garden import cli
 
 #: ``--task`` values.
 TASKS = ("ranking", "retrieval")
@@ -141,7 +141,10 @@ def main(argv: list[str]) -> None:
       FLAGS.data_dir, config.test_fraction, config.split_seed
     )
   except (FileNotFoundError, ValueError) as e:
-    raise app.UsageError(str(e)) from e
+    raise cli.FixableError(str(e)) from e
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_model_dir(FLAGS.model_dir)
   print(
     f"MovieLens 100K {task}: {len(splits.train['user_id']):,} training and "
     f"{len(splits.test['user_id']):,} test ratings, batch "
@@ -180,9 +183,14 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  """The console entry point."""
+  """The console entry point: a mistake is one line (``model_garden.cli``)."""
+  cli.quiet_tensorflow()  # before TensorFlow is imported
   define_flags()
-  app.run(main)
+  if "debug" not in FLAGS:
+    flags.DEFINE_boolean(
+      "debug", False, "Show the traceback of an error (also: TPE_DEBUG=1)."
+    )
+  app.run(cli.absl_main(main), flags_parser=cli.absl_flags_parser)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ import sys
 import time
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -61,7 +64,7 @@ VARIANTS = ("hashed", "dynamic", "hashed_same_bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.split("\n\n")[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
@@ -331,7 +334,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   argv = list(sys.argv[1:] if argv is None else argv)
   args = build_parser().parse_args(argv)
   if args.examples < args.batch_size or args.eval_examples < args.batch_size:
-    raise SystemExit("--examples and --eval_examples must be >= --batch_size.")
+    raise cli.UsageError(
+      "--examples and --eval_examples must be >= --batch_size."
+    )
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_model_dir(args.model_dir)
   os.makedirs(args.model_dir, exist_ok=True)
   if args.variant:
     result = run_variant(args, args.variant)
@@ -356,4 +364,4 @@ def _plain(value: Any) -> Any:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main)

@@ -1,7 +1,9 @@
 """Checks a ranking run can start, before anything is built.
 
 ``train.main`` runs these after parsing its flags and building the config,
-and turns each ``ValueError`` into one absl ``UsageError`` line:
+and turns each ``ValueError`` into one usage line (exit 2); the checks
+of files, memory and permissions raise ``cli.FixableError`` (exit 1). Nothing
+is written before they all pass:
 
 * ``check_flags``: flags that contradict each other (``--num_replicas``
   without ``mirrored``, ``--num_ps`` without ``parameter_server``, ...).
@@ -12,6 +14,14 @@ and turns each ``ValueError`` into one absl ``UsageError`` line:
   experiment that matches the ``params.yaml`` of the run that wrote it.
 * ``check_memory``: the tables and their slots must fit in the memory
   available (``table_bytes`` estimates them from the config alone).
+* ``check_data_keys``: data keys that contradict each other or would be
+  ignored (an ``input_path`` with synthetic data, ...).
+* ``check_run_dir``: training into a ``model_dir`` whose ``params.yaml``
+  is another experiment's is refused, naming the keys that differ.
+* ``check_inputs``: every input glob matches readable (text) files that
+  hold at least one global batch.
+* ``check_model_dir``: ``model_dir`` can be created and written (checked
+  last, leaving it as it was).
 * ``check_data``: the model's features must be Criteo's (26 tables).
 * ``validation_steps``: under ``parameter_server``, evaluation needs
   ``trainer.validation_steps`` (defaulted for synthetic data).
@@ -310,7 +320,8 @@ def check_memory(
     The estimate.
 
   Raises:
-    ValueError: saying how much is needed and what to do.
+    cli.FixableError: saying how much is needed and what to do (a runtime
+      failure: exit 1).
   """
   estimate = table_bytes(config)
   available = available_memory() if available is None else available
@@ -319,7 +330,9 @@ def check_memory(
   if available is None or needed <= available:
     return estimate
   where = "this machine" if hosts == 1 else f"each of {hosts} machines"
-  raise ValueError(
+  from model_garden import cli  # noqa: PLC0415
+
+  raise cli.FixableError(
     f"{experiment}: the {len(config.task.model.vocab_sizes)} embedding "
     f"tables need about {_gib(needed)} per machine (tables "
     f"{_gib(estimate.tables)}, optimizer slots {_gib(estimate.slots)}, "
@@ -445,3 +458,370 @@ def validation_steps(
     "workers read the validation data as an endless stream (e.g. "
     "--params_override=trainer.validation_steps=100)."
   )
+
+
+# --- before anything is written ---------------------------------------------
+
+
+def needed_splits(mode: str) -> tuple[str, ...]:
+  """The data splits ``mode`` reads."""
+  if mode == "train":
+    return ("train_data",)
+  if mode in ("eval", "continuous_eval"):
+    return ("validation_data",)
+  return ("train_data", "validation_data")
+
+
+def check_batches(
+  config: definitions.ExperimentConfig, replicas: int, mode: str
+) -> None:
+  """Each global batch ``mode`` reads splits evenly over ``replicas``.
+
+  Raises:
+    ValueError: naming the batch key.
+  """
+  for split in needed_splits(mode):
+    batch = getattr(config.task, split).global_batch_size
+    if replicas > 1 and batch % replicas:
+      raise ValueError(
+        f"task.{split}.global_batch_size={batch} does not split over "
+        f"{replicas} replicas: use a multiple of {replicas}."
+      )
+
+
+def check_data_keys(config: definitions.ExperimentConfig, mode: str) -> None:
+  """Rejects data keys that contradict each other (or would be ignored).
+
+  Raises:
+    ValueError: naming the keys and what to change.
+
+  Example:
+    >>> from model_garden.ranking import configs, preflight
+    >>> config = configs.override(configs.get_config("dlrm_criteo_cpu_small"),
+    ...   {"task.train_data.input_path": "/data/day_*.tsv"})
+    >>> try:
+    ...   preflight.check_data_keys(config, "train")
+    ... except ValueError as e:
+    ...   print(str(e)[:60])
+    task.train_data.input_path='/data/day_*.tsv' is ignored whil
+  """
+  task = config.task
+  paths = {
+    split: getattr(task, split).input_path
+    for split in ("train_data", "validation_data")
+  }
+  for split, path in paths.items():
+    if path and task.use_synthetic_data:
+      raise ValueError(
+        f"task.{split}.input_path={path!r} is ignored while "
+        "task.use_synthetic_data is true: set task.use_synthetic_data=false "
+        "(or --data=<glob>) to read the files, or remove the input path."
+      )
+    if path and task.data_format == "paddlerec" and not task.use_synthetic_data:
+      raise ValueError(
+        f"task.{split}.input_path={path!r} is ignored with "
+        "task.data_format='paddlerec' (the installed sample): remove one "
+        "of them."
+      )
+  if task.use_synthetic_data:
+    return
+  if task.use_tf_record_reader and task.data_format == "paddlerec":
+    raise ValueError(
+      "task.use_tf_record_reader=true reads TFRecord files from "
+      "input_path, but task.data_format='paddlerec' reads the installed "
+      "text sample: set one of them."
+    )
+  if task.data_format == "paddlerec":
+    return
+  for split in needed_splits(mode):
+    if not paths[split]:
+      raise ValueError(
+        f"task.{split}.input_path is empty and task.use_synthetic_data is "
+        f"false: set task.{split}.input_path (or --data=<glob>), or use "
+        "--data=synthetic."
+      )
+
+
+def _probe_name() -> str:
+  return f".preflight-{os.getpid()}"
+
+
+def check_model_dir(model_dir: str, flag: str = "--model_dir") -> None:
+  """``model_dir`` can be created and written; leaves it as it was.
+
+  Creates the missing directories and a probe file, then removes them.
+
+  Args:
+    model_dir: the directory.
+    flag: its flag, for the message.
+
+  Raises:
+    cli.FixableError: naming ``model_dir`` and why it cannot be written.
+  """
+  from model_garden import cli  # noqa: PLC0415
+
+  if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+    raise cli.FixableError(
+      f"{flag} {model_dir} is a file, not a directory: choose a "
+      "directory (it is created if missing)."
+    )
+  missing = []
+  parent = model_dir.rstrip("/") or model_dir
+  try:
+    while parent and not tf.io.gfile.exists(parent):
+      missing.append(parent)
+      up = os.path.dirname(parent)
+      if up == parent:
+        break
+      parent = up
+    if parent and tf.io.gfile.exists(parent) and not tf.io.gfile.isdir(parent):
+      raise cli.FixableError(
+        f"{flag} {model_dir}: {parent} is a file, not a directory."
+      )
+    _write_probe(model_dir)
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "strerror", None) or getattr(e, "message", str(e))
+    reason = str(reason).strip().splitlines()[0] if str(reason) else ""
+    raise cli.FixableError(
+      f"{flag} {model_dir} cannot be created or written ({reason}): "
+      "choose a writable directory."
+    ) from None
+  finally:
+    for path in missing:  # deepest first
+      try:
+        if tf.io.gfile.isdir(path) and not tf.io.gfile.listdir(path):
+          _rmdir(path)
+      except (OSError, tf.errors.OpError):
+        pass
+
+
+def _write_probe(model_dir: str, attempts: int = 3) -> None:
+  """Creates ``model_dir`` and writes and removes a file in it.
+
+  Retried: the tasks of a cluster check the same directory at once, and
+  one may remove the directory it created while another writes its probe.
+  """
+  for attempt in range(attempts):
+    try:
+      tf.io.gfile.makedirs(model_dir)
+      probe = os.path.join(model_dir, _probe_name())
+      with tf.io.gfile.GFile(probe, "w") as f:
+        f.write("probe")
+      tf.io.gfile.remove(probe)
+      return
+    except (FileNotFoundError, tf.errors.NotFoundError):
+      if attempt == attempts - 1 or not _parent_exists(model_dir):
+        raise
+
+
+def _parent_exists(path: str) -> bool:
+  parent = os.path.dirname(path.rstrip("/"))
+  return not parent or tf.io.gfile.isdir(parent)
+
+
+def _rmdir(path: str) -> None:
+  if "://" in path:
+    tf.io.gfile.rmtree(path)
+  else:
+    os.rmdir(path)
+
+
+def differing_keys(
+  config: definitions.ExperimentConfig, saved: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+  """``(key, here, there)`` for the checkpoint-shaping keys that differ."""
+  mine = _flatten(dataclasses.asdict(config), "")
+  theirs = _flatten(saved, "")
+  return [
+    (key, mine[key], theirs[key])
+    for key in sorted(mine)
+    if key.startswith(CHECKPOINT_SHAPING)
+    and key in theirs
+    and mine[key] != theirs[key]
+  ]
+
+
+def _describe_differences(differences: list[tuple[str, Any, Any]]) -> str:
+  shown = "; ".join(
+    f"{key}: {_short(here)} here, {_short(there)} there"
+    for key, here, there in differences[:3]
+  )
+  more = len(differences) - 3
+  return shown + (f" (and {more} more)" if more > 0 else "")
+
+
+def check_run_dir(
+  config: definitions.ExperimentConfig, model_dir: str, mode: str
+) -> None:
+  """Training into ``model_dir``: it holds no other experiment's run.
+
+  A ``params.yaml`` whose model, optimizers or precision differ is
+  another experiment's (its checkpoints would not restore, and the file
+  would be overwritten); the same experiment resumes.
+
+  Raises:
+    ValueError: naming the keys that differ.
+  """
+  if mode not in ("train", "train_and_eval"):
+    return
+  try:
+    saved = saved_params(model_dir)
+  except (ValueError, OSError, tf.errors.OpError):
+    saved = {}
+  if not saved:
+    return
+  differences = differing_keys(config, saved)
+  if differences:
+    raise ValueError(
+      f"--model_dir {model_dir} holds another experiment's run "
+      f"({os.path.join(model_dir, PARAMS_FILE)} differs: "
+      f"{_describe_differences(differences)}): use a new --model_dir, or "
+      f"resume that run with --config_file="
+      f"{os.path.join(model_dir, PARAMS_FILE)}."
+    )
+
+
+#: Bytes read from the start of each file to check it is text.
+_SNIFF_BYTES = 1 << 16
+
+
+def _split_files(config: definitions.ExperimentConfig, split: str) -> list[str]:
+  from model_garden import cli  # noqa: PLC0415
+
+  patterns = [
+    p.strip()
+    for p in getattr(config.task, split).input_path.split(",")
+    if p.strip()
+  ]
+  files: set[str] = set()
+  for pattern in patterns:
+    try:
+      matches = tf.io.gfile.glob(pattern)
+    except tf.errors.OpError as e:
+      raise cli.FixableError(
+        f"task.{split}.input_path: {pattern} cannot be listed "
+        f"({e.message.strip().splitlines()[0]})."
+      ) from None
+    files_only = [m for m in matches if not tf.io.gfile.isdir(m)]
+    if matches and not files_only:
+      raise cli.FixableError(
+        f"task.{split}.input_path: {pattern!r} is a directory; name its "
+        f"files with a glob (e.g. {os.path.join(pattern, '*')!r})."
+      )
+    matches = files_only
+    if not matches:
+      raise cli.FixableError(
+        f"task.{split}.input_path: no file matches {pattern!r}; check the "
+        "path (--data or the input_path key)."
+      )
+    files.update(matches)
+  return sorted(files)
+
+
+def _count_text_records(path: str, split: str, limit: int) -> int:
+  """Lines of ``path`` up to ``limit``; the first bytes must be text."""
+  from model_garden import cli  # noqa: PLC0415
+
+  count = 0
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      head = f.read(_SNIFF_BYTES)
+      if b"\0" in head or head[:2] == b"\x1f\x8b":
+        raise cli.FixableError(
+          f"{path}: not a text file (task.{split}.input_path expects Criteo "
+          "TSV lines; TFRecord files need task.use_tf_record_reader=true, "
+          "compressed files must be decompressed)."
+        )
+      try:
+        head.decode("utf-8")
+      except UnicodeDecodeError as e:
+        if len(head) < _SNIFF_BYTES or e.start < len(head) - 4:
+          # (not a character that the read cut in two)
+          line = head[: e.start].count(b"\n") + 1
+          raise cli.FixableError(
+            f"{path}:{line}: not UTF-8 text (task.{split}.input_path expects "
+            "Criteo TSV lines)."
+          ) from None
+      count, last = head.count(b"\n"), head[-1:]
+      while count < limit:
+        chunk = f.read(_SNIFF_BYTES)
+        if not chunk:
+          count += 1 if last not in (b"", b"\n") else 0  # no final newline
+          break
+        count, last = count + chunk.count(b"\n"), chunk[-1:]
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "strerror", None) or getattr(e, "message", str(e))
+    raise cli.FixableError(
+      f"{path}: cannot be read ({str(reason).strip().splitlines()[0]})."
+    ) from None
+  return count
+
+
+def _count_tfrecords(path: str, limit: int) -> int:
+  from model_garden import cli  # noqa: PLC0415
+
+  try:
+    return sum(1 for _ in tf.data.TFRecordDataset(path).take(limit))
+  except tf.errors.OpError as e:
+    raise cli.FixableError(
+      f"{path}: not a readable TFRecord file "
+      f"({e.message.strip().splitlines()[0]})."
+    ) from None
+
+
+def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
+  """The splits ``mode`` reads exist, are readable and hold a batch.
+
+  Every glob of ``input_path`` must match files that can be read (text
+  for TSV), and a split must hold at least one global batch of records
+  (counting stops there: big data sets are not read).
+
+  Raises:
+    cli.FixableError: naming the key, the file and what was expected.
+  """
+  from model_garden import cli  # noqa: PLC0415
+
+  task = config.task
+  for split in needed_splits(mode):
+    batch = getattr(task, split).global_batch_size
+    key = f"task.{split}.global_batch_size"
+    if task.use_synthetic_data:
+      synthetic = task.synthetic
+      count = (
+        synthetic.num_train_examples
+        if split == "train_data"
+        else synthetic.num_eval_examples
+      )
+      which = (
+        "num_train_examples" if split == "train_data" else "num_eval_examples"
+      )
+      if count < batch:
+        raise cli.FixableError(
+          f"task.synthetic.{which}={count} is less than one global batch "
+          f"({key}={batch}): raise it or lower the batch."
+        )
+      continue
+    if definitions.paddlerec_sample_lines(task, split) is not None:
+      from model_garden.ranking.data import paddlerec  # noqa: PLC0415
+
+      try:
+        paddlerec.find_sample_file()
+      except FileNotFoundError as e:
+        raise cli.FixableError(str(e).strip().splitlines()[0]) from None
+      continue  # its batches are checked by definitions.validate
+    files = _split_files(config, split)
+    count = 0
+    for path in files:
+      if task.use_tf_record_reader:
+        count += _count_tfrecords(path, batch - count)
+      else:
+        count += _count_text_records(path, split, batch - count)
+      if count >= batch:
+        break
+    if count < batch:
+      shown = files[0] if len(files) == 1 else f"{len(files)} files"
+      raise cli.FixableError(
+        f"task.{split}.input_path: {shown} hold(s) {count} record(s), "
+        f"fewer than one global batch ({key}={batch}): lower the batch "
+        "or add data."
+      )

@@ -37,12 +37,19 @@ Flags:
   ``validation_data``'s): ``raise`` (default), ``count`` (drop; counts in
   the logs and TensorBoard) or ``skip`` (drop uncounted).
 
-Wrong flags, configs or clusters stop the program with one line (absl's
-``UsageError``) before any table is built: unknown experiments or keys,
-missing files, contradicting flags, a cluster without the tasks the
-strategy needs, an evaluation without a checkpoint or with a config that
-does not match the checkpoint's ``params.yaml``, tables that cannot fit in
-memory.
+Wrong flags, configs or clusters stop the program with one line ending
+``see --help`` and exit code 2 (``model_garden.cli``), before anything is
+built or written: unknown experiments, keys or flag values, missing
+config files, contradicting flags or data keys, a cluster without the
+tasks the strategy needs, an evaluation without a checkpoint or with a
+config that does not match the checkpoint's ``params.yaml``, training into
+a ``--model_dir`` that holds another experiment's run. Problems with
+files, memory or data are one line naming the file or key, exit code 1:
+an input glob that matches nothing, a binary or non-UTF-8 file, data
+smaller than one global batch, a ``--model_dir`` that cannot be written,
+tables that cannot fit in memory, a bad record (``file:line``, and the
+``on_bad_record`` key that drops it). ``--debug`` (or ``TPE_DEBUG=1``)
+also prints the traceback.
 
 Writes to ``--model_dir`` (any TensorFlow filesystem, e.g. ``gs://``):
 ``params.yaml`` (the effective config; training modes only), checkpoints
@@ -58,7 +65,10 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import dataclasses  # noqa: E402
 import time  # noqa: E402
@@ -161,6 +171,12 @@ def define_flags() -> None:
   flags.DEFINE_enum(
     "progress_bar", "auto", ["auto", "on", "off"], "Show a progress bar."
   )
+  if "debug" not in FLAGS:
+    flags.DEFINE_boolean(
+      "debug",
+      False,
+      "Show the traceback of an error (also: TPE_DEBUG=1).",
+    )
 
 
 def build_config(
@@ -221,6 +237,17 @@ def build_config(
     )
     if not config.task.validation_data.input_path:
       changes["task.validation_data.input_path"] = data
+  # The validation batch follows a training batch set by the user, unless
+  # set too.
+  default = configs.get_config(experiment).task
+  train_batch = config.task.train_data.global_batch_size
+  if (
+    train_batch != default.train_data.global_batch_size
+    and config.task.validation_data.global_batch_size
+    == default.validation_data.global_batch_size
+    and "task.validation_data.global_batch_size" not in changes
+  ):
+    changes["task.validation_data.global_batch_size"] = train_batch
   if strategy:
     changes["runtime.distribution_strategy"] = strategy
   if seed is not None:
@@ -253,6 +280,7 @@ class Plan:
   strategy: str
   launch: bool = False
   local_cluster: tuple[int, int] | None = None
+  cluster: dict[str, Any] | None = None
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -270,9 +298,13 @@ def prepare(tf_config: str = "") -> Plan:
   if not FLAGS.model_dir:
     raise ValueError("--model_dir is required.")
   if FLAGS.experiment not in configs.experiments():
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(FLAGS.experiment, configs.experiments())
     raise ValueError(
-      f"Unknown --experiment {FLAGS.experiment!r}; known: "
-      f"{', '.join(configs.experiments())}."
+      f"Unknown --experiment {FLAGS.experiment!r}"
+      + (f" (did you mean {close[0]}?)" if close else "")
+      + f"; known: {', '.join(configs.experiments())}."
     )
   config = build_config(
     FLAGS.experiment,
@@ -297,18 +329,16 @@ def prepare(tf_config: str = "") -> Plan:
     tf_config=tf_config,
   )
   plan = Plan(config, strategy, launch=FLAGS.num_workers > 0)
-  cluster = None
   if FLAGS.ps_local_cluster:
     plan.local_cluster = _parse_local_cluster(FLAGS.ps_local_cluster)
   elif not plan.launch and strategy in preflight.CLUSTER_STRATEGIES:
-    cluster = preflight.check_cluster(strategy, tf_config)
+    plan.cluster = preflight.check_cluster(strategy, tf_config)
   preflight.check_data(config)
+  preflight.check_data_keys(config, FLAGS.mode)
+  if strategy == "mirrored":
+    preflight.check_batches(config, FLAGS.num_replicas, FLAGS.mode)
   preflight.check_checkpoint(config, FLAGS.model_dir, FLAGS.mode)
-  preflight.check_memory(
-    config,
-    FLAGS.experiment,
-    hosts=preflight.cluster_hosts(strategy, cluster),
-  )
+  preflight.check_run_dir(config, FLAGS.model_dir, FLAGS.mode)
   steps = preflight.validation_steps(config, FLAGS.mode)
   if steps is not None:
     plan.config = configs.override(config, {"trainer.validation_steps": steps})
@@ -317,6 +347,21 @@ def prepare(tf_config: str = "") -> Plan:
       "set's global batches): parameter-server workers read it as a stream."
     )
   return plan
+
+
+def check_resources(plan: Plan) -> None:
+  """The checks of memory, input files and ``--model_dir`` (runtime
+  failures: ``cli.FixableError``), after ``prepare`` and before anything is
+  written; ``--model_dir`` is left as it was."""
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_memory(
+    plan.config,
+    FLAGS.experiment,
+    hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
+  )
+  preflight.check_inputs(plan.config, FLAGS.mode)
+  preflight.check_model_dir(FLAGS.model_dir)
 
 
 def _parse_local_cluster(text: str) -> tuple[int, int]:
@@ -360,10 +405,13 @@ def main(argv: list[str]) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.get_logger().setLevel("ERROR")
+  tf_config = os.environ.get("TF_CONFIG", "")
   try:
-    plan = prepare(os.environ.get("TF_CONFIG", ""))
+    plan = prepare(tf_config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
+  check_resources(plan)
+  _RUNNING.append(plan.config)
   for note in plan.notes:
     print(note, flush=True)
   if plan.launch:
@@ -466,8 +514,6 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  if chief and mode in TRAINING_MODES:
-    write_params(config, model_dir)
   task = RankingTask(config, strategy, seed=seed)
   inputs = RankingInputs(config.task, strategy)
   loop = Trainer(
@@ -477,6 +523,10 @@ def run(
     kill_at_step=kill_at_step,
     progress_bar=progress_bar,
   )
+  if chief and mode in TRAINING_MODES:
+    # After the restore: a checkpoint of another experiment stops the run
+    # before its directory gets this experiment's params.yaml.
+    write_params(config, model_dir)
   _describe(loop, experiment or "experiment")
   summary: dict[str, Any] = {"model_dir": model_dir}
   if mode == "eval":
@@ -552,6 +602,65 @@ def _report(loop: Any, summary: dict[str, Any]) -> None:
   sys.stdout.flush()
 
 
+def translate_error(error: BaseException) -> BaseException | None:
+  """A run's failure the user can fix, as one ``cli`` line (or None)."""
+  from model_garden.ranking.data import bad_records  # noqa: PLC0415
+
+  if isinstance(error, app.UsageError):
+    return cli.UsageError(str(error))
+  message = bad_records.describe_bad_record(error, _bad_record_key(error))
+  if message is not None:
+    return cli.FixableError(message)
+  if isinstance(error, ValueError) and "no full global batch" in str(error):
+    return cli.FixableError(str(error))
+  if "Received incompatible tensor" in str(error) or (
+    "Shapes" in str(error) and "are incompatible" in str(error)
+  ):
+    model_dir = FLAGS.model_dir if "model_dir" in FLAGS else "--model_dir"
+    return cli.FixableError(
+      f"The checkpoint in {model_dir} was written by another experiment "
+      f"({_first_line(error)}): use a new --model_dir, or run with that "
+      "experiment's config."
+    )
+  if isinstance(error, ValueError) and "is not divisible by" in str(error):
+    # (replicas known only once the strategy exists: GPUs, workers)
+    return cli.FixableError(
+      f"{str(error).strip()}: set task.train_data.global_batch_size (and "
+      "validation_data's) to a multiple of the replicas."
+    )
+  return None
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(getattr(error, "message", error)).strip()
+  return text.splitlines()[0][:160] if text else type(error).__name__
+
+
+#: The config ``main`` runs (for the error messages).
+_RUNNING: list[definitions.ExperimentConfig] = []
+
+
+def _bad_record_key(error: BaseException) -> str:
+  """``task.<split>.on_bad_record`` of the split whose file ``error``
+  names."""
+  import fnmatch  # noqa: PLC0415
+
+  text = str(getattr(error, "message", error))
+  splits = ("train_data", "validation_data")
+  if _RUNNING:
+    for split in splits:
+      paths = getattr(_RUNNING[-1].task, split).input_path.split(",")
+      for pattern in (p.strip() for p in paths if p.strip()):
+        at = text.find("Bad record at ") + len("Bad record at ")
+        if fnmatch.fnmatch(text[at:].split(":")[0], pattern):
+          return f"task.{split}.on_bad_record"
+  return "task.train_data.on_bad_record (or validation_data's)"
+
+
+def _main(argv: list[str]) -> None:
+  cli.run(lambda: main(argv), translate_error)
+
+
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(_main, flags_parser=cli.absl_flags_parser)

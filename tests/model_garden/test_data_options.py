@@ -137,8 +137,8 @@ def test_count_policy_reports_training_counts(tmp_path, capsys):
 
 
 def test_default_policy_raises_naming_the_line(tmp_path, capsys):
-  path = write_lines(tmp_path / "t.tsv", [tsv_line()] * 4 + [tsv_line("x")])
-  with pytest.raises(tf.errors.InvalidArgumentError, match=r"t\.tsv:5"):
+  path = write_lines(tmp_path / "t.tsv", [tsv_line()] * 8 + [tsv_line("x")])
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"t\.tsv:9"):
     run_main(
       [f"--model_dir={tmp_path / 'run'}", f"--data={path}", "--mode=train",
        "--params_override=" + SMALL],

@@ -140,10 +140,13 @@ def test_retrieval_exports_the_query_tower(runs):
 
 
 def test_usage_errors_and_help(tmp_path):
-  bad_task = finish(start("--task=rank", cwd=tmp_path), returncode=1)
+  bad_task = finish(start("--task=rank", cwd=tmp_path), returncode=2)
   assert "--task" in bad_task and "ranking" in bad_task
-  no_dir = finish(start("--task=ranking", cwd=tmp_path), returncode=1)
-  assert "--model_dir is required" in no_dir
+  no_dir = finish(start("--task=ranking", cwd=tmp_path), returncode=2)
+  assert "Traceback" not in no_dir
+  assert no_dir.strip().splitlines()[-1] == (
+    "--model_dir is required; see --help"
+  )
   help_text = finish(start("--help", cwd=tmp_path), returncode=1)
   for flag in ("task", "model_dir", "epochs", "batch_size", "export"):
     assert re.search(rf"--(\[no\])?{flag}: \S", help_text), flag

@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from absl.testing import flagsaver
 
+from model_garden import cli
 from model_garden.ranking import configs
 from model_garden.ranking import preflight
 from model_garden.ranking import train
@@ -56,7 +57,10 @@ def usage_error(run_main, *args, tf_config=None):
 @pytest.mark.parametrize(
   "args, expected",
   [
-    (["--experiment=dlrm_tiny"], "Unknown --experiment 'dlrm_tiny'; known:"),
+    (
+      ["--experiment=dlrm_tiny"],
+      "Unknown --experiment 'dlrm_tiny' (did you mean dlrm_criteo?); known:",
+    ),
     (
       ["--params_override=task.model.embeding_dim=8"],
       "Unknown config key 'task.model.embeding_dim'. Valid keys under "
@@ -170,7 +174,10 @@ def test_clusters_are_checked_before_anything_is_built(
 
 def test_tables_that_cannot_fit_are_refused_up_front(run_main, monkeypatch):
   monkeypatch.setattr(preflight, "available_memory", lambda: 16 * 2**30)
-  message = usage_error(run_main, "--experiment=dlrm_criteo")
+  with pytest.raises(cli.FixableError) as raised:  # runtime: exit 1
+    run_main("--experiment=dlrm_criteo", "--data=synthetic")
+  message = str(raised.value)
+  assert "\n" not in message
   assert message.startswith("dlrm_criteo: the 26 embedding tables need about")
   rows = sum(configs.get_config("dlrm_criteo").task.model.vocab_sizes)
   assert f"tables {rows * 64 * 4 / 2**30:.1f} GiB" in message
@@ -292,8 +299,9 @@ def test_the_command_line_shows_one_line_and_no_traceback(tmp_path):
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     timeout=120,
   )
-  assert result.returncode == 1
+  assert result.returncode == 2  # usage
   assert "Traceback" not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("runtime.num_gpus=2 is not supported here"), last
+  assert last.endswith("; see --help"), last
   assert not list(tmp_path.iterdir())  # nothing written

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -173,7 +174,20 @@ def apply_bad_record_policy(
       ": invalid ",
       kind,
       ". The line starts with: ",
-      tf.strings.substr(records["line"][row], 0, 120, unit="UTF8_CHAR"),
+      # Valid UTF-8 whatever the file holds (TensorFlow decodes the
+      # message as UTF-8): undecodable bytes become U+FFFD.
+      tf.strings.substr(
+        tf.strings.unicode_transcode(
+          records["line"][row],
+          "UTF-8",
+          "UTF-8",
+          errors="replace",
+          replacement_char=0xFFFD,
+        ),
+        0,
+        120,
+        unit="UTF8_CHAR",
+      ),
     ]
   )
   check = tf.debugging.Assert(
@@ -181,3 +195,54 @@ def apply_bad_record_policy(
   )
   with tf.control_dependencies([check]):
     return tf.nest.map_structure(tf.identity, values)
+
+
+_BAD_RECORD = re.compile(
+  r"Bad record at (?P<file>.+?):(?P<line>\d+): invalid (?P<kind>\w+)\. "
+  r"The line starts with: (?P<text>.*)"
+)
+
+
+def describe_bad_record(
+  error: BaseException, key: str = "on_bad_record"
+) -> str | None:
+  """One line for the error a ``RAISE`` policy stopped on, or None.
+
+  Args:
+    error: what iterating the dataset raised.
+    key: the config key that sets the policy, for the advice.
+
+  Returns:
+    ``"<file>:<line>: invalid <kind> (...); set <key>=count ..."``, or
+    None if ``error`` is not a bad record's.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from model_garden.ranking.data import bad_records
+    >>> error = tf.errors.InvalidArgumentError(None, None,
+    ...   "Assertion failed: [Bad record at /d/a.tsv:7: invalid dense. "
+    ...   "The line starts with: 1 x 3]")
+    >>> print(bad_records.describe_bad_record(error, "task.train_data."
+    ...   "on_bad_record"))  # doctest: +NORMALIZE_WHITESPACE
+    /d/a.tsv:7: invalid dense field (the line starts with: 1 x 3);
+    to drop bad records set task.train_data.on_bad_record=count (counted
+    in the logs) or skip
+  """
+  if not isinstance(error, tf.errors.InvalidArgumentError):
+    return None
+  found = _BAD_RECORD.search(str(getattr(error, "message", error)))
+  if found is None:
+    return None
+  text = found["text"].split("\n")[0]
+  text = re.sub(r"\]\s*(\[\[\{\{node .*)?$", "", text)[:60]
+  file, line, kind = found["file"], found["line"], found["kind"]
+  if "\ufffd" in text or re.search(r"\\[0-3][0-7]{2}", text):
+    what = "not a line of text (a binary or compressed file?)"
+  elif kind == "columns":
+    what = "wrong number of tab-separated columns"
+  else:
+    what = f"invalid {kind} field"
+  return (
+    f"{file}:{line}: {what} (the line starts with: {text}); to drop bad "
+    f"records set {key}=count (counted in the logs) or skip"
+  )
