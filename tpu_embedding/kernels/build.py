@@ -10,7 +10,8 @@ Two kinds of library, from the same C++ sources and flags:
   TensorFlow they were compiled against. On other machines (Arm), one
   library for the generic target.
 * **Tuned** (``build_tuned``): ``python3 -m tpu_embedding.kernels build``
-  compiles for exactly this CPU (``-march=native``) into a cache keyed by
+  compiles for exactly this CPU (``-march=native``, else the widest level
+  it runs: ``tuned_targets``) into a cache keyed by
   the TensorFlow version, the sources' hash and the CPU's instruction
   sets; the loader prefers it when it exists. Optional: an install that
   built the portable libraries needs nothing more.
@@ -407,16 +408,31 @@ def _cpu_features() -> str:
   return ""
 
 
+def tuned_targets() -> list[tuple[str, ...]]:
+  """The targets ``build_tuned`` tries, best first.
+
+  This CPU (``-march=native``); the same without AVX-512 FP16 (GCC 12
+  cannot compile TensorFlow's Eigen headers for it); the widest portable
+  level this CPU runs; the compiler's default target.
+  """
+  targets: list[tuple[str, ...]] = []
+  if _cpu_features():
+    targets += [NATIVE_FLAGS, (*NATIVE_FLAGS, "-mno-avx512fp16")]
+  runnable = runnable_levels(machine_levels(), cpu_flags())
+  if runnable and runnable[-1].flags:
+    targets.append(runnable[-1].flags)
+  return [*targets, ()]
+
+
 def build_tuned(force: bool = False) -> str:
   """Compiles the library for this CPU (unless built); returns its path.
 
-  Where the compiler refuses ``-march=native`` (or the CPU cannot be
-  identified), the library is compiled for the generic target. Concurrent
-  processes wait on a file lock; the library appears under its final name
-  only once complete.
+  Tries ``tuned_targets()`` in order and keeps the first that compiles.
+  Concurrent processes wait on a file lock; the library appears under its
+  final name only once complete.
 
   Raises:
-    BuildError: if the compiler is missing or fails.
+    BuildError: if the compiler is missing or fails for every target.
   """
   path = tuned_library_path()
   if os.path.exists(path) and not force:
@@ -428,12 +444,11 @@ def build_tuned(force: bool = False) -> str:
     handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(handle)
     try:
-      result = _compile(
-        compile_command(partial, NATIVE_FLAGS if _cpu_features() else ())
-      )
-      if result.returncode != 0:  # E.g. no -march=native: generic code.
-        result = _compile(compile_command(partial, ()))
-      if result.returncode != 0:
+      for target in tuned_targets():
+        result = _compile(compile_command(partial, target))
+        if result.returncode == 0:
+          break
+      else:
         raise _failed(result)
     except BuildError:
       os.unlink(partial)
