@@ -134,3 +134,44 @@ def test_circles_are_found_whatever_the_import_form(source, expected):
     for name in _imported(node, "tpu_embedding.a", False, modules):
       graph["tpu_embedding.a"][name] = node.lineno
   assert circles(graph) == expected
+
+
+#: Private modules of TensorFlow and Keras: only ``compat.py`` imports them.
+PRIVATE = ("tensorflow.python", "tensorflow.core", "keras.src", "tf_keras.src")
+
+
+def private_imports(source: str) -> list[tuple[int, str]]:
+  """``(line, module)`` of each private TensorFlow/Keras import."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      names = [node.module or ""]
+    else:
+      continue
+    found += [
+      (node.lineno, name)
+      for name in names
+      if any(name == p or name.startswith(p + ".") for p in PRIVATE)
+    ]
+  return found
+
+
+def test_only_compat_imports_private_tensorflow_modules():
+  found = [
+    f"{name}:{line} imports {module}"
+    for name, path in sorted(_modules().items())
+    if name != "tpu_embedding.compat"
+    for line, module in private_imports(path.read_text())
+  ]
+  assert not found, (
+    "Private TensorFlow/Keras imports belong in compat.py, with what they "
+    "are for:\n" + "\n".join(found)
+  )
+
+
+def test_private_imports_are_found_in_functions_too():
+  source = "def f():\n  from tensorflow.python.checkpoint import save_util\n"
+  assert private_imports(source) == [(2, "tensorflow.python.checkpoint")]
+  assert private_imports("import tensorflow as tf") == []

@@ -27,12 +27,13 @@ zeros, with a warning: ``keras.models.load_model`` then restores the saved
 table values, but a model rebuilt from the config alone starts from zeros.
 
 Example:
+  >>> import json
   >>> import tpu_embedding as tpe
-  >>> table = tpe.TableConfig(10, 4, name="t", optimizer=tpe.SGD(0.1))
-  >>> config = {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)}
-  >>> restored = deserialize_feature_config(serialize_feature_config(config))
-  >>> restored["a"].table is restored["b"].table, restored["a"].table.name
-  (True, 't')
+  >>> features = [tpe.FeatureConfig(tpe.TableConfig(10, 4, name="t"))]
+  >>> saved = json.dumps(encode_layer_arguments(features, tpe.SGD(0.1), "e"))
+  >>> arguments = decode_layer_arguments(json.loads(saved))
+  >>> arguments["optimizer"], arguments["feature_config"][0].table.name
+  (SGD(learning_rate=0.1), 't')
 """
 
 from __future__ import annotations
