@@ -99,7 +99,7 @@ __all__ = [
 ]
 
 
-def checkpoint_keys(checkpoint: Any) -> dict[int, list[str]]:
+def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
   """``{id(object): [its checkpoint keys]}`` of a checkpoint's objects.
 
   TensorFlow's own serialization of the object graph names them
@@ -115,17 +115,19 @@ def checkpoint_keys(checkpoint: Any) -> dict[int, list[str]]:
 # value to it only when the restore is newer than this; ``checkpoints.py``
 # raises it to keep TensorFlow off the values it reads itself, then sets it
 # to the restore's uid (``restore_uid``) so the status counts them matched.
-def update_uid(trackable: Any) -> int:
+def update_uid(trackable: tf.__internal__.tracking.Trackable) -> int:
   """The restore uid ``trackable`` was last updated by."""
   return int(trackable._update_uid)  # noqa: SLF001
 
 
-def set_update_uid(trackable: Any, uid: int) -> None:
+def set_update_uid(
+  trackable: tf.__internal__.tracking.Trackable, uid: int
+) -> None:
   """Marks ``trackable`` as updated by restore ``uid``."""
   trackable._update_uid = uid  # noqa: SLF001
 
 
-def restore_uid(status: Any) -> int | None:
+def restore_uid(status: object) -> int | None:
   """The uid of the restore behind a ``Checkpoint.restore`` status, or None."""
   return getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
 

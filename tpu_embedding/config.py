@@ -57,8 +57,8 @@ class TableConfigDict(TypedDict):
 
   vocabulary_size: int
   dim: int
-  initializer: dict[str, Any]
-  optimizer: dict[str, Any] | None
+  initializer: initializers.InitializerDict
+  optimizer: optimizer_saving.OptimizerDict | None
   combiner: str
   name: str | None
   quantization_config: QuantizationConfigDict | None
@@ -537,9 +537,17 @@ FeatureConfigNest: TypeAlias = Union[
 ]
 
 
+class FeatureConfigNestDict(TypedDict):
+  """A nest of ``FeatureConfig`` as plain data: its tables, listed once,
+  and the nest, whose features name their table by index."""
+
+  tables: list[TableConfigDict]
+  features: dict[str, Any]
+
+
 def serialize_feature_config(
   feature_config: FeatureConfigNest,
-) -> dict[str, Any]:
+) -> FeatureConfigNestDict:
   """A JSON-able dict describing a nest of ``FeatureConfig``.
 
   The nest (a single ``FeatureConfig``, dicts with string keys, lists and
@@ -566,7 +574,9 @@ def serialize_feature_config(
   return {"tables": [t.get_config() for t in tables], "features": features}
 
 
-def deserialize_feature_config(data: Mapping[str, Any]) -> FeatureConfigNest:
+def deserialize_feature_config(
+  data: FeatureConfigNestDict,
+) -> FeatureConfigNest:
   """The nest of ``FeatureConfig`` that ``serialize_feature_config`` saw."""
   tables = [TableConfig.from_config(t) for t in data["tables"]]
   return _decode(data["features"], tables)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import TypeAlias
+from typing import TypedDict
 from typing import Union
 
 import numpy as np
@@ -117,6 +118,23 @@ class RowIdInitializer:
     return f"RowIdInitializer(offset={self.offset!r})"
 
 
+class _InitializerKind(TypedDict):
+  kind: str
+
+
+class InitializerDict(_InitializerKind, total=False):
+  """An initializer as plain data (``get_config``).
+
+  ``kind`` is ``"tpu_embedding"``, ``"keras"`` or ``"tensorflow"`` (with
+  ``config``, and ``class_name`` but for Keras), or ``"unserializable"``
+  (with ``repr``).
+  """
+
+  class_name: str
+  config: dict[str, Any]
+  repr: str
+
+
 #: This package's initializers, by class name.
 _OWN = {cls.__name__: cls for cls in (TruncatedNormal, RowIdInitializer)}
 
@@ -141,7 +159,7 @@ def _json_value(value: object) -> object:
   return value
 
 
-def get_config(initializer: Initializer) -> dict[str, Any]:
+def get_config(initializer: Initializer) -> InitializerDict:
   """Plain data describing ``initializer`` (see the module docstring).
 
   Args:
@@ -170,7 +188,7 @@ def get_config(initializer: Initializer) -> dict[str, Any]:
   return {"kind": "unserializable", "repr": repr(initializer)}
 
 
-def from_config(config: dict[str, Any], table: str) -> Initializer:
+def from_config(config: InitializerDict, table: str) -> Initializer:
   """The initializer ``get_config`` described (or zeros, with a warning).
 
   Args:

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from typing import Any
+from typing import TypedDict
 
 from tpu_embedding.optimizers.adagrad import Adagrad
 from tpu_embedding.optimizers.adagrad_momentum import AdagradMomentum
@@ -25,13 +26,21 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.ftrl import FTRL
 from tpu_embedding.optimizers.sgd import SGD
 
+
+class OptimizerDict(TypedDict):
+  """An optimizer as plain data: its class and constructor arguments."""
+
+  class_name: str
+  config: dict[str, Any]
+
+
 #: The optimizers that can be saved, by class name.
 CLASSES: dict[str, type[Optimizer]] = {
   cls.__name__: cls for cls in (SGD, Adagrad, AdagradMomentum, Adam, FTRL)
 }
 
 
-def to_config(optimizer: Optimizer | None, where: str) -> dict[str, Any] | None:
+def to_config(optimizer: Optimizer | None, where: str) -> OptimizerDict | None:
   """``{"class_name", "config"}`` of an optimizer (None stays None).
 
   Args:
@@ -59,7 +68,7 @@ def to_config(optimizer: Optimizer | None, where: str) -> dict[str, Any] | None:
   return {"class_name": type(optimizer).__name__, "config": config}
 
 
-def from_config(data: dict[str, Any] | None) -> Optimizer | None:
+def from_config(data: OptimizerDict | None) -> Optimizer | None:
   """The optimizer ``to_config`` described (None stays None)."""
   if data is None:
     return None

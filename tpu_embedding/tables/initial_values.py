@@ -48,6 +48,7 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.initializers import RowIdInitializer
+from tpu_embedding.initializers import Shape
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.resolved import table_name
 
@@ -295,7 +296,9 @@ class StackedInitializer:
   def __init__(self, members: Sequence[tuple[int, TableConfig]]):
     self.members = tuple(members)
 
-  def __call__(self, shape: Any, dtype: Any = None, **kwargs: Any) -> Any:
+  def __call__(
+    self, shape: Shape, dtype: tf.DType | str | None = None, **kwargs: object
+  ) -> tf.Tensor:
     del kwargs
     full = (int(shape[0]), int(shape[1]))
     return row_values(self, full).rows(0, full[0], dtype or "float32")
