@@ -41,9 +41,10 @@ from typing import Union
 
 import tensorflow as tf
 
-# The aliases of one concern live with it and are gathered here: configs
-# and optimizers import their own modules, never this one (no import circle).
-#: The feature config: a nest of ``FeatureConfig`` (defined with it).
+# The aliases of one concern live with it and are gathered here (the feature
+# config nest with FeatureConfig, Initializer with the initializers, the
+# hyper-parameters' with the optimizers): those modules never import this
+# one, so there is no import circle.
 from tpu_embedding.config import FeatureConfigNest
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.optimizers.base import ClipValue
