@@ -53,6 +53,29 @@ def test_layout_is_the_planned_one(layout):
   assert store.keys == ("parameters", "accumulators")
 
 
+def test_rows_sharded_follows_the_plan(layout):
+  name, store, emb, _ = layout
+  assert store.rows_sharded == (name == "row_sharded")
+  plan = emb.sharding_plan
+  assert plan is None or plan.placements["t"].sharded == store.rows_sharded
+
+
+@pytest.mark.parametrize("threshold", [0, 1000], ids=["sharded", "replicated"])
+def test_stacked_members_answer_rows_sharded_for_their_stack(threshold):
+  tables = [tpe.TableConfig(ROWS, DIM, name=n) for n in ("a", "b")]
+  with mirrored_strategy(2).scope():
+    emb = tpe.TPUEmbedding(
+      [tpe.FeatureConfig(t) for t in tables],
+      tpe.Adagrad(1.0),
+      row_sharding_threshold=threshold,
+      table_stacking=[["a", "b"]],
+    )
+  emb.build()
+  members = [emb.table_stores[n] for n in ("a", "b")]
+  assert all(m.stack is members[0].stack for m in members)
+  assert [m.rows_sharded for m in members] == [threshold == 0] * 2
+
+
 def test_gather_reads_rows_in_id_order(layout):
   _, store, _, values = layout
   ids = tf.constant([10, 0, 6, 5, 6], tf.int64)

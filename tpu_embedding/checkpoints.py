@@ -48,6 +48,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.multi_worker import WorkerShardedVariable
 
@@ -108,14 +109,8 @@ def _checkpoint_keys(
   """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
   # TensorFlow's own serialization names them (no value is read: the
   # variables are written apart).
-  from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415
-  from tensorflow.python.checkpoint import save_util  # noqa: PLC0415
-
   with slicing.written_apart():
-    serialized = save_util.serialize_graph_view(
-      graph_view.ObjectGraphView(checkpoint)
-    )[0]
-  keys = {id(obj): list(by_key) for obj, by_key in serialized.items()}
+    keys = compat.checkpoint_keys(checkpoint)
   return [keys[id(v)] for v in variables]
 
 
@@ -255,9 +250,9 @@ def restore(
   keys = []
   if variables:  # A table's one key each.
     keys = [key for (key,) in _checkpoint_keys(checkpoint, variables)]
-  previous = [v._update_uid for v in variables]  # noqa: SLF001
+  previous = [compat.update_uid(v) for v in variables]
   for variable in variables:  # TensorFlow's restore leaves them alone.
-    variable._update_uid = sys.maxsize  # noqa: SLF001
+    compat.set_update_uid(variable, sys.maxsize)
   status = None
   try:
     with slicing.sliced():
@@ -265,9 +260,9 @@ def restore(
   finally:
     # Restored by this restore (once read below), as TensorFlow records it:
     # the status's assertions then count them as matched.
-    uid = getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
+    uid = compat.restore_uid(status)
     for variable, old in zip(variables, previous, strict=True):
-      variable._update_uid = old if uid is None else uid  # noqa: SLF001
+      compat.set_update_uid(variable, old if uid is None else uid)
   for key, variable in zip(keys, variables, strict=True):
     variable.read_rows(key, save_path, chunk_bytes)
   return status

@@ -20,6 +20,12 @@ from typing import Any
 
 import tensorflow as tf
 
+# TensorFlow's own checkpoint keys of a checkpoint's objects, without
+# reading a value (``checkpoints.py``: the keys multi-worker tables' parts
+# are written under).
+from tensorflow.python.checkpoint import graph_view as _graph_view
+from tensorflow.python.checkpoint import save_util as _save_util
+
 # The cluster position of a worker (MultiWorkerMirroredStrategy): which
 # global replicas are this process's.
 from tensorflow.python.distribute.multi_worker_util import id_in_cluster
@@ -75,6 +81,7 @@ __all__ = [
   "SaveSpec",
   "ShardedVariable",
   "Trackable",
+  "checkpoint_keys",
   "flatten_with_joined_string_paths",
   "host_address_space",
   "id_in_cluster",
@@ -84,9 +91,45 @@ __all__ = [
   "keras_tensorflow_trainer",
   "parameter_server_resolver",
   "register_checkpoint_saver",
+  "restore_uid",
+  "set_update_uid",
   "tf_tpu_variables",
+  "update_uid",
   "variable_accessed",
 ]
+
+
+def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
+  """``{id(object): [its checkpoint keys]}`` of a checkpoint's objects.
+
+  TensorFlow's own serialization of the object graph names them
+  (``save_util.serialize_graph_view``); nothing is read or written.
+  """
+  serialized = _save_util.serialize_graph_view(
+    _graph_view.ObjectGraphView(checkpoint)
+  )[0]
+  return {id(obj): list(by_key) for obj, by_key in serialized.items()}
+
+
+# A trackable's ``_update_uid``: TensorFlow's restore assigns a checkpointed
+# value to it only when the restore is newer than this; ``checkpoints.py``
+# raises it to keep TensorFlow off the values it reads itself, then sets it
+# to the restore's uid (``restore_uid``) so the status counts them matched.
+def update_uid(trackable: tf.__internal__.tracking.Trackable) -> int:
+  """The restore uid ``trackable`` was last updated by."""
+  return int(trackable._update_uid)  # noqa: SLF001
+
+
+def set_update_uid(
+  trackable: tf.__internal__.tracking.Trackable, uid: int
+) -> None:
+  """Marks ``trackable`` as updated by restore ``uid``."""
+  trackable._update_uid = uid  # noqa: SLF001
+
+
+def restore_uid(status: object) -> int | None:
+  """The uid of the restore behind a ``Checkpoint.restore`` status, or None."""
+  return getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
 
 
 def host_address_space() -> str:

@@ -20,17 +20,65 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeAlias
+from typing import TypedDict
+from typing import Union
 
 import tensorflow as tf
 
+from tpu_embedding import initializers
+from tpu_embedding.initializers import Initializer
 from tpu_embedding.initializers import TruncatedNormal
+from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
-from tpu_embedding.types import Initializer
 from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 COMBINERS = ("mean", "sum", "sqrtn")
+
+
+class QuantizationConfigDict(TypedDict):
+  """``QuantizationConfig.get_config()``: its constructor's arguments."""
+
+  num_buckets: int
+  lower: float
+  upper: float
+
+
+class TableConfigDict(TypedDict):
+  """``TableConfig.get_config()``: plain data, kept by JSON.
+
+  ``initializer`` is ``initializers.get_config``'s, ``optimizer``
+  ``optimizers.saving.to_config``'s; ``dtype`` and the vocabulary's
+  ``key_dtype`` are dtype names.
+  """
+
+  vocabulary_size: int
+  dim: int
+  initializer: initializers.InitializerDict
+  optimizer: optimizer_saving.OptimizerDict | None
+  combiner: str
+  name: str | None
+  quantization_config: QuantizationConfigDict | None
+  dtype: str
+  vocabulary: dict[str, Any] | None
+
+
+class FeatureFieldsDict(TypedDict):
+  """A ``FeatureConfig``'s fields but its table, as plain data."""
+
+  max_sequence_length: int
+  validate_weights_and_indices: bool
+  output_shape: list[int | None] | None
+  name: str | None
+
+
+class FeatureConfigDict(FeatureFieldsDict):
+  """``FeatureConfig.get_config()``: plain data, kept by JSON."""
+
+  table: TableConfigDict
 
 
 class QuantizationConfig:
@@ -84,6 +132,19 @@ class QuantizationConfig:
       self.lower
     )
     return values + tf.stop_gradient(quantized - values)
+
+  def get_config(self) -> QuantizationConfigDict:
+    """The constructor's arguments."""
+    return {
+      "num_buckets": self.num_buckets,
+      "lower": self.lower,
+      "upper": self.upper,
+    }
+
+  @classmethod
+  def from_config(cls, config: QuantizationConfigDict) -> QuantizationConfig:
+    """The configuration ``get_config`` described."""
+    return cls(**config)
 
   def __repr__(self) -> str:
     return (
@@ -242,6 +303,72 @@ class TableConfig:
       setattr(clone, key, value)
     return clone
 
+  def get_config(self) -> TableConfigDict:
+    """This configuration as plain data that JSON keeps.
+
+    Every field but ``layout`` (TPU only), with the optimizer
+    (``optimizers.saving``) and the initializer (``initializers``) described
+    as data; ``from_config`` rebuilds an equal configuration.
+
+    Raises:
+      ValueError: for what cannot be saved, naming the table: a TPU
+        ``layout``, an optimizer with a callable learning rate or a
+        ``slot_variable_creation_fn``.
+
+    Example:
+      >>> import tpu_embedding as tpe
+      >>> table = tpe.TableConfig(10, 4, name="t", optimizer=tpe.SGD(0.1))
+      >>> tpe.TableConfig.from_config(table.get_config())
+      TableConfig(vocabulary_size=10, dim=4, initializer=None, \
+optimizer=SGD(learning_rate=0.1), combiner='mean', name='t', \
+quantization_config=None)
+    """
+    where = f"table {self.name!r}" if self.name else "an unnamed table"
+    if self.layout is not None:
+      raise ValueError(f"The TPU layout of {where} cannot be saved.")
+    quantization = self.quantization_config
+    return {
+      "vocabulary_size": self.vocabulary_size,
+      "dim": self.dim,
+      "initializer": initializers.get_config(self.initializer),
+      "optimizer": optimizer_saving.to_config(self.optimizer, where),
+      "combiner": self.combiner,
+      "name": self.name,
+      "quantization_config": None
+      if quantization is None
+      else quantization.get_config(),
+      "dtype": self.dtype.name,
+      "vocabulary": None
+      if self.vocabulary is None
+      else {
+        **self.vocabulary.get_config(),
+        "key_dtype": self.vocabulary.key_dtype.name,
+      },
+    }
+
+  @classmethod
+  def from_config(cls, config: TableConfigDict) -> TableConfig:
+    """The configuration ``get_config`` described."""
+    quantization = config["quantization_config"]
+    vocabulary = config.get("vocabulary")
+    return cls(
+      vocabulary_size=config["vocabulary_size"],
+      dim=config["dim"],
+      initializer=initializers.from_config(
+        config["initializer"], config["name"] or "<unnamed>"
+      ),
+      optimizer=optimizer_saving.from_config(config["optimizer"]),
+      combiner=config["combiner"],
+      name=config["name"],
+      quantization_config=None
+      if quantization is None
+      else QuantizationConfig.from_config(quantization),
+      dtype=tf.as_dtype(config["dtype"]),
+      vocabulary=None
+      if vocabulary is None
+      else DynamicVocabulary(**vocabulary),
+    )
+
   def __repr__(self) -> str:
     initializer: Initializer | None = self.initializer
     if isinstance(initializer, TruncatedNormal) and initializer.is_default_for(
@@ -344,6 +471,51 @@ class FeatureConfig:
       setattr(clone, key, value)
     return clone
 
+  def get_config(self) -> FeatureConfigDict:
+    """This configuration, its table's included, as plain data.
+
+    Features sharing a table each describe it here;
+    ``serialize_feature_config`` keeps a nest's shared tables shared.
+
+    Raises:
+      ValueError: for a table that cannot be saved
+        (``TableConfig.get_config``).
+
+    Example:
+      >>> import tpu_embedding as tpe
+      >>> feature = tpe.FeatureConfig(tpe.TableConfig(10, 4), name="f")
+      >>> tpe.FeatureConfig.from_config(feature.get_config()).name
+      'f'
+    """
+    return {"table": self.table.get_config(), **self._own_fields()}
+
+  @classmethod
+  def from_config(cls, config: FeatureConfigDict) -> FeatureConfig:
+    """The configuration ``get_config`` described, with a new table."""
+    return cls._with_table(TableConfig.from_config(config["table"]), config)
+
+  def _own_fields(self) -> FeatureFieldsDict:
+    """The fields but the table, as plain data."""
+    shape = self.output_shape
+    return {
+      "max_sequence_length": self.max_sequence_length,
+      "validate_weights_and_indices": self.validate_weights_and_indices,
+      "output_shape": shape.as_list() if shape.rank is not None else None,
+      "name": self.name,
+    }
+
+  @classmethod
+  def _with_table(
+    cls, table: TableConfig, fields: FeatureFieldsDict
+  ) -> FeatureConfig:
+    return cls(
+      table=table,
+      max_sequence_length=fields["max_sequence_length"],
+      validate_weights_and_indices=fields["validate_weights_and_indices"],
+      output_shape=fields["output_shape"],
+      name=fields["name"],
+    )
+
   def __repr__(self) -> str:
     return (
       f"FeatureConfig(table={self.table!r}, "
@@ -352,3 +524,97 @@ class FeatureConfig:
       f"{self.validate_weights_and_indices!r}, "
       f"output_shape={self.output_shape!r}, name={self.name!r})"
     )
+
+
+# --- nests of feature configs as plain data ---------------------------------
+
+#: A nest of ``FeatureConfig`` (as ``types.FeatureConfigNest``, which is
+#: this module's alias gathered there).
+FeatureConfigNest: TypeAlias = Union[
+  FeatureConfig,
+  Sequence["FeatureConfigNest"],
+  Mapping[str, "FeatureConfigNest"],
+]
+
+
+class FeatureConfigNestDict(TypedDict):
+  """A nest of ``FeatureConfig`` as plain data: its tables, listed once,
+  and the nest, whose features name their table by index."""
+
+  tables: list[TableConfigDict]
+  features: dict[str, Any]
+
+
+def serialize_feature_config(
+  feature_config: FeatureConfigNest,
+) -> FeatureConfigNestDict:
+  """A JSON-able dict describing a nest of ``FeatureConfig``.
+
+  The nest (a single ``FeatureConfig``, dicts with string keys, lists and
+  tuples, to any depth) and every feature's fields
+  (``FeatureConfig.get_config``); tables shared by several features stay
+  shared: they are listed once (``TableConfig.get_config``) and referred to
+  by index.
+
+  Raises:
+    ValueError: for what cannot be saved: a table as
+      ``TableConfig.get_config`` says, dict keys that are not strings, other
+      containers.
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> table = tpe.TableConfig(10, 4, name="t", optimizer=tpe.SGD(0.1))
+    >>> config = {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)}
+    >>> restored = deserialize_feature_config(serialize_feature_config(config))
+    >>> restored["a"].table is restored["b"].table, restored["a"].table.name
+    (True, 't')
+  """
+  tables: list[TableConfig] = []
+  features = _encode(feature_config, tables)
+  return {"tables": [t.get_config() for t in tables], "features": features}
+
+
+def deserialize_feature_config(
+  data: FeatureConfigNestDict,
+) -> FeatureConfigNest:
+  """The nest of ``FeatureConfig`` that ``serialize_feature_config`` saw."""
+  tables = [TableConfig.from_config(t) for t in data["tables"]]
+  return _decode(data["features"], tables)
+
+
+def _encode(
+  nest: FeatureConfigNest, tables: list[TableConfig]
+) -> dict[str, Any]:
+  if isinstance(nest, FeatureConfig):
+    index = next(
+      (i for i, t in enumerate(tables) if t is nest.table), len(tables)
+    )
+    if index == len(tables):
+      tables.append(nest.table)
+    return {"feature": {"table": index, **nest._own_fields()}}
+  if isinstance(nest, dict):
+    if not all(isinstance(k, str) for k in nest):
+      raise ValueError(
+        "Only feature configs whose dict keys are strings can be saved; "
+        f"got keys {sorted(map(repr, nest))}."
+      )
+    return {"dict": {k: _encode(v, tables) for k, v in sorted(nest.items())}}
+  if isinstance(nest, (list, tuple)):
+    kind = "list" if isinstance(nest, list) else "tuple"
+    return {kind: [_encode(v, tables) for v in nest]}
+  raise ValueError(
+    f"Cannot save a feature config containing a {type(nest)}; only "
+    "FeatureConfig, dict, list and tuple nests can be saved."
+  )
+
+
+def _decode(
+  data: Mapping[str, Any], tables: list[TableConfig]
+) -> FeatureConfigNest:
+  ((kind, value),) = data.items()
+  if kind == "feature":
+    return FeatureConfig._with_table(tables[value["table"]], value)
+  if kind == "dict":
+    return {k: _decode(v, tables) for k, v in value.items()}
+  items = [_decode(v, tables) for v in value]
+  return items if kind == "list" else tuple(items)

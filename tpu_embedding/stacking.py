@@ -56,6 +56,7 @@ from typing import Any
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.initial_values import StackedInitializer
 
 #: What ``table_stacking`` accepts.
 TableStacking = str | Sequence[str] | Sequence[Sequence[str]] | None
@@ -66,31 +67,6 @@ _BAD_VALUE = (
 
 #: ``placement(table) -> str``: the layout kind a table would get alone.
 PlacementOf = Callable[[TableConfig], str]
-
-
-class StackedInitializer:
-  """The initial value of a stack: each member's own initializer, in order.
-
-  Layouts read it through ``initial_values.row_values``, which gives each
-  member's rows exactly the values the member would get alone.
-
-  Attributes:
-    members: ``(offset, table)`` of each member.
-  """
-
-  def __init__(self, members: Sequence[tuple[int, TableConfig]]):
-    self.members = tuple(members)
-
-  def __call__(self, shape: Any, dtype: Any = None, **kwargs: Any) -> Any:
-    from tpu_embedding.tables.initial_values import row_values  # noqa: PLC0415
-
-    del kwargs
-    full = (int(shape[0]), int(shape[1]))
-    return row_values(self, full).rows(0, full[0], dtype or "float32")
-
-  def __repr__(self) -> str:
-    names = [table_name(t) for _, t in self.members]
-    return f"StackedInitializer({names})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,10 +32,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeAlias
 from typing import TypeVar
@@ -43,22 +41,31 @@ from typing import Union
 
 import tensorflow as tf
 
-if TYPE_CHECKING:  # config.py imports this module (through optimizers).
-  from tpu_embedding.config import FeatureConfig
+# The aliases of one concern live with it and are gathered here (the feature
+# config nest with FeatureConfig, Initializer with the initializers, the
+# hyper-parameters' with the optimizers): those modules never import this
+# one, so there is no import circle.
+from tpu_embedding.config import FeatureConfigNest
+from tpu_embedding.initializers import Initializer
+from tpu_embedding.optimizers.base import ClipValue
+from tpu_embedding.optimizers.base import LearningRate
+
+__all__ = [
+  "ActivationsNest",
+  "ClipValue",
+  "FeatureConfigNest",
+  "FeatureInput",
+  "FeatureNest",
+  "GradientsNest",
+  "Initializer",
+  "InputShapes",
+  "LearningRate",
+  "Nest",
+  "Nested",
+  "WeightsNest",
+]
 
 T = TypeVar("T")
-
-#: A learning rate: a Python float or a zero-argument callable returning a
-#: scalar (float or tensor), evaluated each time gradients are applied.
-LearningRate: TypeAlias = Union[float, Callable[[], Any]]
-
-#: Gradient clipping: a positive scalar ``c`` (clip to ``[-c, c]``) or a
-#: ``(min, max)`` tuple where either side may be ``None``.
-ClipValue: TypeAlias = Union[float, tuple[float | None, float | None]]
-
-#: An initializer: ``initializer(shape, dtype=...)`` returns the initial
-#: value (TensorFlow's and Keras' initializers are such callables).
-Initializer: TypeAlias = Callable[..., Any]
 
 #: A nest of ``T``: a ``T``, or a list, tuple or namedtuple of nests, or a
 #: dict from strings to nests.
@@ -66,9 +73,6 @@ Nest: TypeAlias = Union[T, Sequence["Nest[T]"], Mapping[str, "Nest[T]"]]
 
 #: One input feature: ids as a dense tensor, a sparse tensor or a ragged one.
 FeatureInput: TypeAlias = Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]
-
-#: The feature config: a nest of ``FeatureConfig``.
-FeatureConfigNest: TypeAlias = Nest["FeatureConfig"]
 
 #: The ids of one batch: a nest of ``FeatureInput`` shaped like the config.
 FeatureNest: TypeAlias = Nest[FeatureInput]

@@ -211,16 +211,10 @@ class OffTPUEngine(Engine, Trackable):
         self._stores = create_stacked_tables(
           self._backend, self._stacks, VariableTracker(self)
         )
-      plan = self._backend.plan
       self._dynamic.build(
         self._backend.local_devices,
         self._stores,
         VariableTracker(self),
-        sharded=[
-          name
-          for name, placement in (plan.placements if plan else {}).items()
-          if placement.sharded
-        ],
         strategy=self._strategy,
       )
     self._built = True

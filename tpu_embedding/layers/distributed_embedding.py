@@ -60,6 +60,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import FeatureConfig
+from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.engines.tpu import is_tpu_strategy
 from tpu_embedding.engines.tpu_conversion import to_tf_feature_config
 from tpu_embedding.layers import common
@@ -235,9 +236,7 @@ class DistributedEmbedding(TPUEmbedding):
     """
     config = super(TPUEmbedding, self).get_config()
     config.update(
-      feature_configs=serialization.serialize_feature_config(
-        self._config.structure
-      ),
+      feature_configs=serialize_feature_config(self._config.structure),
       table_stacking=self._table_stacking,
       row_sharding_threshold=self._threshold,
       placements=self.placements,

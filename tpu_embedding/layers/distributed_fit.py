@@ -77,6 +77,7 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
+from typing import TypeVar
 
 import tensorflow as tf
 from absl import logging
@@ -260,6 +261,29 @@ def needs_fix(strategy: tf.distribute.Strategy) -> bool:
     False
   """
   return IS_KERAS_3 and isinstance(strategy, _MIRRORED)
+
+
+#: The layer classes whose models the hook fixes (``fixes_models_holding``).
+_LAYER_CLASSES: list[type] = []
+
+LayerClass = TypeVar("LayerClass", bound=type)
+
+
+def fixes_models_holding(layer_class: LayerClass) -> LayerClass:
+  """Class decorator: the hook fixes the models holding such layers.
+
+  The layers register themselves, so this module never imports them (the
+  layers import it: ``common.creation_strategy``). Subclasses are covered.
+
+  Args:
+    layer_class: a Keras layer class.
+
+  Returns:
+    ``layer_class``, unchanged.
+  """
+  if layer_class not in _LAYER_CLASSES:
+    _LAYER_CLASSES.append(layer_class)
+  return layer_class
 
 
 def install_for_layers(strategy: tf.distribute.Strategy) -> bool:
@@ -447,11 +471,7 @@ def _hook_applies(model: Any) -> bool:
 
 
 def _holds_our_layers(model: Any) -> bool:
-  from tpu_embedding.layers.partial_tpu_embedding import PartialTPUEmbedding
-  from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
-  from tpu_embedding.layers.tpu_embedding import TPUEmbedding
-
-  ours = (TPUEmbedding, PartialTPUEmbedding, ReplicatedEmbedding)
+  ours = tuple(_LAYER_CLASSES)
   return any(isinstance(layer, ours) for layer in model._flatten_layers())
 
 

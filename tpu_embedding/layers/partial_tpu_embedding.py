@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.layers import common
+from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers import tf_configs
 from tpu_embedding.layers.keras_compat import Layer
@@ -72,6 +73,7 @@ def _uses_mid_level_api(table: TableConfig, size_threshold: int | None) -> bool:
 
 
 @register_serializable
+@distributed_fit.fixes_models_holding
 class PartialTPUEmbedding(Layer):
   """The mid-level API for large tables, Keras weights for small ones.
 

@@ -31,8 +31,10 @@ import tensorflow as tf
 
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
+from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.layers import common
+from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
@@ -53,6 +55,7 @@ def _with_dense_gradient(table: tf.Tensor) -> Any:
 
 
 @register_serializable
+@distributed_fit.fixes_models_holding
 class ReplicatedEmbedding(Layer):
   """Embedding tables as Keras weights, with the mid-level API's lookups.
 
@@ -206,9 +209,7 @@ class ReplicatedEmbedding(Layer):
   def get_config(self) -> dict[str, Any]:
     """The constructor arguments, feature configs as plain data."""
     config = super().get_config()
-    config["feature_config"] = serialization.serialize_feature_config(
-      self._config.structure
-    )
+    config["feature_config"] = serialize_feature_config(self._config.structure)
     return config
 
   @classmethod

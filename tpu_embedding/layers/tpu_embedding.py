@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tpu_embedding.embedding import TPUEmbeddingV3
 from tpu_embedding.layers import common
+from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers import tf_configs
 from tpu_embedding.layers.keras_compat import Layer
@@ -62,6 +63,7 @@ DUMMY_NAME = "tpu_embedding_helper_dummy"
 
 
 @register_serializable
+@distributed_fit.fixes_models_holding
 class TPUEmbedding(Layer):
   """A Keras layer looking up, and training, ``tpu_embedding`` tables.
 

@@ -12,13 +12,13 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tpu_embedding.initializers import Initializer
+from tpu_embedding.optimizers.base import ClipValue
+from tpu_embedding.optimizers.base import LearningRate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
-from tpu_embedding.types import ClipValue
-from tpu_embedding.types import Initializer
-from tpu_embedding.types import LearningRate
 
 
 class AdamSlots(NamedTuple):

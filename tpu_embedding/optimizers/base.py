@@ -36,12 +36,20 @@ from collections.abc import Callable
 from typing import Any
 from typing import ClassVar
 from typing import NamedTuple
+from typing import TypeAlias
+from typing import Union
 
 import tensorflow as tf
 
-from tpu_embedding.types import ClipValue
-from tpu_embedding.types import Initializer
-from tpu_embedding.types import LearningRate
+from tpu_embedding.initializers import Initializer
+
+#: A learning rate: a Python float or a zero-argument callable returning a
+#: scalar (float or tensor), evaluated each time gradients are applied.
+LearningRate: TypeAlias = Union[float, Callable[[], Any]]
+
+#: Gradient clipping: a positive scalar ``c`` (clip to ``[-c, c]``) or a
+#: ``(min, max)`` tuple where either side may be ``None``.
+ClipValue: TypeAlias = Union[float, tuple[float | None, float | None]]
 
 #: ``slot_variable_creation_fn(table_variable, slot_names, initializers)``
 #: returns ``{slot_name: variable}``.

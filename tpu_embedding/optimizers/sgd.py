@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tpu_embedding.initializers import Initializer
+from tpu_embedding.optimizers.base import ClipValue
+from tpu_embedding.optimizers.base import LearningRate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotRows
-from tpu_embedding.types import ClipValue
-from tpu_embedding.types import Initializer
-from tpu_embedding.types import LearningRate
 
 
 class SGD(Optimizer):

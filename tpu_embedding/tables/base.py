@@ -141,6 +141,12 @@ class TableStore(metaclass=abc.ABCMeta):
   #: Short name of the layout, for reports ("whole", "row_sharded", ...).
   layout = ""
 
+  #: Whether each replica holds its own range of the rows (a shard) rather
+  #: than all of them. State kept per row beside the table (a dynamic
+  #: vocabulary's, ``vocabularies/``) is laid out alike: its users ask the
+  #: store, never the plan or the layout's class.
+  rows_sharded = False
+
   def __init__(self, table: TableConfig, variables: Block, blocks: list[Block]):
     """Wraps existing variables (layouts' ``create`` methods make them).
 

@@ -39,16 +39,18 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
 from tpu_embedding.initializers import RowIdInitializer
+from tpu_embedding.initializers import Shape
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.resolved import table_name
-from tpu_embedding.stacking import StackedInitializer
 
 #: Bytes of one grid block (float32).
 GRID_BYTES = 4 * 2**20
@@ -278,6 +280,32 @@ class _Stacked(RowValues):
         size = grid_rows(self.full_shape[1])
         for lo in range(a, b, size):
           yield lo - first, values.start(min(size, b - lo), dtype)
+
+
+class StackedInitializer:
+  """The initial value of a stack: each member's own initializer, in order.
+
+  A stack (``stacking.py``) is made with one. Layouts read it through
+  ``row_values``, which gives each member's rows exactly the values the
+  member would get alone.
+
+  Attributes:
+    members: ``(offset, table)`` of each member.
+  """
+
+  def __init__(self, members: Sequence[tuple[int, TableConfig]]):
+    self.members = tuple(members)
+
+  def __call__(
+    self, shape: Shape, dtype: tf.DType | str | None = None, **kwargs: object
+  ) -> tf.Tensor:
+    del kwargs
+    full = (int(shape[0]), int(shape[1]))
+    return row_values(self, full).rows(0, full[0], dtype or "float32")
+
+  def __repr__(self) -> str:
+    names = [table_name(t) for _, t in self.members]
+    return f"StackedInitializer({names})"
 
 
 def row_values(

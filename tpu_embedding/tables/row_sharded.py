@@ -118,6 +118,7 @@ class RowShardedTable(TableStore):
   """Contiguous row blocks on this process's devices, one per replica."""
 
   layout = "row_sharded"
+  rows_sharded = True
 
   def __init__(
     self,

@@ -90,6 +90,11 @@ class StackMember(TableStore):
     """The layout of the stack's store, where the rows live."""
     return self.stack.layout
 
+  @property
+  def rows_sharded(self) -> bool:  # type: ignore[override]
+    """Whether the stack's store is sharded by rows over the replicas."""
+    return self.stack.rows_sharded
+
   def block_rows(self, block: int) -> tuple[int, int]:
     raise IndexError(
       f"Table '{self.table.name}' is stacked: its rows live in the blocks "

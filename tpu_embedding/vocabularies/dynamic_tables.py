@@ -123,7 +123,6 @@ class DynamicTables:
     devices: Sequence[str | None],
     stores: dict[str, TableStore],
     tracker: VariableTracker,
-    sharded: Sequence[str] = (),
     strategy: tf.distribute.Strategy | None = None,
   ) -> None:
     """Creates the state (a copy, or a shard, per local replica) and
@@ -132,17 +131,16 @@ class DynamicTables:
     Args:
       devices: one device per local replica.
       stores: the table stores by name.
-      ops: the step's row ops (``kernels/ops.py``).
       tracker: registers the states for checkpoints.
-      sharded: the row-sharded tables: their state is sharded too, one
-        shard per replica of ``strategy``.
-      strategy: the strategy (its replicas are the shards).
+      strategy: the strategy (its replicas are the shards): the state of
+        a table whose store is sharded by rows (``rows_sharded``) is
+        sharded too, one shard per replica.
     """
     for table in self._tables:
       name, vocabulary = table_name(table), table.vocabulary
       assert vocabulary is not None
       state: VocabularyState
-      if name in sharded and strategy is not None:
+      if stores[name].rows_sharded and strategy is not None:
         state = ShardedVocabulary(
           vocabulary, capacity_of(table), devices, strategy
         )
