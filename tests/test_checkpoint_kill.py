@@ -45,7 +45,9 @@ def checkpoint_files(directory: pathlib.Path) -> None:
   want = {"checkpoint"}
   for prefix in prefixes:
     data = [n for n in names if n.startswith(f"{prefix}.data-")]
-    (count,) = {re.fullmatch(r".*-of-(\d{5})", n)[1] for n in data}
+    counts = {re.fullmatch(r".*-of-(\d{5})", n)[1] for n in data}
+    assert len(counts) == 1, f"{prefix}: data files of two saves: {data}"
+    (count,) = counts
     want |= {f"{prefix}.index"}
     want |= {f"{prefix}.data-{i:05d}-of-{count}" for i in range(int(count))}
     values = dict(tf.train.list_variables(str(directory / prefix)))
