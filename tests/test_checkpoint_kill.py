@@ -4,10 +4,11 @@ Two real workers (tests/distributed/mwms_checkpoint_kill.py) save a
 row-sharded Adam table at steps 2, 4 and 6 with
 ``tpe.checkpoints.CheckpointManager``. A kill cuts off the save of step 4
 (``ckpt-2``): a worker dies writing its rows, or the chief dies merging
-the parts; the other worker is then killed too, as the launcher does. A
-fresh job must restore ``ckpt-1`` (the last whole checkpoint), leave no
-file of the cut-off save behind, and end bit-identical to a job never
-killed.
+the parts, or in the commit that moves the merged files in place; the
+other worker is then killed too, as the launcher does. No ``ckpt-2.index``
+may exist then (an index is only ever a whole checkpoint). A fresh job
+must restore ``ckpt-1`` (the last whole checkpoint), leave no file of the
+cut-off save behind, and end bit-identical to a job never killed.
 """
 
 from __future__ import annotations
@@ -55,8 +56,11 @@ def checkpoint_files(directory: pathlib.Path) -> None:
   assert names == sorted(want), (names, prefixes)
 
 
-def kill_and_resume(directory: pathlib.Path, mode: str, who: int) -> dict:
-  """Runs the job killed in ``mode``, then resumed; the resumed values."""
+def kill_and_resume(
+  directory: pathlib.Path, mode: str, who: int, moved: int = 0
+) -> dict:
+  """Runs the job killed in ``mode``, then resumed; the resumed values.
+  ``moved``: data files of ``ckpt-2`` the kill leaves in place."""
   model = directory / "model"
   killed = cluster.run_job([SCRIPT, model, mode, "-"])
   assert [w.returncode for w in killed] == [-9, -9], killed
@@ -64,6 +68,8 @@ def kill_and_resume(directory: pathlib.Path, mode: str, who: int) -> dict:
   assert "killing this process" not in killed[1 - who].stdout
   # Cut off inside the save: its parts are there, it is not recorded.
   assert (model / "ckpt-2_temp").is_dir()
+  assert not (model / "ckpt-2.index").exists()
+  assert len(list(model.glob("ckpt-2.data-*"))) == moved
   assert tf.train.latest_checkpoint(str(model)).endswith("ckpt-1")
   out = directory / "resumed.npz"
   for worker in cluster.run_workers([SCRIPT, model, "run", out]):
@@ -93,4 +99,13 @@ def test_the_chief_killed_merging_resumes_bit_identical(
 ):
   """The chief dies in the merge of ``ckpt-2``, one part not merged."""
   got = kill_and_resume(tmp_path, "kill_chief", who=0)
+  assert_bit_identical(got, uninterrupted)
+
+
+def test_the_chief_killed_moving_the_merged_files_resumes_bit_identical(
+  tmp_path, uninterrupted
+):
+  """The chief dies in the commit of ``ckpt-2``: one file moved, a data
+  file without its index left next to the checkpoints."""
+  got = kill_and_resume(tmp_path, "kill_commit", who=0, moved=1)
   assert_bit_identical(got, uninterrupted)

@@ -23,6 +23,11 @@ same directory) every ``EVERY`` steps; the second save (``ckpt-2``, step
   merge cut off leaves, or worse: moved data files and an index that
   lacks some of the tables' rows.
 
+* ``kill_commit``: the chief kills itself in the commit of ``ckpt-2``
+  (the merged files moved from ``ckpt-2_temp`` to ``ckpt-2``, the index
+  last), right after the first file moved: the hook is
+  ``tf.io.gfile.rename``, wrapped in this script only.
+
 The other worker is left blocked (in a collective, waiting for the dead
 one); the test kills it, as ``model_garden.ranking.launcher`` does.
 Prints "OK" on success.
@@ -92,6 +97,18 @@ def kill_in_second_merge() -> None:
   tf.raw_ops.MergeV2Checkpoints = wrapped
 
 
+def kill_after_first_commit_rename() -> None:
+  """SIGKILL after the first file of ``ckpt-2`` is moved in place."""
+  rename = tf.io.gfile.rename
+
+  def wrapped(src, dst, overwrite=False):
+    rename(src, dst, overwrite)
+    if os.path.basename(dst).startswith("ckpt-2."):
+      die()
+
+  tf.io.gfile.rename = wrapped
+
+
 def main(model_dir: str, mode: str, out: str) -> None:
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   worker = strategy.cluster_resolver.task_id
@@ -99,6 +116,8 @@ def main(model_dir: str, mode: str, out: str) -> None:
     kill_in_second_save_v2()
   if mode == "kill_chief" and worker == 0:
     kill_in_second_merge()
+  if mode == "kill_commit" and worker == 0:
+    kill_after_first_commit_rename()
   with strategy.scope():
     table = tpe.TableConfig(
       ROWS, DIM, name="t", initializer=tf.random_uniform_initializer(seed=5)
