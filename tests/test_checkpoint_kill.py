@@ -9,6 +9,11 @@ other worker is then killed too, as the launcher does. No ``ckpt-2.index``
 may exist then (an index is only ever a whole checkpoint). A fresh job
 must restore ``ckpt-1`` (the last whole checkpoint), leave no file of the
 cut-off save behind, and end bit-identical to a job never killed.
+
+The resumed job writes ``ckpt-2`` again, which replaces what the kill left
+under that name; what a save sweeps first (``*_temp`` directories, data
+files without an index, left under names no save writes again: another
+worker count, another numbering) is checked on its own, in one process.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 from tests.distributed import cluster
+from tpu_embedding import checkpoints
 
 SCRIPT = (
   pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_kill.py"
@@ -109,3 +115,21 @@ def test_the_chief_killed_moving_the_merged_files_resumes_bit_identical(
   file without its index left next to the checkpoints."""
   got = kill_and_resume(tmp_path, "kill_commit", who=0, moved=1)
   assert_bit_identical(got, uninterrupted)
+
+
+def test_a_save_first_sweeps_what_killed_saves_left(tmp_path):
+  """Kept: whole checkpoints, the state file, files of others; removed:
+  ``*_temp`` directories and data files without their index."""
+  kept = [
+    "checkpoint",
+    "ckpt-1.index",
+    "ckpt-1.data-00000-of-00002",
+    "ckpt-1.data-00001-of-00002",
+    "notes.txt",
+  ]
+  left = ["ckpt-2.data-00001-of-00003", "ckpt-3_temp/part-main.index"]
+  for name in kept + left:
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text("x")
+  checkpoints._remove_stale_temps(str(tmp_path / "ckpt-4"))  # noqa: SLF001
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)

@@ -125,8 +125,11 @@ def _checkpoint_keys(
 
 
 def _remove(path: str) -> None:
-  if tf.io.gfile.exists(path):
+  """Removes the file or directory ``path``, if there is one."""
+  if tf.io.gfile.isdir(path):
     tf.io.gfile.rmtree(path)
+  elif tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
 
 
 #: A checkpoint's data file: ``<prefix>.data-00000-of-00001``.
@@ -154,8 +157,10 @@ def _commit(merged: str, file_prefix: str) -> None:
   A checkpoint already at ``file_prefix`` loses its index first and then
   its data files, so that no index ever names data files of another save.
   """
-  _remove(f"{file_prefix}.index")
-  for path in tf.io.gfile.glob(f"{file_prefix}.data-?????-of-?????"):
+  for path in [
+    f"{file_prefix}.index",
+    *tf.io.gfile.glob(f"{file_prefix}.data-?????-of-?????"),
+  ]:
     _remove(path)
   for path in tf.io.gfile.glob(f"{merged}.data-?????-of-?????"):
     suffix = path[len(merged) :]
