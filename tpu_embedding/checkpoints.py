@@ -13,10 +13,14 @@ filesystem they share, and keep each worker at its own rows:
    slices of each full ``[vocabulary_size, dim]`` tensor, in chunks of at
    most 64 MiB (read row by row: no whole-block copy; ``chunk_bytes``
    sets another size);
-2. the chief merges the parts into ``<prefix>`` (TensorFlow's own
-   ``MergeV2Checkpoints``, as for its partitioned variables), removing
-   ``<prefix>_temp``; a ``*_temp`` directory left by a worker killed while
-   saving is removed by the next save.
+2. the chief merges the parts (TensorFlow's own ``MergeV2Checkpoints``,
+   as for its partitioned variables) inside ``<prefix>_temp``, then moves
+   the merged data files to ``<prefix>`` and its index last: a
+   ``<prefix>.index`` is only ever a whole checkpoint (the rename of the
+   index is the commit), and ``<prefix>_temp`` is removed;
+3. a worker or chief killed while saving leaves a ``*_temp`` directory,
+   or data files without an index: the next save in that directory
+   removes them, before writing anything.
 
 The result is an ordinary TensorFlow checkpoint: each table under its usual
 key with its full value, readable by one device, any replica or worker
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import weakref
 from collections.abc import Sequence
@@ -115,18 +120,47 @@ def _checkpoint_keys(
 
 
 def _remove(path: str) -> None:
-  if tf.io.gfile.exists(path):
+  """Removes the file or directory ``path``, if there is one."""
+  if tf.io.gfile.isdir(path):
     tf.io.gfile.rmtree(path)
+  elif tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+
+
+#: A checkpoint's data file: ``<prefix>.data-00000-of-00001``.
+_DATA_FILE = re.compile(r"(.*)\.data-\d{5}-of-\d{5}")
 
 
 def _remove_stale_temps(file_prefix: str) -> None:
-  """Removes ``*_temp`` directories left next to ``file_prefix`` by a kill."""
+  """Removes what a save killed next to ``file_prefix`` left behind:
+  ``*_temp`` directories, and data files without their index (a merge cut
+  off before its commit)."""
   directory = os.path.dirname(file_prefix) or "."
   tf.io.gfile.makedirs(directory)
-  for name in tf.io.gfile.listdir(directory):
-    name = name.rstrip("/")
-    if name.endswith("_temp"):
+  names = {name.rstrip("/") for name in tf.io.gfile.listdir(directory)}
+  for name in sorted(names):
+    data = _DATA_FILE.fullmatch(name)
+    if name.endswith("_temp") or (
+      data is not None and f"{data.group(1)}.index" not in names
+    ):
       _remove(os.path.join(directory, name))
+
+
+def _commit(merged: str, file_prefix: str) -> None:
+  """Moves the checkpoint ``merged`` to ``file_prefix``, its index last.
+
+  A checkpoint already at ``file_prefix`` loses its index first and then
+  its data files, so that no index ever names data files of another save.
+  """
+  for path in [
+    f"{file_prefix}.index",
+    *tf.io.gfile.glob(f"{file_prefix}.data-?????-of-?????"),
+  ]:
+    _remove(path)
+  for path in tf.io.gfile.glob(f"{merged}.data-?????-of-?????"):
+    suffix = path[len(merged) :]
+    tf.io.gfile.rename(path, file_prefix + suffix, overwrite=True)
+  tf.io.gfile.rename(f"{merged}.index", f"{file_prefix}.index", overwrite=True)
 
 
 def write(
@@ -205,12 +239,14 @@ def _write_parts(
       name[: -len(".index")]
       for name in tf.io.gfile.glob(f"{temp}/part-*.index")
     )
+    merged = f"{temp}/merged"
     with tf.device("CPU"):
       tf.raw_ops.MergeV2Checkpoints(
         checkpoint_prefixes=parts,
-        destination_prefix=file_prefix,
-        delete_old_dirs=True,
+        destination_prefix=merged,
+        delete_old_dirs=False,
       )
+    _commit(merged, file_prefix)
     _remove(temp)
   workers.barrier()  # Nobody reads the checkpoint before it is whole.
   return file_prefix

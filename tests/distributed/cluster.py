@@ -2,7 +2,9 @@
 
 A MultiWorkerMirroredStrategy worker needs its own process with its own
 ``TF_CONFIG``; :func:`run_workers` starts one per worker, together, and
-waits for all of them. :func:`run_script` runs one process (no cluster).
+waits for all of them; :func:`run_job` does too, but kills every worker
+(SIGKILL) once one dies, as ``model_garden.ranking.launcher`` stops a job.
+:func:`run_script` runs one process (no cluster).
 Scripts run by path, so they import the installed ``tpu_embedding`` (the
 checkout is not put on their ``sys.path``).
 """
@@ -14,6 +16,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -68,6 +72,21 @@ def _wait(processes: list[subprocess.Popen], timeout: int) -> list[Finished]:
   return finished
 
 
+def _worker_envs(
+  num_workers: int, env: dict[str, str] | None
+) -> list[dict[str, str]]:
+  """Each worker's environment: ``env`` and its ``TF_CONFIG``."""
+  workers = [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]
+  envs = []
+  for index in range(num_workers):
+    tf_config = {
+      "cluster": {"worker": workers},
+      "task": {"type": "worker", "index": index},
+    }
+    envs.append(_env({**(env or {}), "TF_CONFIG": json.dumps(tf_config)}))
+  return envs
+
+
 def run_workers(
   args: Sequence[str],
   num_workers: int = 2,
@@ -85,17 +104,59 @@ def run_workers(
   Returns:
     The workers' results, in task order.
   """
-  workers = [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]
-  processes = []
-  for index in range(num_workers):
-    tf_config = {
-      "cluster": {"worker": workers},
-      "task": {"type": "worker", "index": index},
-    }
-    processes.append(
-      _start(args, _env({**(env or {}), "TF_CONFIG": json.dumps(tf_config)}))
-    )
-  return _wait(processes, timeout)
+  envs = _worker_envs(num_workers, env)
+  return _wait([_start(args, e) for e in envs], timeout)
+
+
+def run_job(
+  args: Sequence[str],
+  num_workers: int = 2,
+  env: dict[str, str] | None = None,
+  timeout: int = 300,
+) -> list[Finished]:
+  """``run_workers``, but once a worker exits with an error or a signal
+  the others are killed (SIGKILL): a worker waiting in a collective for a
+  dead one would wait on. Output goes through files (no pipe to fill).
+
+  Returns:
+    The workers' results, in task order (killed ones: returncode -9).
+  """
+  with tempfile.TemporaryDirectory() as directory:
+    outputs, processes = [], []
+    for index, worker_env in enumerate(_worker_envs(num_workers, env)):
+      out = open(os.path.join(directory, f"{index}.out"), "w+")  # noqa: SIM115
+      err = open(os.path.join(directory, f"{index}.err"), "w+")  # noqa: SIM115
+      outputs.append((out, err))
+      processes.append(
+        subprocess.Popen(
+          [sys.executable, *map(str, args)],
+          stdout=out,
+          stderr=err,
+          text=True,
+          env=worker_env,
+        )
+      )
+    deadline = time.monotonic() + timeout
+    try:
+      while any(p.poll() is None for p in processes):
+        if any(p.poll() not in (None, 0) for p in processes):
+          break
+        if time.monotonic() > deadline:
+          raise TimeoutError(f"{args} ran past {timeout} s")
+        time.sleep(0.1)
+    finally:
+      for process in processes:
+        if process.poll() is None:
+          process.kill()
+        process.wait()
+    finished = []
+    for process, (out, err) in zip(processes, outputs, strict=True):
+      out.seek(0)
+      err.seek(0)
+      finished.append(Finished(process.returncode, out.read(), err.read()))
+      out.close()
+      err.close()
+    return finished
 
 
 def run_script(

@@ -7,8 +7,12 @@
   does (the servers are stopped).
 * ``model_garden.ranking.train --strategy multi_worker_mirrored
   --num_workers 2``: worker 1 is killed (SIGKILL) after step 5, the job
-  restarts from the checkpoint of step 4 and finishes; its final tables
-  equal the same training in one process on 2 mirrored replicas.
+  restarts from the checkpoint of step 4 and finishes; its final
+  checkpoint (tables, dense weights, optimizer state) is bit-identical to
+  the same job never killed. (The same training in one process on 2
+  mirrored replicas differs by a few float32 ulps, up to 3e-8, in most
+  tables: the strategy, not the kill; tests/test_multi_worker.py compares
+  strategies within 1e-5.)
 """
 
 from __future__ import annotations
@@ -155,12 +159,12 @@ def train_command(model_dir, *flags):
 
 
 def checkpoint_values(directory):
+  """Every value of the last checkpoint in ``directory``, by key."""
   path = tf.train.latest_checkpoint(str(directory))
   assert path and path.endswith("ckpt-8"), path
   return {
     name: tf.train.load_variable(path, name)
     for name, _ in tf.train.list_variables(path)
-    if name.startswith("embedding/")
   }
 
 
@@ -180,9 +184,11 @@ def test_multi_worker_job_survives_a_killed_worker(tmp_path):
     env=env,
     cwd=str(tmp_path),
   )
-  mirrored = subprocess.Popen(
+  uninterrupted = subprocess.Popen(
     train_command(
-      tmp_path / "mirrored", "--strategy=mirrored", "--num_replicas=2"
+      tmp_path / "uninterrupted",
+      "--strategy=multi_worker_mirrored",
+      "--num_workers=2",
     ),
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
@@ -192,12 +198,13 @@ def test_multi_worker_job_survives_a_killed_worker(tmp_path):
   )
   try:
     out, _ = job.communicate(timeout=400)
-    mirrored_out, _ = mirrored.communicate(timeout=400)
+    uninterrupted_out, _ = uninterrupted.communicate(timeout=400)
   finally:
     job.kill()
-    mirrored.kill()
+    uninterrupted.kill()
   assert job.returncode == 0, out[-5000:]
-  assert mirrored.returncode == 0, mirrored_out[-3000:]
+  assert uninterrupted.returncode == 0, uninterrupted_out[-3000:]
+  assert "Killing this process" not in uninterrupted_out
   assert "[worker 1] Killing this process after step 5" in out
   assert (
     "[launcher] worker 1 stopped (killed by SIGKILL); restarting every task "
@@ -213,8 +220,9 @@ def test_multi_worker_job_survives_a_killed_worker(tmp_path):
   assert params["runtime"]["distribution_strategy"] == "multi_worker_mirrored"
   got, want = (
     checkpoint_values(tmp_path / "mwms"),
-    checkpoint_values(tmp_path / "mirrored"),
+    checkpoint_values(tmp_path / "uninterrupted"),
   )
-  assert len(want) == 26 and set(got) == set(want)
+  assert sum(name.startswith("embedding/") for name in want) == 26
+  assert set(got) == set(want)
   for name, value in want.items():
-    np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
