@@ -23,6 +23,7 @@ from tpu_embedding import kernels
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels import build as builder
+from tpu_embedding.kernels import library
 from tpu_embedding.kernels.ops import KernelOps
 from tpu_embedding.kernels.ops import cores
 from tpu_embedding.kernels.ops import select_ops
@@ -376,7 +377,20 @@ def _run(code: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_build_command_from_an_empty_cache(tmp_path):
-  env = {"TPU_EMBEDDING_KERNEL_DIR": str(tmp_path)}
+  """``kernels build`` writes a tuned library that then loads, and
+  ``status`` names it. The compiler stands in (a real compile of every
+  target takes minutes here; the install's real build is what CI tests):
+  it copies the library this process loaded to the output path."""
+  loaded = library.choose().path
+  if loaded is None:
+    pytest.skip("no kernel library to stand in for the compiler's")
+  compiler = tmp_path / "cxx"
+  compiler.write_text(
+    f'#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\ncp "{loaded}" "$2"\n'
+  )
+  compiler.chmod(0o755)
+  cache = tmp_path / "cache"
+  env = {"TPU_EMBEDDING_KERNEL_DIR": str(cache), "CXX": str(compiler)}
   result = subprocess.run(
     [sys.executable, "-m", "tpu_embedding.kernels", "build"],
     cwd="/",
@@ -387,9 +401,20 @@ def test_build_command_from_an_empty_cache(tmp_path):
     check=False,
   )
   assert result.returncode == 0, result.stderr
-  assert str(tmp_path) in result.stdout
-  built = [f for _, _, files in os.walk(tmp_path) for f in files]
+  assert str(cache) in result.stdout
+  built = [f for _, _, files in os.walk(cache) for f in files]
   assert "libtpu_embedding_kernels.so" in built
+  status = subprocess.run(
+    [sys.executable, "-m", "tpu_embedding.kernels", "status"],
+    cwd="/",
+    env={**os.environ, **env},
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert status.returncode == 0, status.stderr
+  assert f"{cache}" in status.stdout and "(tuned)" in status.stdout
 
 
 def test_tuned_library_path_follows_tensorflow_sources_and_cpu(monkeypatch):

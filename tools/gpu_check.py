@@ -33,7 +33,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -77,12 +80,15 @@ _ORACLE_NAMES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
   parser.add_argument(
-    "--steps", type=int, default=3, help="Training steps of each check."
+    "--steps",
+    type=cli.positive_int,
+    default=3,
+    help="Training steps of each check.",
   )
   parser.add_argument(
     "--benchmark_rows",
@@ -92,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--benchmark_steps",
-    type=int,
+    type=cli.positive_int,
     default=10,
     help="Timed benchmark steps per repeat.",
   )
@@ -416,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
   if not tf.config.list_physical_devices("GPU"):
     print(NO_GPU)
     return 0
-  summary = run(args)
+  summary = cli.run(lambda: run(args))
   text = json.dumps(summary, indent=2, default=str)
   print(text)
   if args.json:
