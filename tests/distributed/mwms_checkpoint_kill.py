@@ -41,19 +41,12 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import tpu_embedding as tpe  # noqa: E402
+from mwms_resume import train_and_save  # noqa: E402 (this directory)
 
 ROWS, DIM, PER_REPLICA, STEPS, EVERY = 20, 2, 3, 6, 2
 #: Parts a worker writes per save: the table, its momenta, its velocities.
 KEYS = 3
-
-
-def batch(step: int, replica: int) -> tf.Tensor:
-  rng = np.random.default_rng(1000 * step + replica)
-  return tf.constant(rng.integers(0, ROWS, PER_REPLICA), tf.int64)
 
 
 def die() -> None:
@@ -118,51 +111,9 @@ def main(model_dir: str, mode: str, out: str) -> None:
     kill_in_second_merge()
   if mode == "kill_commit" and worker == 0:
     kill_after_first_commit_rename()
-  with strategy.scope():
-    table = tpe.TableConfig(
-      ROWS, DIM, name="t", initializer=tf.random_uniform_initializer(seed=5)
-    )
-    emb = tpe.TPUEmbedding(
-      tpe.FeatureConfig(table), tpe.Adam(0.05), row_sharding_threshold=0
-    )
-    step = tf.Variable(0, dtype=tf.int64)
-  manager = tpe.checkpoints.CheckpointManager(
-    tf.train.Checkpoint(embedding=emb, step=step), model_dir, max_to_keep=2
+  train_and_save(
+    strategy, model_dir, out, (ROWS, DIM, PER_REPLICA), STEPS, EVERY
   )
-  manager.restore_or_initialize()
-  emb.build()
-  print(f"starting at step {int(step.numpy())}", flush=True)
-
-  @tf.function
-  def train(ids):
-    emb.enqueue(ids)
-
-    def replica_fn():
-      with tf.GradientTape() as tape:
-        activations = emb.dequeue()
-        tape.watch(activations)
-        loss = tf.reduce_sum(tf.sin(activations))
-      emb.apply_gradients(tape.gradient(loss, activations))
-
-    strategy.run(replica_fn)
-
-  while int(step.numpy()) < STEPS:
-    current = int(step.numpy())
-    train(
-      strategy.experimental_distribute_values_from_function(
-        lambda ctx, s=current: batch(s, ctx.replica_id_in_sync_group)
-      )
-    )
-    step.assign_add(1)
-    if int(step.numpy()) % EVERY == 0:
-      manager.save()
-  values = {
-    key: tf.convert_to_tensor(variable).numpy()
-    for key, variable in emb.variables["t"].items()
-  }
-  if strategy.extended.should_checkpoint:
-    np.savez(out, **values)
-  print("OK")
 
 
 if __name__ == "__main__":

@@ -32,16 +32,30 @@ import tpu_embedding as tpe  # noqa: E402
 ROWS, DIM, PER_REPLICA, STEPS, EVERY, KILL_AT = 50, 4, 3, 10, 3, 7
 
 
-def batch(step: int, replica: int) -> tf.Tensor:
+def batch(
+  step: int, replica: int, rows: int = ROWS, per_replica: int = PER_REPLICA
+) -> tf.Tensor:
   rng = np.random.default_rng(1000 * step + replica)
-  return tf.constant(rng.integers(0, ROWS, PER_REPLICA), tf.int64)
+  return tf.constant(rng.integers(0, rows, per_replica), tf.int64)
 
 
-def main(model_dir: str, mode: str, out: str) -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def train_and_save(
+  strategy,
+  model_dir: str,
+  out: str,
+  sizes: tuple[int, int, int] = (ROWS, DIM, PER_REPLICA),
+  steps: int = STEPS,
+  every: int = EVERY,
+  after_step=None,
+) -> None:
+  """The job: restore the latest checkpoint, train to ``steps`` saving
+  every ``every`` steps (calling ``after_step(step)`` after each), write
+  the gathered tables and slots to ``out`` (chief only). ``sizes``: rows,
+  width and ids per replica. Also ``mwms_checkpoint_kill.py``'s job."""
+  rows, dim, per_replica = sizes
   with strategy.scope():
     table = tpe.TableConfig(
-      ROWS, DIM, name="t", initializer=tf.random_uniform_initializer(seed=5)
+      rows, dim, name="t", initializer=tf.random_uniform_initializer(seed=5)
     )
     emb = tpe.TPUEmbedding(
       tpe.FeatureConfig(table), tpe.Adam(0.05), row_sharding_threshold=0
@@ -52,7 +66,7 @@ def main(model_dir: str, mode: str, out: str) -> None:
   )
   manager.restore_or_initialize()
   emb.build()
-  print(f"starting at step {int(step.numpy())}")
+  print(f"starting at step {int(step.numpy())}", flush=True)
 
   @tf.function
   def train(ids):
@@ -67,18 +81,20 @@ def main(model_dir: str, mode: str, out: str) -> None:
 
     strategy.run(replica_fn)
 
-  while int(step.numpy()) < STEPS:
+  while int(step.numpy()) < steps:
     current = int(step.numpy())
     train(
       strategy.experimental_distribute_values_from_function(
-        lambda ctx, s=current: batch(s, ctx.replica_id_in_sync_group)
+        lambda ctx, s=current: batch(
+          s, ctx.replica_id_in_sync_group, rows, per_replica
+        )
       )
     )
     step.assign_add(1)
-    if int(step.numpy()) % EVERY == 0:
+    if int(step.numpy()) % every == 0:
       manager.save()
-    if mode == "kill" and int(step.numpy()) == KILL_AT:
-      os.kill(os.getpid(), signal.SIGKILL)
+    if after_step is not None:
+      after_step(int(step.numpy()))
   values = {
     key: tf.convert_to_tensor(variable).numpy()
     for key, variable in emb.variables["t"].items()
@@ -86,6 +102,15 @@ def main(model_dir: str, mode: str, out: str) -> None:
   if strategy.extended.should_checkpoint:
     np.savez(out, **values)
   print("OK")
+
+
+def main(model_dir: str, mode: str, out: str) -> None:
+  def after_step(done: int) -> None:
+    if mode == "kill" and done == KILL_AT:
+      os.kill(os.getpid(), signal.SIGKILL)
+
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  train_and_save(strategy, model_dir, out, after_step=after_step)
 
 
 if __name__ == "__main__":
