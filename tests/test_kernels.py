@@ -364,9 +364,10 @@ def test_a_subclass_gets_the_kernel_only_when_it_names_the_rule():
   assert fused_apply(table, block, ids, grads, index) is not None
 
 
-def _run(code: str, env: dict) -> subprocess.CompletedProcess:
+def _run(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+  """``python -c code`` (or ``python *args``) with ``env`` added."""
   return subprocess.run(
-    [sys.executable, "-c", code],
+    [sys.executable, *(args or ("-c", code))],
     cwd="/",  # Not the checkout: the installed package is imported.
     env={**os.environ, **env},
     capture_output=True,
@@ -391,28 +392,12 @@ def test_build_command_from_an_empty_cache(tmp_path):
   compiler.chmod(0o755)
   cache = tmp_path / "cache"
   env = {"TPU_EMBEDDING_KERNEL_DIR": str(cache), "CXX": str(compiler)}
-  result = subprocess.run(
-    [sys.executable, "-m", "tpu_embedding.kernels", "build"],
-    cwd="/",
-    env={**os.environ, **env},
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
+  result = _run("", env, "-m", "tpu_embedding.kernels", "build")
   assert result.returncode == 0, result.stderr
   assert str(cache) in result.stdout
   built = [f for _, _, files in os.walk(cache) for f in files]
   assert "libtpu_embedding_kernels.so" in built
-  status = subprocess.run(
-    [sys.executable, "-m", "tpu_embedding.kernels", "status"],
-    cwd="/",
-    env={**os.environ, **env},
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
+  status = _run("", env, "-m", "tpu_embedding.kernels", "status")
   assert status.returncode == 0, status.stderr
   assert f"{cache}" in status.stdout and "(tuned)" in status.stdout
 
