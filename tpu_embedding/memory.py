@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding.config import TableConfig
+from tpu_embedding.replicas import local_devices
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import make_plan
 
@@ -227,7 +228,7 @@ def host_replicas(
   on_host = []
   for replica, device in replicas.items():
     if device is None:
-      device = _strategy_device(strategy)
+      device = next(iter(local_devices(strategy)), None)
     if device is None:  # The default device: a GPU if there is one.
       if not tf.config.list_logical_devices("GPU"):
         on_host.append(replica)
@@ -257,14 +258,6 @@ def tables_here(
   """
   plan = plan or make_plan(tables, 1)
   return bytes_here(plan, host_replicas(replicas, strategy))
-
-
-def _strategy_device(strategy: tf.distribute.Strategy) -> str | None:
-  """The strategy's first device (None for the default strategy)."""
-  try:
-    return strategy.extended.worker_devices[0]
-  except (RuntimeError, NotImplementedError):  # The default strategy.
-    return None
 
 
 def _size(size: float) -> str:

@@ -37,6 +37,20 @@ def first_local_replica(strategy: tf.distribute.Strategy) -> int:
   return worker * local
 
 
+def local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
+  """This worker's replica devices; ``()`` for the default strategy (it
+  has none of its own: ops go to the default device).
+
+  Example:
+    >>> local_devices(tf.distribute.get_strategy())
+    ()
+  """
+  try:
+    return tuple(strategy.extended.worker_devices)
+  except (RuntimeError, NotImplementedError):  # The default strategy.
+    return ()
+
+
 def local_replica(strategy: tf.distribute.Strategy) -> int:
   """This replica's index among this worker's replicas (0 outside run)."""
   replica = current_replica(strategy)

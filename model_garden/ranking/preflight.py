@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from model_garden.ranking import optimizers
 from model_garden.ranking.configs import definitions
+from tpu_embedding import memory
 
 #: Strategies that run over a cluster of processes.
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
@@ -283,15 +284,11 @@ def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
 
 
 def available_memory() -> int | None:
-  """``MemAvailable`` of ``/proc/meminfo`` in bytes (None if unknown)."""
-  try:
-    with open("/proc/meminfo", encoding="ascii") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    return None
-  return None
+  """Bytes this process can still get (None if unknown): the library's
+  measure (``tpu_embedding.memory.available_memory``: the least of the
+  cgroup's limit, ``MemAvailable`` and ``RLIMIT_AS``)."""
+  found = memory.available_memory()
+  return None if found is None else found.bytes
 
 
 def _gib(size: int) -> str:
@@ -314,7 +311,7 @@ def check_memory(
       of a real ``multi_worker_mirrored`` cluster, the PS tasks of a
       ``parameter_server`` one; 1 when every process runs here).
     available: bytes available on each machine (default: this one's
-      ``MemAvailable``; unknown: no check).
+      ``available_memory()``; unknown: no check).
 
   Returns:
     The estimate.

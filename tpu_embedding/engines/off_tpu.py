@@ -52,6 +52,7 @@ from tpu_embedding.output_shapes import output_shapes_from_input_shapes
 from tpu_embedding.pipelining import PipelinedBackend
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
+from tpu_embedding.replicas import local_devices
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.sharding import ShardingPlan
@@ -512,11 +513,7 @@ def _foreign_replicas(
   }
   if not counts:
     return None
-  try:
-    local = len(strategy.extended.worker_devices)
-  except (RuntimeError, NotImplementedError):  # The default strategy.
-    local = 0
-  foreign = sorted(counts - {local})
+  foreign = sorted(counts - {len(local_devices(strategy))})
   return foreign[0] if foreign else None
 
 

@@ -328,15 +328,23 @@ def build_portable(directory: str, jobs: int | None = None) -> dict:
   return info
 
 
-def sources_digest() -> str:
-  """A hash of the sources, headers and flags a library is built from."""
+def _digest(*extra: str) -> str:
+  """A hash of the sources and headers, and of ``extra`` (flags, CPU)."""
   digest = hashlib.sha256()
   for name in SOURCES + HEADERS:
     with open(source_path(name), "rb") as f:
       digest.update(f.read())
-  digest.update(" ".join(EXTRA_FLAGS).encode())
-  digest.update(repr([(lvl.name, lvl.flags) for lvl in LEVELS]).encode())
+  for text in extra:
+    digest.update(text.encode())
   return digest.hexdigest()[:16]
+
+
+def sources_digest() -> str:
+  """A hash of the sources, headers and flags the portable libraries are
+  built from."""
+  return _digest(
+    " ".join(EXTRA_FLAGS), repr([(lvl.name, lvl.flags) for lvl in LEVELS])
+  )
 
 
 def _same_build(info: dict, directory: str, levels: tuple[Level, ...]) -> bool:
@@ -388,13 +396,10 @@ def cache_dir() -> str:
 def tuned_library_path() -> str:
   """The tuned library for this TensorFlow, these sources and this CPU
   (it may not exist)."""
-  digest = hashlib.sha256()
-  for name in SOURCES + HEADERS:
-    with open(source_path(name), "rb") as f:
-      digest.update(f.read())
-  digest.update(" ".join(EXTRA_FLAGS + NATIVE_FLAGS).encode())
-  digest.update((_cpu_features() or platform.machine()).encode())
-  key = f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
+  digest = _digest(
+    " ".join(EXTRA_FLAGS + NATIVE_FLAGS), _cpu_features() or platform.machine()
+  )
+  key = f"tf{tf.__version__}-{digest}"
   return os.path.join(cache_dir(), key, "libtpu_embedding_kernels.so")
 
 
