@@ -32,6 +32,15 @@ def constant_table(rng: np.random.Generator, rows: int, dim: int):
   return values, tf.constant_initializer(values)
 
 
+def op_types(function, *args) -> set[str]:
+  """Op types of a traced ``tf.function``, its nested functions' included."""
+  graph = function.get_concrete_function(*args).graph
+  types = {op.type for op in graph.get_operations()}
+  for nested in graph._functions.values():  # pylint: disable=protected-access
+    types |= {node.op for node in nested.definition.node_def}
+  return types
+
+
 _STRATEGIES: dict[int, tf.distribute.MirroredStrategy] = {}
 
 

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests.conftest import op_types
 from tpu_embedding import compat
 from tpu_embedding import kernels
 from tpu_embedding.kernels import ops as ops_module
@@ -117,14 +118,6 @@ def _train(emb):
   return train
 
 
-def _op_types(function, *args) -> set[str]:
-  graph = function.get_concrete_function(*args).graph
-  types = {op.type for op in graph.get_operations()}
-  for nested in graph._functions.values():  # pylint: disable=protected-access
-    types |= {node.op for node in nested.definition.node_def}
-  return types
-
-
 IDS = tf.ragged.constant([[1, 2], [2]], tf.int64)
 
 
@@ -152,7 +145,7 @@ def test_an_engine_with_a_table_elsewhere_never_reaches_a_kernel(
   train(IDS)  # The update runs: TensorFlow's path, never the kernel.
   changed = (table.numpy() != before).any(axis=1).nonzero()[0].tolist()
   assert changed == [1, 2]
-  assert not {t for t in _op_types(train, IDS) if t.startswith("Tpe")}
+  assert not {t for t in op_types(train, IDS) if t.startswith("Tpe")}
 
 
 @needs_kernels
@@ -173,4 +166,4 @@ def test_lookups_for_serving_take_tensorflow_ops():
   def serve(ids):  # What a SavedModel for TF Serving holds.
     return emb.embedding_lookup(ids)
 
-  assert not {t for t in _op_types(serve, IDS) if t.startswith("Tpe")}
+  assert not {t for t in op_types(serve, IDS) if t.startswith("Tpe")}

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests.conftest import op_types
 from tpu_embedding import kernels
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
@@ -443,15 +444,6 @@ def test_a_compiler_without_native_code_builds_the_widest_level(tmp_path):
     assert " ".join(runnable[-1].flags) in lines[-1]
 
 
-def _op_types(function, *args) -> set[str]:
-  """Op types of a traced function, its nested functions' included."""
-  graph = function.get_concrete_function(*args).graph
-  types = {op.type for op in graph.get_operations()}
-  for nested in graph._functions.values():  # pylint: disable=protected-access
-    types |= {node.op for node in nested.definition.node_def}
-  return types
-
-
 def test_kernels_serve_training_steps_and_never_lookups_for_serving():
   emb = tpe.TPUEmbedding(
     tpe.FeatureConfig(tpe.TableConfig(30, 4, name="t")), tpe.Adagrad(0.1)
@@ -463,7 +455,7 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
     emb.enqueue(ids, training=True)
     emb.apply_gradients(tf.nest.map_structure(tf.ones_like, emb.dequeue()))
 
-  types = _op_types(train, ids)
+  types = op_types(train, ids)
   assert {
     "TpeUnique",
     "TpeGatherRows",
@@ -477,4 +469,4 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
   def serve(ids):  # What a SavedModel for TF Serving holds.
     return emb.embedding_lookup(ids)
 
-  assert not {t for t in _op_types(serve, ids) if t.startswith("Tpe")}
+  assert not {t for t in op_types(serve, ids) if t.startswith("Tpe")}

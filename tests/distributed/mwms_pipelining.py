@@ -29,6 +29,7 @@ sys.modules["tests"] = importlib.util.module_from_spec(_tests)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from mwms_training import training_step  # noqa: E402 (this directory)
 
 from tests import test_pipelining as schedule  # noqa: E402
 
@@ -57,30 +58,7 @@ def main() -> None:
   emb = schedule.make_embedding(True, init, strategy)
   assert emb.sharding_plan.placements["t"].sharded
 
-  @tf.function
-  def step(features):
-    def slice_for(ctx):
-      r = ctx.replica_id_in_sync_group
-      return tf.nest.map_structure(
-        lambda t: t[r * per : (r + 1) * per], features
-      )
-
-    emb.enqueue(
-      strategy.experimental_distribute_values_from_function(slice_for)
-    )
-
-    def replica_fn():
-      r = tf.distribute.get_replica_context().replica_id_in_sync_group
-      with tf.GradientTape() as tape:
-        activations = emb.dequeue()
-        tape.watch(activations)
-        loss = schedule.loss_fn(
-          activations, projection[r * per : (r + 1) * per]
-        )
-      emb.apply_gradients(tape.gradient(loss, activations))
-      return activations
-
-    return strategy.run(replica_fn)
+  step = training_step(strategy, emb, schedule.loss_fn, projection, per)
 
   flush = tf.function(lambda: strategy.run(emb.flush_pipeline))
   replica = strategy.cluster_resolver.task_id  # One replica per worker.
