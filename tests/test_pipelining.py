@@ -89,6 +89,22 @@ def emb_table(emb):
   return next(iter(emb.embedding_tables))
 
 
+def one_device_step(emb, projection):
+  """A training step on one device: ``loss_fn`` of the activations."""
+
+  @tf.function
+  def step(features):
+    emb.enqueue(features)
+    with tf.GradientTape() as tape:
+      activations = emb.dequeue()
+      tape.watch(activations)
+      loss = loss_fn(activations, projection)
+    emb.apply_gradients(tape.gradient(loss, activations))
+    return activations
+
+  return step
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
 def test_pipelined_steps_follow_the_one_step_stale_schedule(combiner, rng):
   # "mean": a held update of scaled rows (each id's output row's gradient
@@ -101,15 +117,7 @@ def test_pipelined_steps_follow_the_one_step_stale_schedule(combiner, rng):
   )
   emb = make_embedding(True, init, combiner=combiner)
 
-  @tf.function
-  def step(features):
-    emb.enqueue(features)
-    with tf.GradientTape() as tape:
-      activations = emb.dequeue()
-      tape.watch(activations)
-      loss = loss_fn(activations, projection)
-    emb.apply_gradients(tape.gradient(loss, activations))
-    return activations
+  step = one_device_step(emb, projection)
 
   for features, want in zip(data, want_activations, strict=True):
     got = step(features)
@@ -139,15 +147,7 @@ def test_flush_then_train_applies_the_held_update_exactly_once(rng):
   )
   emb = make_embedding(True, init)
 
-  @tf.function
-  def step(features):
-    emb.enqueue(features)
-    with tf.GradientTape() as tape:
-      activations = emb.dequeue()
-      tape.watch(activations)
-      loss = loss_fn(activations, projection)
-    emb.apply_gradients(tape.gradient(loss, activations))
-    return activations
+  step = one_device_step(emb, projection)
 
   for n, (features, want) in enumerate(
     zip(data, want_activations, strict=True)
