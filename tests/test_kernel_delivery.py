@@ -236,6 +236,37 @@ def test_without_a_usable_library_training_says_so_once_and_runs(
     np.testing.assert_array_equal(value, tensorflow_path[key], err_msg=key)
 
 
+def test_a_checkout_run_from_its_root_loads_the_installed_kernels():
+  """``python3 -m model_garden.ranking.train`` from the checkout's root (the
+  README's first command) imports the checkout's files, which hold no
+  build: the installed copy's libraries serve, built from the same
+  sources."""
+  info = _installed_build_info()
+  code = (
+    "import tpu_embedding, sys; from tpu_embedding import kernels; "
+    "from tpu_embedding.kernels import library; "
+    "print(tpu_embedding.__file__); c = library.choose(); "
+    "print(c.origin, c.path, kernels.load() is not None)"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    env={k: v for k, v in os.environ.items() if k != "TPU_EMBEDDING_KERNELS"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  imported, choice = done.stdout.strip().splitlines()[-2:]
+  if not imported.startswith(str(ROOT / "tpu_embedding")):
+    pytest.skip("the checkout's package is the installed one (editable)")
+  origin, path, loaded = choice.split()
+  assert origin.startswith("package:") and loaded == "True", done.stderr
+  assert path.startswith(builder.package_dir())
+  assert info["sources"] == builder.sources_digest()
+
+
 def test_choice_reasons_name_what_is_wrong(tmp_path):
   assert library.choose(directory=str(tmp_path), tuned="/x.so").reason == (
     "the install built no kernel library (was a C++ compiler missing?)"

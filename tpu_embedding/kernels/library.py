@@ -7,7 +7,9 @@
    TensorFlow, these sources and this CPU.
 3. The portable libraries the install built into the package: the widest
    level this CPU runs, if they were built against the running TensorFlow
-   (its version and commit, from ``build_info.json``).
+   (its version and commit, from ``build_info.json``). Run from a
+   checkout's root, the installed copy's, if built from the same sources
+   (``portable_directory``).
 
 Otherwise none, with the reason in one line: no library was built at
 install (no compiler then), another TensorFlow, a CPU below every level.
@@ -23,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 
 from tpu_embedding.kernels import build as builder
@@ -76,7 +79,7 @@ def choose(
   tuned = builder.tuned_library_path() if tuned is None else tuned
   if os.path.exists(tuned):
     return Choice(tuned, "tuned")
-  directory = builder.package_dir() if directory is None else directory
+  directory = portable_directory() if directory is None else directory
   info = builder.read_build_info(directory)
   if info is None:
     return Choice(
@@ -110,6 +113,25 @@ def choose(
   widest = levels[-1]
   path = os.path.join(directory, info["libraries"][widest.name])
   return Choice(path, f"package:{widest.name}")
+
+
+def portable_directory() -> str:
+  """Where the portable libraries are: this package's kernels directory,
+  or, where that holds no build (a checkout run from its root, e.g.
+  ``python3 -m model_garden.ranking.train`` after ``pip install .``,
+  imports the checkout's files), the installed distribution's, provided
+  it was built from these very sources."""
+  own = builder.package_dir()
+  if builder.read_build_info(own) is not None:
+    return own
+  # Every installed copy (a checkout's own egg-info is found too: it
+  # locates back to the checkout, which holds no build).
+  for distribution in importlib.metadata.distributions(name="tpu_embedding"):
+    installed = str(distribution.locate_file("tpu_embedding/kernels"))
+    info = builder.read_build_info(installed)
+    if info is not None and info.get("sources") == builder.sources_digest():
+      return installed
+  return own
 
 
 def tensorflow_path_message(reason: str) -> str:
