@@ -33,7 +33,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from model_garden import cli
+if importlib.util.find_spec("tensorflow") is None:
+  sys.exit(
+    f"gpu_check: TensorFlow is not installed for {sys.executable}; a GPU check "
+    "needs TensorFlow's CUDA build: pip install 'tensorflow[and-cuda]' ."
+  )
+
+from model_garden import cli  # noqa: E402
 
 if __name__ == "__main__":
   cli.quiet_tensorflow()  # before TensorFlow is imported
