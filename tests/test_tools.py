@@ -492,15 +492,20 @@ def test_memory_report_fails_only_for_a_promised_phase_and_names_it():
       full_bytes=100, checked=checked,
     )  # fmt: skip
 
-  # export and restore 1->N promise nothing; nor does a 1-process job.
+  # export promises nothing; nor does a 1-process job.
   shown_only = [
-    row("train", 50), row("export", 90), row("restore 1->N", 95),
-    row("save", 99, checked=False),
+    row("train", 50), row("export", 90), row("save", 99, checked=False),
   ]  # fmt: skip
   assert report.over_promise(shown_only, 0.6) is None
   assert "OVER" not in report.format_table(shown_only, 0.6)
   line = report.over_promise([row("restore", 71), *shown_only], 0.6)
   assert line == (
     "memory_report: phase over the 0.6x promise: restore 0.71x "
+    "(MWMS 2 workers worker1)"
+  )
+  # Restoring a 1-worker job's checkpoint into N workers is promised too.
+  line = report.over_promise([row("restore 1->2", 62), *shown_only], 0.6)
+  assert line == (
+    "memory_report: phase over the 0.6x promise: restore 1->2 0.62x "
     "(MWMS 2 workers worker1)"
   )

@@ -95,7 +95,11 @@ def _finish_rows(rows: list[Row], plan: dict[str, Any]) -> None:
 
 
 def _restore_order(args) -> list[str]:
-  return ["--restore_first"] if args.restore_order == "restore_first" else []
+  return {
+    "build_first": [],
+    "restore_first": ["--restore_first"],
+    "both": ["--restore_first", "--restore_again"],
+  }[args.restore_order]
 
 
 def run_mirrored(
@@ -308,8 +312,8 @@ def run_initializer(
       restored = restore(
         args, workload, f"{name}-restore", "restore", checkpoint
       )
-      for row in restored.rows:
-        row.phase = phase
+      for row in restored.rows:  # restore (into built): restore 1->N ...
+        row.phase = row.phase.replace("restore", phase, 1)
       rows += restored.rows
       check_restored(saved, restored, f"{what} {phase}")
     except JobError as e:
