@@ -178,13 +178,13 @@ def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
 def _build_growth(tmp_path, *flags: str) -> dict[str, float]:
   """Each worker's build-phase peak growth (bytes) of a small 2-worker
   job (the tool's exit code 1, "over the limit", allowed: this table's
-  state is small next to a process's fixed costs)."""
+  state is small next to a process's fixed costs; no restoring job)."""
   out = tmp_path / f"report{len(flags)}.json"
   finished = subprocess.run(
     [
       sys.executable, str(TOOL), "--rows=3000000", "--dim=4", "--batch=1024",
-      "--strategies=mwms", "--no-resize", "--no-export", f"--json={out}",
-      *flags,
+      "--strategies=mwms", "--no-resize", "--no-export", "--no-restore",
+      f"--json={out}", *flags,
     ],
     capture_output=True, text=True, timeout=600,
   )  # fmt: skip

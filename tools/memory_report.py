@@ -252,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     help="also export a small second table from the MWMS job",
   )
   parser.add_argument(
+    "--restore",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="restore each checkpoint in a fresh job (and check its values)",
+  )
+  parser.add_argument(
     "--restore_order",
     choices=("build_first", "restore_first", "both"),
     default="build_first",

@@ -264,7 +264,8 @@ def run_initializer(
 ) -> None:
   """Every job of one initializer, one after another.
 
-  Each saving job is followed by a fresh job restoring its checkpoint.
+  Each saving job is followed by a fresh job restoring its checkpoint
+  (unless ``--no-restore``).
   Appends their rows to ``rows`` as the jobs finish; a failed job (or a
   restore that did not reproduce the saved probes) appends to ``errors``
   and the next pair of jobs still runs.
@@ -309,6 +310,8 @@ def run_initializer(
     try:
       saved = save(args, workload, f"{name}-save", "train", checkpoint)
       rows += saved.rows
+      if not args.restore:
+        continue
       restored = restore(
         args, workload, f"{name}-restore", "restore", checkpoint
       )
