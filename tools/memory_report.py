@@ -13,12 +13,12 @@ localhost clusters (127.0.0.1, free ports, one ``TF_CONFIG`` per process):
   enqueue → dequeue → apply_gradients in ``strategy.run``), **save** (a
   checkpoint of the tables and slots), **export** (``--export``: a
   SavedModel of a small second table only, ``export_for_serving`` from the
-  sharded job), then a FRESH job of as many workers: **restore** (build +
-  restore that checkpoint, in ``--restore_order``; with ``both``, restored
-  before the tables are built, then again into the built tables:
-  **restore into built**). With ``--resize``: a 1-worker job saves and a
-  fresh N-worker job restores (**restore 1->N**, and **restore 1->N into
-  built**).
+  sharded job), then (unless ``--no-restore``) a FRESH job of as many
+  workers: **restore** (build + restore that checkpoint, in
+  ``--restore_order``; with ``both``, restored before the tables are
+  built, then again into the built tables: **restore into built**). With
+  ``--resize``: a 1-worker job saves and a fresh N-worker job restores
+  (**restore 1->N**, and **restore 1->N into built**).
 * ``ParameterServerStrategy``: ``--ps`` parameter-server tasks, 1 worker
   task (plain ``tf.distribute.Server`` processes) and a coordinator
   process; build, train (steps scheduled with ``ClusterCoordinator``),
