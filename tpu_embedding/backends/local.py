@@ -16,13 +16,23 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tpu_embedding.backends.base import HostBackend
+from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.whole import WholeTable
+from tpu_embedding.tracking import VariableTracker
 
 
 class LocalBackend(HostBackend):
   """Tables as whole variables on one device."""
 
-  def create_tables(self, tables, tracker):
-    self._stores = {t.name: WholeTable.create(t, tracker) for t in tables}
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
+    self._stores = {
+      table_name(t): WholeTable.create(t, tracker) for t in tables
+    }
     return self._stores

@@ -39,6 +39,7 @@ from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.whole import WholeTable
+from tpu_embedding.tracking import VariableTracker
 
 
 def ps_devices(num_ps: int) -> list[str]:
@@ -80,7 +81,9 @@ class ParameterServerBackend(HostBackend):
   def held_replicas(self) -> dict[int, str | None]:
     return {}  # The rows live on the PS tasks, other processes.
 
-  def create_tables(self, tables, tracker):
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
     for index, table in enumerate(tables):
       placement = self._plan.placements[table_name(table)]
       store: TableStore
@@ -92,5 +95,5 @@ class ParameterServerBackend(HostBackend):
         device = self._devices[index % len(self._devices)]
         store = WholeTable.create(table, tracker, device=device)
       store.lock_blocks(self._lock_chain)  # Workers update concurrently.
-      self._stores[table.name] = store
+      self._stores[table_name(table)] = store
     return self._stores

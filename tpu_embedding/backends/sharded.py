@@ -43,6 +43,7 @@ from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
+from tpu_embedding.backends.exchanges import PlacedUpdate
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.ops import StepOps
@@ -57,6 +58,7 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.multi_worker import MultiWorkerShardedTable
 from tpu_embedding.tables.replicated import ReplicatedTable
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tracking import VariableTracker
 
 
 class ShardedBackend(Backend):
@@ -97,12 +99,16 @@ class ShardedBackend(Backend):
   def held_replicas(self) -> dict[int, str | None]:
     return {self._first + i: d for i, d in enumerate(self._devices)}
 
-  def create_tables(self, tables, tracker):
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
     for table in tables:
-      self._stores[table.name] = self._create_store(table, tracker)
+      self._stores[table_name(table)] = self._create_store(table, tracker)
     return self._stores
 
-  def _create_store(self, table: TableConfig, tracker) -> TableStore:
+  def _create_store(
+    self, table: TableConfig, tracker: VariableTracker
+  ) -> TableStore:
     placement = self._plan.placements[table_name(table)]
     if not placement.sharded:
       return ReplicatedTable.create(table, self._devices, tracker)
@@ -133,7 +139,7 @@ class ShardedBackend(Backend):
     if replica is None:  # A direct lookup outside strategy.run.
       return self.gather_from_stores(requests, ops)
     local = replica - self._first
-    results: list = [None] * len(requests)
+    results: list[tf.Tensor | None] = [None] * len(requests)
     sharded, row_requests = [], []
     for i, (table, ids, index) in enumerate(requests):
       placement = self._plan.placements[table_name(table)]
@@ -162,14 +168,14 @@ class ShardedBackend(Backend):
     self._exchange.update(
       replica,
       [
-        (
-          self._plan.placements[table_name(table)],
-          self._stores[table_name(table)],
-          ids,
-          grads,
-          index,
+        PlacedUpdate(
+          self._plan.placements[table_name(update.table)],
+          self._stores[table_name(update.table)],
+          update.ids,
+          update.gradients,
+          update.id_index,
         )
-        for table, ids, grads, index in updates
+        for update in updates
       ],
       ops,
     )

@@ -33,6 +33,7 @@ from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.activations import stack_features
 from tpu_embedding.backends.base import Backend
+from tpu_embedding.backends.base import TableUpdate
 from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.backends.selection import stacking_support
 from tpu_embedding.backends.stacks import create_stacked_tables
@@ -378,7 +379,7 @@ class OffTPUEngine(Engine, Trackable):
       self._updates(flat, step, skip), self._step_ops()
     )
 
-  def _updates(self, flat: list, step: Step, skip: Any) -> list:
+  def _updates(self, flat: list, step: Step, skip: Any) -> list[TableUpdate]:
     """Each stack's (or table's) ids, occurrence gradients and index."""
     batches = step.batches or {}
     updates = []
@@ -402,7 +403,7 @@ class OffTPUEngine(Engine, Trackable):
         count = tf.where(skip, 0, tf.shape(index)[0])
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
-      updates.append((stack.config, ids, occurrences, index))
+      updates.append(TableUpdate(stack.config, ids, occurrences, index))
     return updates
 
   def _local_replica(self) -> int:

@@ -51,7 +51,9 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
@@ -67,7 +69,7 @@ def checkpoint_name(table: str, key: str) -> str:
   return table if key == "parameters" else f"{table}/{key}"
 
 
-def variable_specs(table: TableConfig) -> list[tuple]:
+def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
   """``(key, initializer, trainable)`` of the variables a layout creates.
 
   The parameters first, then the optimizer's slots, in the optimizer's
@@ -108,7 +110,9 @@ def user_slots(table: TableConfig, block: Block) -> None:
     return
   parameters = block["parameters"]
 
-  def plain_variable(next_creator, **kwargs):
+  def plain_variable(
+    next_creator: Callable[..., tf.Variable], **kwargs: Any
+  ) -> tf.Variable:
     del next_creator  # A plain variable on this device, not a mirrored one.
     return compat.ResourceVariable(
       initial_value=kwargs.get("initial_value"),
@@ -225,7 +229,7 @@ class TableStore(metaclass=abc.ABCMeta):
     self,
     block: int,
     rows: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
@@ -238,7 +242,8 @@ class TableStore(metaclass=abc.ABCMeta):
       block: the local block index.
       rows: ``[n]`` distinct row indices *within the block*.
       grads: ``[n, dim]`` summed gradients of those rows, or with
-        ``index`` the ``[m, dim]`` gradients of single occurrences.
+        ``index`` the ``[m, dim]`` gradients of single occurrences (where
+        they are: ``gradients.RowGradients``).
       index: None, or ``[m]`` int32 position in ``rows`` of each gradient
         (see ``updates.apply_rows``).
       ops: the step's row ops (``kernels/ops.py``).
@@ -250,7 +255,7 @@ class TableStore(metaclass=abc.ABCMeta):
       apply_rows(self.table, variables, rows, grads, size, index, ops)
       return
 
-    def locked_update():
+    def locked_update() -> tf.Tensor:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
@@ -302,7 +307,7 @@ class TableStore(metaclass=abc.ABCMeta):
   def update(
     self,
     ids: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
   ) -> None:
@@ -370,7 +375,9 @@ class LockChain:
   """
 
   def __init__(self) -> None:
-    self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
+      weakref.WeakKeyDictionary()
+    )
 
   def run(self, lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
     graph = tf.compat.v1.get_default_graph()
@@ -388,7 +395,8 @@ class LockChain:
 VALUE_KEY = "VARIABLE_VALUE"
 
 
-class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
+# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
+class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):  # type: ignore[misc]
   """What users see of a layout held in several variables, as one.
 
   Subclasses give ``shape``, ``dtype``, ``read_value()`` (the whole
@@ -415,10 +423,12 @@ class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
   def __getitem__(self, key: Any) -> tf.Tensor:
     return self.read_value()[key]
 
-  def _serialize_to_tensors(self):
+  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
     return {VALUE_KEY: self.read_value()}
 
-  def _restore_from_tensors(self, restored_tensors):
+  def _restore_from_tensors(
+    self, restored_tensors: Mapping[str, tf.Tensor]
+  ) -> Any:
     return self.assign(restored_tensors[VALUE_KEY])
 
 
