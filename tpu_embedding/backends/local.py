@@ -16,12 +16,25 @@ Example:
 
 from __future__ import annotations
 
+import tensorflow as tf
+
 from tpu_embedding.backends.base import HostBackend
+from tpu_embedding.planning import Planner
+from tpu_embedding.planning import on_accelerators
 from tpu_embedding.tables.whole import WholeTable
 
 
 class LocalBackend(HostBackend):
   """Tables as whole variables on one device."""
+
+  @staticmethod
+  def planner(strategy: tf.distribute.Strategy) -> Planner:
+    """Every table whole; ``"auto"`` stacks on a GPU."""
+    if tf.distribute.has_strategy():
+      devices = list(strategy.extended.worker_devices)
+    else:  # The default strategy: the default device (a GPU if any).
+      devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
+    return Planner(auto_stacks=on_accelerators(devices))
 
   def create_tables(self, tables, tracker):
     self._stores = {t.name: WholeTable.create(t, tracker) for t in tables}
