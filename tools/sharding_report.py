@@ -36,8 +36,9 @@ if __name__ == "__main__":
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
-from tpu_embedding.backends.stacks import plan_with_stacks  # noqa: E402
+from tpu_embedding.backends.sharded import replicas_planner  # noqa: E402
 from tpu_embedding.resolved import resolve  # noqa: E402
+from tpu_embedding.sharding import PlacementPolicy  # noqa: E402
 from tpu_embedding.sharding import make_plan  # noqa: E402
 from tpu_embedding.vocabularies.config import capacity_of  # noqa: E402
 from tpu_embedding.vocabularies.transition import VocabularyVariables  # noqa: E402
@@ -339,7 +340,10 @@ def report(args: argparse.Namespace) -> None:
   ).tables
   single = make_plan(resolved, 1, threshold).bytes_per_replica()[0]
   for replicas in counts:
-    plan, stacks = plan_with_stacks(resolved, replicas, threshold, stacking)
+    planned = replicas_planner(replicas).plan(
+      resolved, PlacementPolicy(threshold), stacking
+    )
+    plan, stacks = planned.tables, planned.stacks
     print(placements_report(plan))
     figures.append(plan_figures(plan, stacks))
     stacked = [s for s in stacks if s.stacked]

@@ -43,6 +43,7 @@ from tpu_embedding.engines.selection import select_engine
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
@@ -91,7 +92,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     pipeline_execution_with_tensor_core: bool = False,
     sparse_core_embedding_config: Any = None,
     *,
-    row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    row_sharding_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
     table_stacking: TableStacking = "auto",
   ):
     """Creates the embedding object (variables are created by ``build``).
@@ -111,8 +112,9 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       row_sharding_threshold: off TPU with several replicas, tables with
         more rows than this are row-sharded across the replicas; smaller
         ones are replicated (0 shards every table). A
-        ``sharding.RowThreshold`` also fixes the placement of the tables it
-        names, whatever their size. See ``sharding.py``.
+        ``sharding.PlacementPolicy`` (or ``sharding.RowThreshold``) also
+        fixes the placement of the tables it names, whatever their size.
+        See ``sharding.py``.
       table_stacking: off TPU, which tables are held and updated as one
         (``stacking.py``): ``"auto"`` (default) stacks tables with the same
         width, optimizer and placement; None stacks nothing; a list of
@@ -122,8 +124,8 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
 
     Raises:
       ValueError: for an invalid feature config (a leaf that is not a
-        ``FeatureConfig``, an unsupported optimizer, duplicate table names)
-        or an unsupported strategy.
+        ``FeatureConfig``, an unsupported optimizer, duplicate table names),
+        a negative ``row_sharding_threshold`` or an unsupported strategy.
     """
     self._config = resolve(feature_config, optimizer)
     self._engine: Engine = select_engine(
@@ -132,7 +134,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       tf.distribute.get_strategy(),
       pipeline_execution_with_tensor_core,
       sparse_core_embedding_config,
-      row_sharding_threshold=row_sharding_threshold,
+      placement=PlacementPolicy.of(row_sharding_threshold),
       table_stacking=table_stacking,
     )
 

@@ -24,17 +24,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.backends.base import HostBackend
-from tpu_embedding.config import TableConfig
+from tpu_embedding.planning import Planner
+from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
-from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.sharding import make_plan
 from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.row_sharded import RowShardedTable
@@ -57,20 +54,22 @@ class ParameterServerBackend(HostBackend):
     "needs every worker's keys of a step at once)"
   )
 
-  def __init__(
-    self,
-    strategy: tf.distribute.Strategy,
-    tables: Sequence[TableConfig],
-    row_threshold: int = DEFAULT_ROW_THRESHOLD,
-  ):
+  def __init__(self, plan: ShardingPlan):
+    """Creates the backend of the stores ``plan`` places (its
+    ``planner``'s ``TablePlan.stores``)."""
     super().__init__()
+    self._devices = ps_devices(plan.num_replicas)
+    self._plan = plan
+    self._lock_chain = LockChain()
+
+  @staticmethod
+  def planner(strategy: tf.distribute.Strategy) -> Planner:
+    """Tables over the PS tasks (the plan's "replicas"; a "replicated"
+    table is kept once, on one PS task); never stacked."""
     resolver = compat.parameter_server_resolver(strategy)
     num_ps = resolver.cluster_spec().num_tasks("ps")
-    self._devices = ps_devices(num_ps)
-    # The plan's "replicas" are the PS tasks; a "replicated" table is kept
-    # once, on one PS task.
-    self._plan = make_plan(tables, num_ps, row_threshold)
-    self._lock_chain = LockChain()
+    where = f"under {strategy_name(strategy)}"
+    return Planner(num_ps, can_stack=False, where=where)
 
   @property
   def plan(self) -> ShardingPlan:

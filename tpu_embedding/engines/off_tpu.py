@@ -4,7 +4,8 @@ It keeps the step bookkeeping of ``enqueue`` → ``dequeue`` →
 ``apply_gradients`` (``steps.py``), runs lookups through the one lookup
 path (``activations.py``) with rows from its backend, and turns activation
 gradients into row gradients for the backend's updates. The backend is
-chosen from the strategy (``backends/selection.py``) and, with
+chosen from the strategy (``backends/selection.py``), with the plan of the
+tables' stacks and placements it made (``planning.py``), and, with
 ``pipeline_execution_with_tensor_core=True``, wrapped in a
 ``PipelinedBackend``. The row ops of its training steps are decided once,
 from the devices holding its tables (``kernels/ops.select_ops``), and
@@ -35,10 +36,7 @@ from tpu_embedding.activations import stack_features
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import TableUpdate
 from tpu_embedding.backends.selection import select_backend
-from tpu_embedding.backends.selection import stacking_support
 from tpu_embedding.backends.stacks import create_stacked_tables
-from tpu_embedding.backends.stacks import stack_threshold
-from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import concat_pieces
@@ -56,10 +54,10 @@ from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.stacking import TableStacking
-from tpu_embedding.stacking import plan_stacks
 from tpu_embedding.steps import Enqueued
 from tpu_embedding.steps import Step
 from tpu_embedding.steps import checked_gradients
@@ -82,11 +80,12 @@ class OffTPUEngine(Engine, Trackable):
     self,
     config: ResolvedConfig,
     strategy: tf.distribute.Strategy,
-    row_sharding_threshold: int,
+    placement: PlacementPolicy,
     pipeline_execution_with_tensor_core: bool = False,
     table_stacking: TableStacking = "auto",
   ):
-    """Picks the backend for ``strategy`` and the table stacks.
+    """Picks the backend for ``strategy``, which plans the table stacks
+    and placements (``planning.py``).
 
     Raises:
       ValueError: for a strategy without a backend, pipelining under
@@ -94,17 +93,11 @@ class OffTPUEngine(Engine, Trackable):
     """
     Engine.__init__(self, config)
     self._strategy = strategy
-    can_stack, placement, where, auto = stacking_support(
-      strategy, row_sharding_threshold
+    backend, planned = select_backend(
+      strategy, config.tables, placement, table_stacking
     )
-    self._stacks = plan_stacks(
-      config.tables, table_stacking, placement, can_stack, where, auto
-    )
-    backend = select_backend(
-      strategy,
-      [stack.config for stack in self._stacks],
-      stack_threshold(self._stacks, row_sharding_threshold, placement),
-    )
+    self._stacks = list(planned.stacks)
+    self._sharding_plan = planned.tables
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
     if self._dynamic:
       check_dynamic_support(config.tables, backend)
@@ -137,7 +130,7 @@ class OffTPUEngine(Engine, Trackable):
 
   @property
   def sharding_plan(self) -> ShardingPlan | None:
-    return table_plan(self._backend.plan, self._stacks)
+    return self._sharding_plan
 
   @property
   def dynamic_tables(self) -> DynamicTables:
