@@ -51,10 +51,7 @@ class ParameterServerBackend(HostBackend):
 
   #: Workers update asynchronously already: nothing to pipeline.
   supports_pipelining = False
-  dynamic_vocabularies_unsupported = (
-    "ParameterServerStrategy (not supported yet: the vocabulary's step "
-    "needs every worker's keys of a step at once)"
-  )
+  steps_alone_under = "ParameterServerStrategy"
 
   def __init__(
     self,

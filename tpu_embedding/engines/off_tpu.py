@@ -55,6 +55,7 @@ from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.stacking import TableStacking
@@ -105,8 +106,7 @@ class OffTPUEngine(Engine, Trackable):
       stack_threshold(self._stacks, row_sharding_threshold, placement),
     )
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
-    if self._dynamic:
-      check_dynamic_support(config.tables, backend)
+    check_dynamic_support(config.tables, backend)
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(
@@ -340,8 +340,7 @@ class OffTPUEngine(Engine, Trackable):
   ) -> tuple[Any, dict[str, TableBatch]]:
     replica = self._local_replica()
     if not training:  # TensorFlow's ops only: servable as it is.
-      if self._dynamic:
-        prepared = self._dynamic.rows(prepared, replica)
+      prepared = self._dynamic.rows(prepared, replica)
 
       def rows(requests: Any) -> list[tf.Tensor]:
         return self._backend.gather_tables(requests, TENSORFLOW_OPS)
@@ -350,12 +349,11 @@ class OffTPUEngine(Engine, Trackable):
         self.config, prepared, rows, self._stacks, ops=TENSORFLOW_OPS
       )
     ops = self._step_ops()
-    if self._dynamic:
-      prepared, new_rows = self._dynamic.rows_for_training(
-        prepared, replica, self._stores, ops
-      )
-      for name, given in new_rows.items():
-        self._backend.drop_held_rows(name, given)
+    prepared, new_rows = self._dynamic.rows_for_training(
+      prepared, replica, self._stores, ops
+    )
+    for name, given in new_rows.items():
+      self._backend.drop_held_rows(name, given)
 
     def training_rows(requests: Any) -> list[tf.Tensor]:
       return self._backend.gather_for_training(requests, ops)
@@ -394,8 +392,8 @@ class OffTPUEngine(Engine, Trackable):
       grads = [flat[i] for i in stack_features(self.config, stack)]
       ids, index = batch.unique_ids, batch.unique_index
       occurrences = occurrence_gradients(grads, batch)
-      ids, occurrences, index = self._dynamic.updated_rows(
-        stack.config, ids, occurrences, index
+      ids, occurrences, index = key_mapping(stack.config).updated_rows(
+        ids, occurrences, index
       )
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])
