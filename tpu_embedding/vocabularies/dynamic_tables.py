@@ -122,9 +122,6 @@ class DynamicTables:
     self._tables = dynamic_mappings(config.tables)
     self._states: dict[str, VocabularyState] = {}
 
-  def __bool__(self) -> bool:
-    return bool(self._tables)
-
   @property
   def states(self) -> dict[str, VocabularyState]:
     """Each dynamic table's vocabulary state, by table name."""
