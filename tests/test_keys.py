@@ -86,9 +86,7 @@ def test_a_users_table_declares_the_mapping_resolve_gives_it():
   users = users_table.key_mapping
   assert isinstance(users, DynamicMapping)
   assert (users.capacity, users.default_row, users.rows) == (6, 6, 7)
-  assert users.vocabulary == features["u"].table.vocabulary.replace(
-    capacity=6
-  )
+  assert users.vocabulary == features["u"].table.vocabulary.replace(capacity=6)
   assert items.key_mapping == IdentityMapping(5)
   assert capped.key_mapping.capacity == 3
   assert features["u"].table.vocabulary_size == 6  # never changed

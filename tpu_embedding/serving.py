@@ -297,7 +297,7 @@ class TPUEmbeddingForServing(Trackable):
         for t in self._config.tables
       }
       # Dynamic tables: the whole vocabulary, under the training key.
-      self._dynamic.create_states([None], self._stores, tracker)
+      self._dynamic.build([None], self._stores, tracker)
     self._built = True
 
   @property

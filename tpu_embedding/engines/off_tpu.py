@@ -218,6 +218,7 @@ class OffTPUEngine(Engine, Trackable):
         VariableTracker(self),
         strategy=self._strategy,
       )
+      self._dynamic.write_default_rows(self._stores)
     self._built = True
 
   def _maybe_build(self, incoming_shapes: list | None = None) -> None:

@@ -18,8 +18,8 @@ updates; ``DynamicTables`` does the rest around the one lookup path:
 
 The state of a row-sharded table is sharded with it (``state.py``): shard
 ``r`` of ``R`` is a range of buckets, so no replica holds the whole map.
-Checkpoints hold it under ``<table>/vocabulary`` (``create_states``, for
-the engine and for serving).
+Checkpoints hold it under ``<table>/vocabulary`` (``build``, for the
+engine and for serving).
 
 Example:
   >>> import tensorflow as tf
@@ -127,7 +127,7 @@ class DynamicTables:
     """Each dynamic table's vocabulary state, by table name."""
     return dict(self._states)
 
-  def create_states(
+  def build(
     self,
     devices: Sequence[str | None],
     stores: dict[str, TableStore],
@@ -159,16 +159,9 @@ class DynamicTables:
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
 
-  def build(
-    self,
-    devices: Sequence[str | None],
-    stores: dict[str, TableStore],
-    tracker: VariableTracker,
-    strategy: tf.distribute.Strategy | None = None,
-  ) -> None:
-    """``create_states``, then fills each default row (arguments: its
-    own)."""
-    self.create_states(devices, stores, tracker, strategy)
+  def write_default_rows(self, stores: dict[str, TableStore]) -> None:
+    """Fills each default row of ``stores`` (by table name) with its
+    ``default_value`` (training: serving restores it)."""
     for table, mapping in self._tables:
       default = tf.fill([1, table.dim], mapping.vocabulary.default_value)
       stores[table_name(table)].write_rows(mapping.default_row, default)
