@@ -79,6 +79,11 @@ EMPTY_STRING_KEYS = (
   "Input {path} has empty string keys for table '{table}' (a "
   "DynamicVocabulary); every key must be a non-empty string."
 )
+DYNAMIC_ON_TPU = (
+  "Table {table!r} has a DynamicVocabulary, which TensorFlow's TPU "
+  "embedding and its configs do not have: dynamic tables train off TPU "
+  "only (any other strategy)."
+)
 DYNAMIC_EXPORT = (
   "Tables {tables} have a DynamicVocabulary: their raw keys are mapped by "
   "its vocabulary's state, which was not given here. Look them up with the "

@@ -80,9 +80,10 @@ class Backend(metaclass=abc.ABCMeta):
   #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
   supports_pipelining = True
 
-  #: Why dynamic vocabularies (``vocabularies/``) cannot train here, or
-  #: None where they can: every replica of a step in this process.
-  dynamic_vocabularies_unsupported: str | None = None
+  #: None where the replicas of a step run it together (in this process,
+  #: or with the other workers' through collectives); else the strategy
+  #: under which each worker runs its steps alone, on its own batch.
+  steps_alone_under: str | None = None
 
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}

@@ -24,10 +24,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.backends.base import HostBackend
+from tpu_embedding.config import TableConfig
 from tpu_embedding.planning import Planner
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
@@ -49,10 +52,7 @@ class ParameterServerBackend(HostBackend):
 
   #: Workers update asynchronously already: nothing to pipeline.
   supports_pipelining = False
-  dynamic_vocabularies_unsupported = (
-    "ParameterServerStrategy (not supported yet: the vocabulary's step "
-    "needs every worker's keys of a step at once)"
-  )
+  steps_alone_under = "ParameterServerStrategy"
 
   def __init__(self, plan: ShardingPlan):
     """Creates the backend of the stores ``plan`` places (its

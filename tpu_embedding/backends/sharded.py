@@ -34,6 +34,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from tpu_embedding.backends.base import Backend

@@ -54,6 +54,7 @@ from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStack
@@ -99,8 +100,7 @@ class OffTPUEngine(Engine, Trackable):
     self._stacks = list(planned.stacks)
     self._sharding_plan = planned.tables
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
-    if self._dynamic:
-      check_dynamic_support(config.tables, backend)
+    check_dynamic_support(config.tables, backend)
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(
@@ -212,6 +212,7 @@ class OffTPUEngine(Engine, Trackable):
         VariableTracker(self),
         strategy=self._strategy,
       )
+      self._dynamic.write_default_rows(self._stores)
     self._built = True
 
   def _maybe_build(self, incoming_shapes: list | None = None) -> None:
@@ -334,8 +335,7 @@ class OffTPUEngine(Engine, Trackable):
   ) -> tuple[Any, dict[str, TableBatch]]:
     replica = self._local_replica()
     if not training:  # TensorFlow's ops only: servable as it is.
-      if self._dynamic:
-        prepared = self._dynamic.rows(prepared, replica)
+      prepared = self._dynamic.rows(prepared, replica)
 
       def rows(requests: Any) -> list[tf.Tensor]:
         return self._backend.gather_tables(requests, TENSORFLOW_OPS)
@@ -344,12 +344,11 @@ class OffTPUEngine(Engine, Trackable):
         self.config, prepared, rows, self._stacks, ops=TENSORFLOW_OPS
       )
     ops = self._step_ops()
-    if self._dynamic:
-      prepared, new_rows = self._dynamic.rows_for_training(
-        prepared, replica, self._stores, ops
-      )
-      for name, given in new_rows.items():
-        self._backend.drop_held_rows(name, given)
+    prepared, new_rows = self._dynamic.rows_for_training(
+      prepared, replica, self._stores, ops
+    )
+    for name, given in new_rows.items():
+      self._backend.drop_held_rows(name, given)
 
     def training_rows(requests: Any) -> list[tf.Tensor]:
       return self._backend.gather_for_training(requests, ops)
@@ -388,8 +387,8 @@ class OffTPUEngine(Engine, Trackable):
       grads = [flat[i] for i in stack_features(self.config, stack)]
       ids, index = batch.unique_ids, batch.unique_index
       occurrences = occurrence_gradients(grads, batch)
-      ids, occurrences, index = self._dynamic.updated_rows(
-        stack.config, ids, occurrences, index
+      ids, occurrences, index = key_mapping(stack.config).updated_rows(
+        ids, occurrences, index
       )
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])

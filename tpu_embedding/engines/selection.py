@@ -23,6 +23,7 @@ from tpu_embedding.engines.tpu import is_tpu_strategy
 from tpu_embedding.engines.tpu import tpu_engine
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.stacking import TableStacking
 
@@ -43,13 +44,8 @@ def select_engine(
     ValueError: for an unsupported strategy or invalid options.
   """
   if is_tpu_strategy(strategy):
-    dynamic = [t.name for t in config.tables if t.vocabulary is not None]
-    if dynamic:
-      raise ValueError(
-        f"Tables {dynamic} have a DynamicVocabulary, which TensorFlow's "
-        "TPU embedding does not have: they train off TPU only (any other "
-        "strategy)."
-      )
+    for table in config.tables:
+      key_mapping(table).check_on_tpu(table.name)
     return tpu_engine(
       config,
       optimizer,
