@@ -125,6 +125,14 @@ SKIP_UPDATES_ALL_ROWS = (
   "Adam(lazy_adam=False)); use a lazy optimizer."
 )
 SKIP_SHAPE = "apply_gradients(skip=...) takes a scalar bool, got shape {shape}."
+STEP_ID_VALUE = (
+  "apply_gradients(step_id=...) takes a scalar integer, got {value!r}."
+)
+STEP_ID_VARIABLE = (
+  "apply_gradients(step_id=...) takes a value fixed when the step is "
+  "scheduled (e.g. a tf.int64 argument of the scheduled function), not a "
+  "variable: a re-run step would read another value."
+)
 
 NOT_OFF_TPU = (
   "TPUEmbedding.{what} is not available under TPUStrategy: the tables live "

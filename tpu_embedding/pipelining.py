@@ -221,8 +221,12 @@ class PipelinedBackend(Backend):
       self.flush(ops)
     return rows
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
-    del ops  # Applied by the next training lookup's (or flush's).
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    # Applied by the next training lookup's (or flush's) ops; the steps of
+    # the backends pipelining wraps are never re-run.
+    del ops, step_id
     self._holding().hold(local_replica(self._strategy), updates)
 
   def flush(self, ops: StepOps) -> None:

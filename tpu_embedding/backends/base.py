@@ -145,7 +145,9 @@ class Backend(metaclass=abc.ABCMeta):
     step's row ops, ``kernels/ops.py``)."""
 
   @abc.abstractmethod
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
     """Applies each table's optimizer to its rows.
 
     Args:
@@ -154,6 +156,10 @@ class Backend(metaclass=abc.ABCMeta):
         (``id_index`` None), or the gradients of single occurrences and
         their ``id_index``.
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's scalar int64 id: under parameter
+        servers, where a step may be run again, a re-run with the same id
+        does not update a table again; the other backends never re-run a
+        step and ignore it.
     """
 
   def gather_from_stores(
@@ -195,8 +201,10 @@ class HostBackend(Backend):
   ) -> list[tf.Tensor]:
     return self.gather_from_stores(requests, ops)
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
     for update in updates:
       self._stores[table_name(update.table)].update(
-        update.ids, update.gradients, update.id_index, ops
+        update.ids, update.gradients, update.id_index, ops, step_id
       )

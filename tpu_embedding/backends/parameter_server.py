@@ -14,7 +14,9 @@ server holding the rows, inside that block's ``tf.CriticalSection``, so steps
 from several workers at once never interleave their read-modify-writes: no
 update is lost or doubled (an Adagrad accumulator gets every squared
 gradient). Steps run one after another give exactly the single-device
-result.
+result. The coordinator runs a failed worker's step again, even if its
+update had landed; with ``apply_gradients(step_id=...)`` each block
+applies a step's update once (``tables/step_record.py``).
 
 Example:
   >>> from tpu_embedding.backends.parameter_server import ps_devices

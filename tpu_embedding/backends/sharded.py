@@ -182,7 +182,10 @@ class ShardedBackend(Backend):
         results[i] = value
     return results
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    del step_id  # The replicas run each step together, once.
     replica = current_replica(self._strategy)
     if replica is None:
       raise RuntimeError(

@@ -62,6 +62,7 @@ from tpu_embedding.stacking import TableStacking
 from tpu_embedding.steps import Enqueued
 from tpu_embedding.steps import Step
 from tpu_embedding.steps import checked_gradients
+from tpu_embedding.steps import checked_step_id
 from tpu_embedding.steps import current_graph
 from tpu_embedding.steps import select_replica
 from tpu_embedding.structure import check_same_structure
@@ -280,7 +281,11 @@ class OffTPUEngine(Engine, Trackable):
     return activations
 
   def apply_gradients(
-    self, gradients: Any, name: str | None = None, skip: Any = None
+    self,
+    gradients: Any,
+    name: str | None = None,
+    skip: Any = None,
+    step_id: Any = None,
   ) -> None:
     del name
     self._check_strategy()
@@ -291,7 +296,13 @@ class OffTPUEngine(Engine, Trackable):
       step is None or step.batches is None or step.graph is not current_graph()
     ):
       raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
-    self._apply(gradients, step, "gradients passed to apply_gradients", skip)
+    self._apply(
+      gradients,
+      step,
+      "gradients passed to apply_gradients",
+      skip,
+      checked_step_id(step_id),
+    )
     self._steps.pop(current_replica(self._strategy) or 0, None)
 
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
@@ -356,19 +367,25 @@ class OffTPUEngine(Engine, Trackable):
     return look_up(self.config, prepared, training_rows, self._stacks, ops=ops)
 
   def _apply(
-    self, gradients: Any, step: Step, what: str, skip: Any = None
+    self,
+    gradients: Any,
+    step: Step,
+    what: str,
+    skip: Any = None,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies each table's optimizer to the rows ``step`` looked up.
 
     With ``skip`` (a scalar bool tensor) true, every table's update has no
     rows: nothing changes, yet every replica runs the same collectives.
+    ``step_id`` (a scalar int64 tensor) goes to the backend.
     """
     check_same_structure(self.config.structure, gradients, what)
     flat = checked_gradients(gradients, step, self.config.features)
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
     self._backend.apply_updates(
-      self._updates(flat, step, skip), self._step_ops()
+      self._updates(flat, step, skip), self._step_ops(), step_id
     )
 
   def _updates(self, flat: list, step: Step, skip: Any) -> list[TableUpdate]:

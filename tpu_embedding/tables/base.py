@@ -57,6 +57,7 @@ from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.step_record import StepRecord
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
 
@@ -232,11 +233,13 @@ class TableStore(metaclass=abc.ABCMeta):
     grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the table's optimizer to rows of one local block.
 
     After ``lock_blocks()`` the update runs on the block's device, one at a
-    time: concurrent steps never interleave their reads and writes.
+    time: concurrent steps never interleave their reads and writes; with
+    ``step_id`` it runs only if that step has not updated the block yet.
 
     Args:
       block: the local block index.
@@ -247,6 +250,10 @@ class TableStore(metaclass=abc.ABCMeta):
       index: None, or ``[m]`` int32 position in ``rows`` of each gradient
         (see ``updates.apply_rows``).
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's scalar int64 id: after
+        ``lock_blocks()``, a step re-run with the same id does not update
+        the block again (``step_record.py``); ignored otherwise (such
+        steps are never re-run).
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
@@ -261,7 +268,11 @@ class TableStore(metaclass=abc.ABCMeta):
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)
 
-    self._chain.run(locks[block], locked_update)
+    if step_id is None:
+      self._chain.run(locks[block], locked_update)
+      return
+    record = self._step_records[block]
+    self._chain.run(locks[block], lambda: record.once(step_id, locked_update))
 
   def lock_blocks(self, chain: LockChain) -> None:
     """Makes every later block update atomic.
@@ -272,14 +283,18 @@ class TableStore(metaclass=abc.ABCMeta):
     updates and writes its rows inside it, so no update is lost or
     doubled. ``chain`` orders the locked updates of a step one after
     another, so a step never holds two locks and steps cannot deadlock.
+    Each block also gets a ``StepRecord`` (``step_record.py``): an update
+    with a step id lands once, however often the step runs.
     """
     self._chain = chain
     self._locks = []
+    self._step_records: list[StepRecord] = []
     for index, block in enumerate(self.blocks):
-      with tf.device(block["parameters"].device):
-        self._locks.append(
-          tf.CriticalSection(name=f"{self.table.name}_block_{index}_lock")
-        )
+      device = block["parameters"].device
+      name = f"{self.table.name}_block_{index}"
+      with tf.device(device):
+        self._locks.append(tf.CriticalSection(name=f"{name}_lock"))
+      self._step_records.append(StepRecord(device, f"{name}_steps"))
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     """Writes rows ``[first, first + len(value))`` of ``key`` in place.
@@ -310,6 +325,7 @@ class TableStore(metaclass=abc.ABCMeta):
     grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the table's optimizer to rows ``ids`` (distinct, global).
 
@@ -321,10 +337,11 @@ class TableStore(metaclass=abc.ABCMeta):
         gradients of single occurrences (see ``update_block``).
       index: None, or the position in ``ids`` of each row of ``grads``.
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's id (see ``update_block``).
     """
     if self.block_rows(0) == (0, self.table.vocabulary_size):
       # One block holds every row.
-      self.update_block(0, ids, grads, index, ops)
+      self.update_block(0, ids, grads, index, ops, step_id)
       return
     if index is not None:
       grads = tf.math.unsorted_segment_sum(
@@ -338,6 +355,7 @@ class TableStore(metaclass=abc.ABCMeta):
         tf.boolean_mask(ids - first, mine),
         tf.boolean_mask(grads, mine),
         ops=ops,
+        step_id=step_id,
       )
 
   def held_variables(self) -> list[Any]:

@@ -285,6 +285,7 @@ class MultiWorkerShardedTable(RowShardedTable):
     grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     raise RuntimeError(
       f"Table '{self.table.name}' is sharded over several workers: update "

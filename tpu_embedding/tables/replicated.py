@@ -117,6 +117,7 @@ class ReplicatedTable(TableStore):
     grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
@@ -125,4 +126,4 @@ class ReplicatedTable(TableStore):
       )
       index = None
     for block in range(len(self._blocks)):
-      self.update_block(block, ids, grads, index, ops)
+      self.update_block(block, ids, grads, index, ops, step_id)

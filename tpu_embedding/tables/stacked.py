@@ -117,8 +117,9 @@ class StackMember(TableStore):
     grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
-    self.stack.update(ids + self.offset, grads, index, ops)
+    self.stack.update(ids + self.offset, grads, index, ops, step_id)
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)
