@@ -5,22 +5,27 @@ TensorFlow's context for the whole process): 2 workers and 2 parameter
 servers as gRPC servers on loopback ports, a ``ClusterCoordinator`` driving
 the TPU-style loop, big tables split over both PS tasks. It asserts the
 tables and slots equal the same steps on one device, that the PS
-checkpoint restores into a single-device object, and that steps scheduled
-on both workers at once all land; a killed worker's re-run step lands
-once (``apply_gradients(step_id=...)``).
+checkpoint restores into a single-device object, that steps scheduled
+on both workers at once all land, and that the scheduled step touches the
+tables by row only; a killed worker's re-run step lands once
+(``apply_gradients(step_id=...)``).
 """
 
 from __future__ import annotations
 
 import pathlib
 
+from tests import sparse_access
 from tests.distributed import cluster
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed" / "ps_training.py"
 
 
 def test_parameter_server_training_equals_one_device(tmp_path):
-  cluster.run_script([SCRIPT, tmp_path]).check()
+  out = cluster.run_script([SCRIPT, tmp_path]).check()
+  # The scheduled step gathered and updated the tables and slots on the
+  # PS tasks by row only (asserted there: tests/sparse_access.py).
+  assert "ps" in sparse_access.reports(out), out
 
 
 KILL = pathlib.Path(__file__).parent / "distributed" / "ps_worker_kill.py"
