@@ -117,6 +117,7 @@ setup(
     "tpu": ["tensorflow-tpu>=2.21,<2.22"],
     "test": [
       "pytest>=8",
+      "pytest-xdist>=3.5",
       "ruff",
       "mypy==2.4.1",
       "tensorflow-datasets==4.9.10",

@@ -12,15 +12,22 @@ import pathlib
 import numpy as np
 import tensorflow as tf
 
+from tests import sparse_access
 from tests.distributed import cluster
 from tests.distributed import mwms_checkpoint_chunks
+from tests.distributed import mwms_training
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_training.py"
 
 
 def test_two_workers_train_sharded_tables_like_one_device(tmp_path):
   for worker in cluster.run_workers([SCRIPT, tmp_path]):
-    worker.check()
+    out = worker.check()
+    # Each optimizer's traced step gathered and updated the worker's
+    # tables and slots by row only (asserted there: tests/sparse_access.py).
+    assert sorted(sparse_access.reports(out)) == [
+      f"mwms/{name}" for name in sorted(mwms_training.OPTIMIZERS)
+    ], out
 
 
 RESUME = pathlib.Path(__file__).parent / "distributed" / "mwms_resume.py"
@@ -47,7 +54,9 @@ DYNAMIC = pathlib.Path(__file__).parent / "distributed" / "mwms_dynamic.py"
 
 def test_two_workers_train_dynamic_tables_like_one_device(tmp_path):
   for worker in cluster.run_workers([DYNAMIC, tmp_path]):
-    worker.check()
+    out = worker.check()
+    # Rows, slots and vocabulary arrays by row (asserted by the worker).
+    assert list(sparse_access.reports(out)) == ["mwms/dynamic"], out
 
 
 CHUNKS = (
@@ -82,4 +91,9 @@ def test_two_workers_pipelined_follow_the_one_step_stale_schedule():
   """Pipelined on 2 workers, flushed after step 1 and at the end: the
   one-step-stale schedule of tests/test_pipelining.py on one device."""
   for worker in cluster.run_workers([PIPELINING]):
-    worker.check()
+    out = worker.check()
+    # The pipelined step and the flush: by row only (asserted there).
+    assert sorted(sparse_access.reports(out)) == [
+      "mwms/flush_pipeline",
+      "mwms/pipelined",
+    ], out

@@ -90,17 +90,16 @@ def test_tpu_embedding_accepts_tensorflow_arguments():
     ours_method = getattr(tpe.TPUEmbedding, method)
     our_params = [n for n, _ in _parameters(ours_method)]
     # TensorFlow's parameters, in order, then keyword-only additions
-    # (apply_gradients' skip).
+    # (apply_gradients' skip and step_id).
     assert our_params[: len(tf_params)] == tf_params, method
     signature = inspect.signature(ours_method).parameters
     assert all(
       signature[name].kind is inspect.Parameter.KEYWORD_ONLY
       for name in our_params[len(tf_params) :]
     ), method
-  assert (
-    list(inspect.signature(tpe.TPUEmbedding.apply_gradients).parameters)[-1]
-    == "skip"
-  )
+  assert list(inspect.signature(tpe.TPUEmbedding.apply_gradients).parameters)[
+    -2:
+  ] == ["skip", "step_id"]
 
 
 def _public_objects():

@@ -19,7 +19,10 @@ import tpu_embedding as tpe
 from tests import oracle
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
+from tpu_embedding.planning import Planner
 from tpu_embedding.resolved import resolve
+from tpu_embedding.sharding import ROW_SHARDED
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.stacking import plan_stacks
 
 D, B, STEPS = 3, 4, 3
@@ -492,6 +495,41 @@ def test_bad_stacking_is_refused_naming_the_tables(stacking, match):
   )
   with pytest.raises(ValueError, match=match):
     plan_stacks(tables, stacking)
+
+
+def test_a_stack_is_placed_as_its_tables_in_the_same_pass():
+  tables = _tables(("a", 4, None), ("b", 4, None), ("c", 4, None))
+  planner = Planner(2, auto_stacks=True)
+  planned = planner.plan(tables, PlacementPolicy(15, {"c": ROW_SHARDED}))
+  assert [s.names for s in planned.stacks] == [("a", "b"), ("c",)]
+  # a and b (10 rows each) are replicated: so is their stack of 20 > 15.
+  assert planned.stores.placements["stack_a_b"].kind == "replicated"
+  assert planned.tables.placements["b"].stack == "stack_a_b"
+  assert planned.tables.placements["b"].shard_sizes == (10, 10)
+  assert planned.tables.placements["c"].shard_sizes == (5, 5)
+  assert "(placement fixed: c row_sharded)" in planned.tables.report()
+  unknown = PlacementPolicy(15, {"a": ROW_SHARDED, "zz": ROW_SHARDED})
+  with pytest.raises(ValueError, match=r"tables \['zz'\], which are not"):
+    planner.plan(tables, unknown)
+  assert Planner().plan(tables, unknown).tables is None  # one device
+
+
+@pytest.mark.parametrize(
+  "arguments, match",
+  [
+    ((-1,), "row_threshold must be >= 0. Received: -1"),
+    ((5, {"t": "sparsecore"}), "Table 't': placement 'sparsecore' is neither"),
+  ],
+)
+def test_bad_placement_policies_are_refused(arguments, match):
+  with pytest.raises(ValueError, match=match):
+    PlacementPolicy(*arguments)
+  with pytest.raises(ValueError, match="row_threshold must be >= 0"):
+    tpe.TPUEmbedding(  # refused where it is given, even on one device
+      tpe.FeatureConfig(tpe.TableConfig(10, 2, name="t")),
+      tpe.SGD(0.1),
+      row_sharding_threshold=-1,
+    )
 
 
 def test_explicit_stacks_where_layouts_cannot_hold_them_are_refused():

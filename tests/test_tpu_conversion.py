@@ -628,9 +628,9 @@ def _parameter_names(function) -> list[str]:
 )
 def test_forwarded_signatures_match_tensorflow(method):
   # The engine forwards positionally: the argument lists must agree (but
-  # for our own `skip`, refused on TPU).
+  # for our own `skip`, refused on TPU, and `step_id`, only checked).
   ours = _parameter_names(getattr(tpu.TPUEngine, method))
-  extra = ["skip"] if method == "apply_gradients" else []
+  extra = ["skip", "step_id"] if method == "apply_gradients" else []
   assert _parameter_names(getattr(TFE.TPUEmbedding, method)) + extra == ours
   sparse_core = {
     "build": [],
@@ -781,7 +781,10 @@ def test_sparse_core_protocol():
   assert delegate.dequeue() == "activations"
   with pytest.raises(ValueError, match=r"skip=\.\.\.\) is not available under"):
     delegate.apply_gradients("gradients", skip=True)
-  delegate.apply_gradients("gradients")
+  with pytest.raises(ValueError, match="takes a scalar integer"):
+    delegate.apply_gradients("gradients", step_id=1.5)
+  # A step id is only checked: TPU steps are never re-run.
+  delegate.apply_gradients("gradients", step_id=7)
   assert calls[1:] == [
     ("enqueue", "features", "weights", "d"),
     ("dequeue", "partitioned"),

@@ -36,10 +36,11 @@ if __name__ == "__main__":
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
-from tpu_embedding.backends.stacks import plan_with_stacks  # noqa: E402
+from tpu_embedding.backends.sharded import replicas_planner  # noqa: E402
 from tpu_embedding.resolved import resolve  # noqa: E402
+from tpu_embedding.sharding import PlacementPolicy  # noqa: E402
 from tpu_embedding.sharding import make_plan  # noqa: E402
-from tpu_embedding.vocabularies.config import capacity_of  # noqa: E402
+from tpu_embedding.vocabularies.dynamic_tables import dynamic_mappings  # noqa: E402
 from tpu_embedding.vocabularies.transition import VocabularyVariables  # noqa: E402
 
 #: Criteo 1TB vocabulary sizes as published with Model Garden's DLRM.
@@ -93,13 +94,14 @@ def tables_for(args) -> list[tpe.TableConfig]:
   ]  # fmt: skip
 
 
-def vocabulary_bytes(table, shards: int = 1) -> int:
-  """Bytes of a dynamic table's vocabulary state on the replica holding
-  the most: the whole state, or (``shards`` > 1: the table is row-sharded
-  and its state with it) its largest shard."""
+def vocabulary_bytes(mapping, shards: int = 1) -> int:
+  """Bytes of a dynamic table's vocabulary state (``mapping``: its key
+  mapping) on the replica holding the most: the whole state, or
+  (``shards`` > 1: the table is row-sharded and its state with it) its
+  largest shard."""
   return max(
     VocabularyVariables.bytes_of(
-      table.vocabulary, capacity_of(table), shard, shards
+      mapping.vocabulary, mapping.capacity, shard, shards
     )
     for shard in range(shards)
   )
@@ -339,7 +341,10 @@ def report(args: argparse.Namespace) -> None:
   ).tables
   single = make_plan(resolved, 1, threshold).bytes_per_replica()[0]
   for replicas in counts:
-    plan, stacks = plan_with_stacks(resolved, replicas, threshold, stacking)
+    planned = replicas_planner(replicas).plan(
+      resolved, PlacementPolicy(threshold), stacking
+    )
+    plan, stacks = planned.tables, planned.stacks
     print(placements_report(plan))
     figures.append(plan_figures(plan, stacks))
     stacked = [s for s in stacks if s.stacked]
@@ -359,15 +364,15 @@ def report(args: argparse.Namespace) -> None:
       )
       print(f"measured bytes per device: {measured}")
       assert measured == plan.bytes_per_replica(), "plan and variables differ"
-    dynamic = [t for t in resolved if t.vocabulary is not None]
+    dynamic = dynamic_mappings(resolved)
     if dynamic:
-      sharded = [t for t in dynamic if plan.placements[t.name].sharded]
+      sharded = [t for t, _ in dynamic if plan.placements[t.name].sharded]
       state = sum(
-        vocabulary_bytes(t, replicas if t in sharded else 1) for t in dynamic
+        vocabulary_bytes(m, replicas if t in sharded else 1) for t, m in dynamic
       )
       print(
         f"{len(dynamic)} dynamic table(s), capacity "
-        f"{sum(t.vocabulary_size - 1 for t in dynamic):,} rows (+1 default "
+        f"{sum(m.capacity for _, m in dynamic):,} rows (+1 default "
         f"row each); vocabulary state at most {state / 2**20:,.2f} MiB per "
         f"replica beside its rows ({len(sharded)} sharded with their rows, "
         f"{len(dynamic) - len(sharded)} replicated)"

@@ -43,6 +43,7 @@ from tpu_embedding.engines.selection import select_engine
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
@@ -91,7 +92,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     pipeline_execution_with_tensor_core: bool = False,
     sparse_core_embedding_config: Any = None,
     *,
-    row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    row_sharding_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
     table_stacking: TableStacking = "auto",
   ):
     """Creates the embedding object (variables are created by ``build``).
@@ -111,8 +112,9 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       row_sharding_threshold: off TPU with several replicas, tables with
         more rows than this are row-sharded across the replicas; smaller
         ones are replicated (0 shards every table). A
-        ``sharding.RowThreshold`` also fixes the placement of the tables it
-        names, whatever their size. See ``sharding.py``.
+        ``sharding.PlacementPolicy`` (or ``sharding.RowThreshold``) also
+        fixes the placement of the tables it names, whatever their size.
+        See ``sharding.py``.
       table_stacking: off TPU, which tables are held and updated as one
         (``stacking.py``): ``"auto"`` (default) stacks tables with the same
         width, optimizer and placement; None stacks nothing; a list of
@@ -122,8 +124,8 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
 
     Raises:
       ValueError: for an invalid feature config (a leaf that is not a
-        ``FeatureConfig``, an unsupported optimizer, duplicate table names)
-        or an unsupported strategy.
+        ``FeatureConfig``, an unsupported optimizer, duplicate table names),
+        a negative ``row_sharding_threshold`` or an unsupported strategy.
     """
     self._config = resolve(feature_config, optimizer)
     self._engine: Engine = select_engine(
@@ -132,7 +134,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       tf.distribute.get_strategy(),
       pipeline_execution_with_tensor_core,
       sparse_core_embedding_config,
-      row_sharding_threshold=row_sharding_threshold,
+      placement=PlacementPolicy.of(row_sharding_threshold),
       table_stacking=table_stacking,
     )
 
@@ -264,6 +266,7 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     name: str | None = None,
     *,
     skip: bool | tf.Tensor | None = None,
+    step_id: int | tf.Tensor | None = None,
   ) -> None:
     """Updates the tables with the gradients of the last activations.
 
@@ -284,21 +287,50 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
           "SUM", tf.cast(tf.logical_not(finite), tf.int32))
       embedding.apply_gradients(grads, skip=bad > 0)
 
+    ``step_id`` (ours) makes each step's update land once under
+    ``ParameterServerStrategy``: TensorFlow's ``ClusterCoordinator`` runs a
+    step again when its worker fails, even if its update had reached the
+    parameter servers; with the id, each table's update is applied only
+    if that step has not updated it yet. Pass an id that is distinct for
+    every step of this object's life, as an argument of the scheduled
+    function (the re-run gets the same arguments):
+
+    .. code-block:: python
+
+      @tf.function
+      def train_step(iterator, step_id):
+        def replica_fn(batch):
+          ...
+          embedding.apply_gradients(grads, step_id=step_id)
+        strategy.run(replica_fn, args=(next(iterator),))
+
+      for n in range(steps):
+        coordinator.schedule(
+            train_step, args=(iterator, tf.constant(first + n, tf.int64)))
+
+    The record is bounded (``tables/step_record.py``): a re-run is
+    recognised while fewer than 8192 later ids have updated the table,
+    i.e. with fewer than 8192 steps scheduled ahead of it. Other
+    strategies never re-run a step: there ``step_id`` is only checked.
+
     Args:
       gradients: a nest like the feature config, each the gradient of the
         loss with respect to that feature's activations.
       name: unused off TPU.
       skip: None (always update), or a scalar bool (tensor): update
         nothing when true.
+      step_id: None, or a scalar integer (tensor) naming the step: an
+        update is applied once per id (see above).
 
     Raises:
       RuntimeError: if not built or not preceded by a training ``dequeue``.
       ValueError: for a wrong structure, a non-tensor or a wrongly shaped
         gradient, or a table without an optimizer; for ``skip``: a
         non-scalar value, a table whose optimizer changes every row
-        (``Adam(lazy_adam=False)``), or TPUStrategy.
+        (``Adam(lazy_adam=False)``), or TPUStrategy; for ``step_id``: a
+        variable, or a value that is not a scalar integer.
     """
-    self._engine.apply_gradients(gradients, name, skip)
+    self._engine.apply_gradients(gradients, name, skip, step_id)
 
   @_library_code
   def flush_pipeline(self) -> None:

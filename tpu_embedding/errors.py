@@ -79,6 +79,11 @@ EMPTY_STRING_KEYS = (
   "Input {path} has empty string keys for table '{table}' (a "
   "DynamicVocabulary); every key must be a non-empty string."
 )
+DYNAMIC_ON_TPU = (
+  "Table {table!r} has a DynamicVocabulary, which TensorFlow's TPU "
+  "embedding and its configs do not have: dynamic tables train off TPU "
+  "only (any other strategy)."
+)
 DYNAMIC_EXPORT = (
   "Tables {tables} have a DynamicVocabulary: their raw keys are mapped by "
   "its vocabulary's state, which was not given here. Look them up with the "
@@ -120,6 +125,14 @@ SKIP_UPDATES_ALL_ROWS = (
   "Adam(lazy_adam=False)); use a lazy optimizer."
 )
 SKIP_SHAPE = "apply_gradients(skip=...) takes a scalar bool, got shape {shape}."
+STEP_ID_VALUE = (
+  "apply_gradients(step_id=...) takes a scalar integer, got {value!r}."
+)
+STEP_ID_VARIABLE = (
+  "apply_gradients(step_id=...) takes a value fixed when the step is "
+  "scheduled (e.g. a tf.int64 argument of the scheduled function), not a "
+  "variable: a re-run step would read another value."
+)
 
 NOT_OFF_TPU = (
   "TPUEmbedding.{what} is not available under TPUStrategy: the tables live "

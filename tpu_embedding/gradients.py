@@ -1,14 +1,14 @@
 """Gradient rows as an update receives them, in place where they are.
 
-An update gets the gradients of single occurrences as one ``[m, dim]``
-tensor, as pieces whose concatenation it is (one per feature: never
-concatenated), or as ``PickedRows``: rows picked out of pieces, each times
-a scale. ``PickedRows`` are the gradients of the ids of multi-id features
-(an id's gradient is its output row's gradient times its combiner weight:
-never expanded to one row per id) and an owner's share of the gradients
-other replicas handed over whole (never split or gathered). The fused
-kernel reads all of them where they are; the TensorFlow path makes one
-tensor of them with ``concat_pieces``.
+An update gets the gradients of single occurrences (``RowGradients``) as
+one ``[m, dim]`` tensor, as ``Pieces`` whose concatenation it is (one per
+feature: never concatenated), or as ``PickedRows``: rows picked out of
+pieces, each times a scale. ``PickedRows`` are the gradients of the ids
+of multi-id features (an id's gradient is its output row's gradient times
+its combiner weight: never expanded to one row per id) and an owner's
+share of the gradients other replicas handed over whole (never split or
+gathered). The fused kernel reads all of them where they are; the
+TensorFlow path makes one tensor of them with ``concat_pieces``.
 
 Example:
   >>> import tensorflow as tf
@@ -26,12 +26,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Union
 
 import tensorflow as tf
 
-#: One ``[m, dim]`` tensor, a list of pieces, or ``PickedRows``.
-Gradients = Any
+#: ``[rows_k, dim]`` gradient rows whose concatenation is an update's.
+Pieces = Sequence[tf.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +82,17 @@ class PickedRows:
     ]
 
 
-def pieces(grads: tf.Tensor | list[tf.Tensor]) -> list[tf.Tensor]:
+#: An update's gradient rows, where they are: one ``[m, dim]`` tensor,
+#: ``Pieces`` or ``PickedRows``.
+RowGradients = Union[tf.Tensor, Pieces, PickedRows]
+
+
+def pieces(grads: tf.Tensor | Pieces) -> list[tf.Tensor]:
   """``grads`` (a tensor or pieces) as a list of ``[rows, dim]`` pieces."""
   return list(grads) if isinstance(grads, (list, tuple)) else [grads]
 
 
-def concat_pieces(grads: Gradients) -> tf.Tensor:
+def concat_pieces(grads: RowGradients) -> tf.Tensor:
   """``grads`` as one tensor (pieces concatenated, picked rows gathered)."""
   if isinstance(grads, PickedRows) and isinstance(grads.positions, list):
     return concat_pieces([concat_pieces(group) for group in grads.groups()])
@@ -102,7 +108,7 @@ def concat_pieces(grads: Gradients) -> tf.Tensor:
 
 
 def keep_rows(
-  ids: tf.Tensor, grads: Gradients, index: tf.Tensor, keep: tf.Tensor
+  ids: tf.Tensor, grads: RowGradients, index: tf.Tensor, keep: tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """An update ``(ids, grads, index)`` without the rows where ``keep`` is
   false: their occurrences go too, the others are re-indexed.

@@ -50,11 +50,9 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import table_name
 from tpu_embedding.types import FeatureInput
-from tpu_embedding.vocabularies.buckets import key_ids
-from tpu_embedding.vocabularies.serving import check_key_dtype
-from tpu_embedding.vocabularies.serving import map_values
 
 #: ``(ids, segments, weights, output_shape)`` of a flattened input.
 _Flattened = tuple[tf.Tensor, tf.Tensor, tf.Tensor | None, tf.Tensor]
@@ -304,8 +302,8 @@ def prepare_feature(
     feature: the feature's config (its table must be named).
     path: the feature path, for messages.
     check_ids: whether to add the ``[0, vocabulary_size)`` range check
-      (never for a dynamic table, whose raw keys become int64 keys here:
-      ``vocabularies/buckets.key_ids``).
+      (only where the table's inputs are rows: its key mapping's
+      ``input_ids`` may make keys of them, ``keys.py``).
 
   Returns:
     The ``PreparedFeature``.
@@ -314,10 +312,9 @@ def prepare_feature(
     ValueError: for wrong kinds, dtypes, ranks or weights (see module doc),
       or an unnamed table.
   """
-  key_checks: list[Check] = []
-  if feature.table.vocabulary is not None:
-    inp, key_checks = _dynamic_keys(inp, feature, path)
-    check_ids = False
+  mapping = key_mapping(feature.table)
+  inp, key_checks = mapping.input_ids(inp, path, feature.table.name)
+  check_ids = check_ids and mapping.inputs_are_rows
   check_input_type(inp, weight, path)
   if weight is not None and is_sequence(feature, inp):
     raise ValueError(
@@ -345,7 +342,8 @@ def prepare_feature(
     output_shape, num_segments = _apply_configured_shape(
       feature, path, num_segments
     )
-  checks = _weight_checks(inp, weight, path) + key_checks
+  checks = _weight_checks(inp, weight, path)
+  checks += [Check(valid, message) for valid, message in key_checks]
   if check_ids:
     checks.append(
       ids_in_range_check(
@@ -362,36 +360,6 @@ def prepare_feature(
     static_shape,
     tuple(checks),
   )
-
-
-def _dynamic_keys(
-  inp: FeatureInput, feature: FeatureConfig, path: str
-) -> tuple[FeatureInput, list[Check]]:
-  """A dynamic table's raw keys as int64 keys, and the check that no
-  string key is empty.
-
-  Raises:
-    ValueError: for keys of another dtype than the vocabulary's.
-  """
-  if not isinstance(inp, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
-    return inp, []  # check_input_type names the type.
-  check_key_dtype(inp.dtype, feature, path)
-  checks = []
-
-  def to_keys(values: tf.Tensor) -> tf.Tensor:
-    if values.dtype == tf.string:
-      empty = tf.equal(tf.strings.length(values), 0)
-      checks.append(
-        Check(
-          ~tf.reduce_any(empty),
-          errors.EMPTY_STRING_KEYS.format(
-            path=path, table=table_name(feature.table)
-          ),
-        )
-      )
-    return key_ids(values)
-
-  return map_values(inp, to_keys), checks
 
 
 def _shape_tensor(

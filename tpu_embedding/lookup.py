@@ -40,8 +40,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.ops import StepOps
@@ -254,7 +254,7 @@ def split_activations(
 
 def occurrence_gradients(
   activation_grads: Sequence[tf.Tensor], batch: TableBatch
-) -> Gradients:
+) -> RowGradients:
   """The gradient of each id occurrence (``batch.unique_index``), in place.
 
   A row's gradient is the sum of its occurrences' (``row_gradients``);
@@ -265,7 +265,7 @@ def occurrence_gradients(
     batch: the ``TableBatch`` the activations were computed from.
 
   Returns:
-    ``gradients.Gradients`` whose concatenation is the ``[n, dim]``
+    ``gradients.RowGradients`` whose concatenation is the ``[n, dim]``
     gradients: one piece per feature when each id is its own output row
     (read in place, never copied into one tensor); else ``PickedRows``:
     each id's output row's gradient (``batch.segments``) times its

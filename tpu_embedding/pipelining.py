@@ -44,9 +44,11 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
+from tpu_embedding.backends.base import TableUpdate
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.gradients import pieces
@@ -54,6 +56,8 @@ from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
+from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tracking import VariableTracker
 
 
 class HeldUpdates:
@@ -65,7 +69,9 @@ class HeldUpdates:
   and its index into the ids: ``PickedRows`` again when it is taken.
   """
 
-  def __init__(self, tables: Sequence[TableConfig], devices: Sequence):
+  def __init__(
+    self, tables: Sequence[TableConfig], devices: Sequence[str | None]
+  ):
     """Creates empty holding variables.
 
     Args:
@@ -90,11 +96,14 @@ class HeldUpdates:
         )
 
   def hold(self, replica: int, updates: Updates) -> None:
-    """Keeps ``[(table, ids, grads, index)]`` for the next ``take``."""
-    for table, ids, grads, index in updates:
+    """Keeps each table's ``TableUpdate`` for the next ``take``."""
+    for update in updates:
+      index = update.id_index
       if index is None:  # Summed gradients: occurrence i is row i.
-        index = tf.range(tf.size(ids, out_type=tf.int32))
-      self._assign(replica, table_name(table), ids, grads, index)
+        index = tf.range(tf.size(update.ids, out_type=tf.int32))
+      self._assign(
+        replica, table_name(update.table), update.ids, update.gradients, index
+      )
 
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
@@ -103,18 +112,25 @@ class HeldUpdates:
     keep = tf.logical_not(_is_in(ids, rows))
     self._assign(replica, table, *keep_rows(ids, grads, index, keep))
 
-  def take(self, replica: int) -> list:
-    """The held ``[(table, ids, grads, index)]``; the holding empties."""
+  def take(self, replica: int) -> list[TableUpdate]:
+    """Each table's held ``TableUpdate``; the holding empties."""
     updates = []
     for table in self._tables:
       held = self._held[replica][table_name(table)]
       values = [variable.read_value() for variable in held]
       for variable, value in zip(held, values, strict=True):
         variable.assign(value[:0])
-      updates.append((table, *_as_update(values)))
+      updates.append(TableUpdate(table, *_as_update(values)))
     return updates
 
-  def _assign(self, replica: int, table: str, ids, grads, index) -> None:
+  def _assign(
+    self,
+    replica: int,
+    table: str,
+    ids: tf.Tensor,
+    grads: RowGradients,
+    index: tf.Tensor,
+  ) -> None:
     if not isinstance(grads, PickedRows):
       grads = PickedRows(pieces(grads), None)
     rows = concat_pieces(grads.pieces)
@@ -129,13 +145,17 @@ class HeldUpdates:
     for variable, value in zip(self._held[replica][table], values, strict=True):
       variable.assign(value)
 
-  def _read(self, replica: int, table: str) -> tuple:
+  def _read(
+    self, replica: int, table: str
+  ) -> tuple[tf.Tensor, PickedRows, tf.Tensor]:
     held = self._held[replica][table]
     return _as_update([variable.read_value() for variable in held])
 
 
-def _as_update(values: list[tf.Tensor]) -> tuple:
-  """``(ids, grads, index)`` of a held update's values."""
+def _as_update(
+  values: list[tf.Tensor],
+) -> tuple[tf.Tensor, PickedRows, tf.Tensor]:
+  """``(ids, gradients, index)`` of a held update's values."""
   ids, rows, positions, scales, index = values
   return ids, PickedRows([rows], positions, scales), index
 
@@ -161,7 +181,7 @@ class PipelinedBackend(Backend):
     return self._inner
 
   @property
-  def stores(self):
+  def stores(self) -> dict[str, TableStore]:
     return self._inner.stores
 
   @property
@@ -176,10 +196,14 @@ class PipelinedBackend(Backend):
   def held_replicas(self) -> dict[int, str | None]:
     return self._inner.held_replicas
 
-  def shards(self, table_name: str, slot: str = "parameters"):
+  def shards(
+    self, table_name: str, slot: str = "parameters"
+  ) -> list[tf.Variable]:
     return self._inner.shards(table_name, slot)
 
-  def create_tables(self, tables, tracker):
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
     stores = self._inner.create_tables(tables, tracker)
     self._held = HeldUpdates(tables, self._inner.local_devices)
     return stores
@@ -197,8 +221,12 @@ class PipelinedBackend(Backend):
       self.flush(ops)
     return rows
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
-    del ops  # Applied by the next training lookup's (or flush's).
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    # Applied by the next training lookup's (or flush's) ops; the steps of
+    # the backends pipelining wraps are never re-run.
+    del ops, step_id
     self._holding().hold(local_replica(self._strategy), updates)
 
   def flush(self, ops: StepOps) -> None:

@@ -5,6 +5,13 @@ share a table. Unnamed tables are named ``table_<i>`` in first-appearance
 order of ``tf.nest.flatten(feature_config)``; a table without an optimizer
 takes the global one. The user's objects are cloned, never changed.
 
+A resolved table (``ResolvedTable``) carries the ``KeyMapping`` of its
+inputs (``keys.py``) instead of their declaration: ids are rows, or a
+``DynamicVocabulary`` maps keys to rows ``[0, capacity)`` and the default
+row ``capacity``, so it holds ``capacity + 1`` rows. Its fields are valid
+``TableConfig`` arguments (it is built by that constructor), and resolving
+it again changes nothing: ``key_mapping`` returns the mapping it carries.
+
 Example:
   >>> import tpu_embedding as tpe
   >>> t = tpe.TableConfig(vocabulary_size=10, dim=2)
@@ -12,6 +19,10 @@ Example:
   ...             tpe.SGD(0.1))
   >>> [table.name for table in r.tables], t.name
   (['table_0'], None)
+  >>> users = tpe.TableConfig(4, 2, vocabulary=tpe.DynamicVocabulary())
+  >>> (table,) = resolve(tpe.FeatureConfig(users), None).tables
+  >>> table.vocabulary_size, table.vocabulary, table.key_mapping.default_row
+  (5, None, 4)
 """
 
 from __future__ import annotations
@@ -21,9 +32,73 @@ import dataclasses
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
+from tpu_embedding.keys import IdentityMapping
+from tpu_embedding.keys import KeyMapping
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.types import FeatureConfigNest
+from tpu_embedding.vocabularies.mapping import declared_mapping
+
+
+class ResolvedTable(TableConfig):
+  """A table of a ``ResolvedConfig``: named, its optimizer set, holding
+  the rows of its inputs' ``KeyMapping``.
+
+  Made by ``TableConfig``'s constructor (its validation holds), from
+  ``table``'s fields but its declaration of inputs: ``vocabulary_size`` is
+  the mapping's ``rows``, ``vocabulary`` is None (a dynamic table's
+  vocabulary is its mapping's).
+
+  Args:
+    table: the table.
+    name: its name.
+    optimizer: its optimizer.
+    key_mapping: how its inputs become rows.
+
+  Attributes:
+    key_mapping: how its inputs become rows (``keys.py``).
+  """
+
+  def __init__(
+    self,
+    table: TableConfig,
+    name: str | None,
+    optimizer: Optimizer | None,
+    key_mapping: KeyMapping,
+  ):
+    super().__init__(
+      vocabulary_size=key_mapping.rows,
+      dim=table.dim,
+      initializer=table.initializer,
+      optimizer=optimizer,
+      combiner=table.combiner,
+      name=name,
+      quantization_config=table.quantization_config,
+      layout=table.layout,
+      dtype=table.dtype,
+    )
+    self.key_mapping = key_mapping
+
+
+def key_mapping(table: TableConfig) -> KeyMapping:
+  """How ``table``'s inputs become rows: the mapping a resolved table
+  carries, or the one a user's table declares (``resolve`` gives it).
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> key_mapping(tpe.TableConfig(10, 2)).rows
+    10
+  """
+  if isinstance(table, ResolvedTable):
+    return table.key_mapping
+  return declared_mapping(table.vocabulary, table.vocabulary_size)
+
+
+def rows_table(table: TableConfig) -> ResolvedTable:
+  """The table of ``table``'s rows, as a lookup reads them once keys are
+  rows (a serving lookup's): ids are rows, the default row included."""
+  rows = IdentityMapping(key_mapping(table).rows)
+  return ResolvedTable(table, table.name, table.optimizer, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +109,7 @@ class ResolvedConfig:
     structure: the user's feature config nest.
     paths: flattened feature paths.
     features: flattened ``FeatureConfig`` clones pointing at ``tables``.
-    tables: named ``TableConfig`` clones with their optimizer set.
+    tables: named ``ResolvedTable`` clones with their optimizer set.
     user_tables: the user's ``TableConfig`` objects, parallel to
       ``tables``.
   """
@@ -42,7 +117,7 @@ class ResolvedConfig:
   structure: FeatureConfigNest
   paths: tuple[str, ...]
   features: tuple[FeatureConfig, ...]
-  tables: tuple[TableConfig, ...]
+  tables: tuple[ResolvedTable, ...]
   user_tables: tuple[TableConfig, ...]
 
   def features_of(self, table: TableConfig) -> list[int]:
@@ -114,20 +189,9 @@ def resolve(
       raise ValueError(
         errors.UNSUPPORTED_OPTIMIZER.format(type=type(table_optimizer))
       )
-    table = user_table.replace(name=name, optimizer=table_optimizer)
-    resolved_already = (
-      table.vocabulary is not None
-      and table.vocabulary.capacity == table.vocabulary_size - 1
-    )  # (a user's capacity must equal its vocabulary_size)
-    if table.vocabulary is not None and not resolved_already:
-      # Rows [0, vocabulary_size) for keys, then the default row
-      # (vocabularies/dynamic_tables.py).
-      size = table.vocabulary_size
-      table = table.replace(
-        vocabulary_size=size + 1,
-        vocabulary=table.vocabulary.replace(capacity=size),
-      )
-    tables.append(table)
+    tables.append(
+      ResolvedTable(user_table, name, table_optimizer, key_mapping(user_table))
+    )
   clone_of = {id(u): t for u, t in zip(user_tables, tables, strict=True)}
   features = tuple(f.replace(table=clone_of[id(f.table)]) for _, f in flat)
   return ResolvedConfig(

@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
@@ -49,9 +48,12 @@ from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.keys import KeysToRows
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
+from tpu_embedding.resolved import rows_table
 from tpu_embedding.resolved import table_name
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
@@ -64,12 +66,9 @@ from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
 from tpu_embedding.types import WeightsNest
-from tpu_embedding.vocabularies.config import capacity_of
-from tpu_embedding.vocabularies.serving import KeysToRows
-from tpu_embedding.vocabularies.serving import rows_input
-from tpu_embedding.vocabularies.state import ReplicatedVocabulary
+from tpu_embedding.vocabularies.dynamic_tables import DynamicTables
+from tpu_embedding.vocabularies.sharing import LocalReplicas
 from tpu_embedding.vocabularies.state import VocabularyState
-from tpu_embedding.vocabularies.transition import find
 
 #: Reads rows of one table by id, in id order.
 RowReader = Callable[[tf.Tensor], tf.Tensor]
@@ -119,8 +118,8 @@ def lookup_with_readers(
       store's ``gather``.
     feature_config: the nest of ``FeatureConfig`` the inputs refer to.
     translators: ``{TableConfig: function(keys) -> row ids}`` of the
-      dynamic tables (their inputs are raw keys;
-      ``vocabularies/serving.py``).
+      tables whose inputs are keys (their key mappings' ``serving_rows``,
+      ``keys.py``).
   """
   flat_inputs = flatten_with_paths(inputs)
   flat_weights = [None] * len(flat_inputs)
@@ -143,13 +142,10 @@ def lookup_with_readers(
         f"No table given for feature {path} (table {feature.table.name!r})."
       )
     read = readers[feature.table]
-    if feature.table.vocabulary is not None:
-      translate = (translators or {}).get(feature.table)
-      if translate is None:
-        raise ValueError(
-          errors.DYNAMIC_EXPORT.format(tables=[feature.table.name])
-        )
-      inp, feature = rows_input(inp, feature, path, translate)
+    inp = key_mapping(feature.table).serving_rows(
+      inp, path, feature.table.name, (translators or {}).get(feature.table)
+    )
+    feature = feature.replace(table=rows_table(feature.table))
     outputs.append(_lookup_one(inp, weight, feature, read, path))
   return tf.nest.pack_sequence_as(inputs, outputs)
 
@@ -275,7 +271,8 @@ class TPUEmbeddingForServing(Trackable):
     self._feature_config = feature_config
     self._config = resolve(feature_config, optimizer)
     self._stores: dict[str, TableStore] = {}
-    self._vocabularies: dict[str, VocabularyState] = {}
+    # One whole copy of each vocabulary, here (serving runs no step).
+    self._dynamic = DynamicTables(self._config, LocalReplicas())
     self._built = False
 
   def build(self) -> None:
@@ -300,18 +297,14 @@ class TPUEmbeddingForServing(Trackable):
         for t in self._config.tables
       }
       # Dynamic tables: the whole vocabulary, under the training key.
-      for t in self._config.tables:
-        if t.vocabulary is not None:
-          state = ReplicatedVocabulary(t.vocabulary, capacity_of(t), [None])
-          self._vocabularies[table_name(t)] = state
-          tracker.register(f"{table_name(t)}/vocabulary", state, restore=True)
+      self._dynamic.build([None], self._stores, tracker)
     self._built = True
 
   @property
   def vocabulary_states(self) -> dict[str, VocabularyState]:
     """``{table name: VocabularyState}`` of the dynamic tables."""
     self.build()
-    return dict(self._vocabularies)
+    return self._dynamic.states
 
   @property
   def table_stores(self) -> dict[str, TableStore]:
@@ -348,19 +341,10 @@ class TPUEmbeddingForServing(Trackable):
     """Serving lookups of ``features`` (a subset of the feature config);
     a dynamic table's raw keys are mapped by its vocabulary first."""
     tables = self.embedding_tables
-    translators = {
-      user: functools.partial(
-        find, self._vocabularies[table_name(table)].copy(0)
-      )
-      for user, table in zip(
-        self._config.user_tables, self._config.tables, strict=True
-      )
-      if table.vocabulary is not None
-    }
     return lookup_with_readers(
       features,
       weights,
       {table: row_reader(value) for table, value in tables.items()},
       self._feature_config,
-      translators,
+      self._dynamic.translators(),
     )

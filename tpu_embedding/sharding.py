@@ -6,10 +6,13 @@ blocks, one per replica ("div" sharding, the layout of
 ``[offsets[r], offsets[r] + sizes[r])``, the first ``vocabulary_size % N``
 replicas one row more. Smaller tables are replicated: every replica holds a
 full copy and applies the same (globally summed) update to it. A
-``RowThreshold`` fixes the placement of chosen tables whatever their size.
+``PlacementPolicy`` says which: the row threshold, and the placement of
+chosen tables whatever their size (``RowThreshold``, an ``int`` carrying
+those, is accepted wherever a threshold is, and becomes a policy there).
 
 The plan holds no variables; it is inspectable (``report()``) before any
-memory is spent.
+memory is spent. A backend plans its tables' stacks and placements
+together (``planning.py``); ``make_plan`` plans tables none stacked.
 
 Example:
   >>> import tpu_embedding as tpe
@@ -20,7 +23,7 @@ Example:
   (250000, 250000, 250000, 250000)
   >>> plan.placements["countries"].kind
   'replicated'
-  >>> forced = RowThreshold(10_000, {"countries": ROW_SHARDED})
+  >>> forced = PlacementPolicy(10_000, {"countries": ROW_SHARDED})
   >>> make_plan([big, small], 4, forced).placements["countries"].shard_sizes
   (25, 25, 25, 25)
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -45,15 +49,106 @@ REPLICATED = "replicated"
 _FLOAT_BYTES = 4
 
 
+@dataclasses.dataclass(frozen=True)
+class PlacementPolicy:
+  """Which tables are row-sharded: what every plan is made from.
+
+  Attributes:
+    row_threshold: tables with more rows are row-sharded, smaller ones
+      replicated; 0 shards every table.
+    forced: ``{table name: ROW_SHARDED or REPLICATED}``: the placement of
+      these tables whatever their size (read-only); with a single shard
+      every table is whole anyway. ``DistributedEmbedding`` fills it from
+      keras-rs placements.
+
+  Raises:
+    ValueError: for a negative threshold, or another placement than
+      ``ROW_SHARDED`` and ``REPLICATED``.
+
+  Example:
+    >>> policy = PlacementPolicy(10_000, {"users": ROW_SHARDED})
+    >>> policy.kind("users", 500, 4), policy.kind("items", 500, 4)
+    ('row_sharded', 'replicated')
+    >>> PlacementPolicy(10, {"users": "sparsecore"})
+    Traceback (most recent call last):
+    ...
+    ValueError: Table 'users': placement 'sparsecore' is neither ...
+  """
+
+  row_threshold: int = DEFAULT_ROW_THRESHOLD
+  forced: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self) -> None:
+    if self.row_threshold < 0:
+      raise ValueError(
+        f"row_threshold must be >= 0. Received: {self.row_threshold}"
+      )
+    for name, kind in self.forced.items():
+      if kind not in (ROW_SHARDED, REPLICATED):
+        raise ValueError(
+          f"Table {name!r}: placement {kind!r} is neither {ROW_SHARDED!r} "
+          f"nor {REPLICATED!r}."
+        )
+    forced = types.MappingProxyType(dict(self.forced))
+    object.__setattr__(self, "forced", forced)
+
+  @classmethod
+  def of(cls, threshold: int | PlacementPolicy) -> PlacementPolicy:
+    """The policy a ``row_sharding_threshold`` argument gives: an ``int``,
+    a ``RowThreshold`` or a policy.
+
+    Example:
+      >>> PlacementPolicy.of(RowThreshold(5, {"t": REPLICATED}))
+      PlacementPolicy(row_threshold=5, forced={'t': 'replicated'})
+    """
+    if isinstance(threshold, PlacementPolicy):
+      return threshold
+    return cls(int(threshold), getattr(threshold, "forced", {}))
+
+  def __repr__(self) -> str:
+    return (
+      f"PlacementPolicy(row_threshold={self.row_threshold}, "
+      f"forced={dict(self.forced)!r})"
+    )
+
+  def kind(self, name: str, vocabulary_size: int, num_shards: int) -> str:
+    """``ROW_SHARDED`` or ``REPLICATED`` for one table (the plan's rule).
+
+    A table with fewer rows than shards is always replicated: a row block
+    per shard would leave some shard without rows, and a copy of so few
+    rows costs nothing.
+
+    Example:
+      >>> PlacementPolicy(10).kind("t", 50, 2)
+      'row_sharded'
+      >>> PlacementPolicy(10).kind("t", 50, 1)
+      'replicated'
+      >>> PlacementPolicy(0).kind("t", 3, 4)  # fewer rows than shards
+      'replicated'
+    """
+    if num_shards == 1 or vocabulary_size < num_shards:
+      return REPLICATED
+    if name in self.forced:
+      return self.forced[name]
+    return ROW_SHARDED if vocabulary_size > self.row_threshold else REPLICATED
+
+  def check_tables(self, names: Collection[str]) -> None:
+    """Raises a ValueError if ``forced`` names a table not in ``names``."""
+    unknown = sorted(set(self.forced) - set(names))
+    if unknown:
+      raise ValueError(
+        f"The row-sharding threshold fixes the placement of tables {unknown}"
+        f", which are not among the tables {sorted(names)}."
+      )
+
+
 class RowThreshold(int):
   """A row-sharding threshold that fixes the placement of some tables.
 
-  An ``int``: the threshold of the tables it does not name, accepted
-  wherever ``row_sharding_threshold`` is (``TPUEmbedding``, the Keras
-  layers, the backends). The tables it names are placed as it says
-  (``ROW_SHARDED`` or ``REPLICATED``) whatever their size; with a single
-  replica every table is whole anyway. ``DistributedEmbedding`` builds
-  one from keras-rs placements.
+  An ``int`` carrying a ``PlacementPolicy``'s ``forced`` placements,
+  accepted wherever ``row_sharding_threshold`` is (``TPUEmbedding``, the
+  Keras layers), which make it a ``PlacementPolicy``
+  (``PlacementPolicy.of``); a policy may be passed there instead.
 
   Attributes:
     forced: ``{table name: ROW_SHARDED or REPLICATED}`` (read-only).
@@ -76,14 +171,9 @@ class RowThreshold(int):
     Raises:
       ValueError: for another placement than those two.
     """
-    for name, kind in forced.items():
-      if kind not in (ROW_SHARDED, REPLICATED):
-        raise ValueError(
-          f"Table {name!r}: placement {kind!r} is neither {ROW_SHARDED!r} "
-          f"nor {REPLICATED!r}."
-        )
+    checked = PlacementPolicy(0, forced).forced
     self = super().__new__(cls, threshold)
-    self.forced = types.MappingProxyType(dict(forced))
+    self.forced = checked
     return self
 
   def __reduce__(self) -> tuple[type, tuple[int, dict[str, str]]]:
@@ -91,28 +181,6 @@ class RowThreshold(int):
 
   def __repr__(self) -> str:
     return f"RowThreshold({int(self)}, {dict(self.forced)!r})"
-
-
-def placement_kind(
-  name: str, vocabulary_size: int, num_replicas: int, row_threshold: int
-) -> str:
-  """``ROW_SHARDED`` or ``REPLICATED`` for one table (the plan's rule).
-
-  A table with fewer rows than replicas is always replicated: a row
-  block per replica would leave some replica without rows, and a copy of
-  so few rows costs nothing.
-
-  Example:
-    >>> placement_kind("t", 50, 2, 10), placement_kind("t", 50, 1, 10)
-    ('row_sharded', 'replicated')
-    >>> placement_kind("t", 3, 4, 0)  # fewer rows than replicas
-    'replicated'
-  """
-  if num_replicas == 1 or vocabulary_size < num_replicas:
-    return REPLICATED
-  if isinstance(row_threshold, RowThreshold) and name in row_threshold.forced:
-    return row_threshold.forced[name]
-  return ROW_SHARDED if vocabulary_size > row_threshold else REPLICATED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +221,23 @@ class TablePlacement:
 
 @dataclasses.dataclass(frozen=True)
 class ShardingPlan:
-  """Placement of every table over ``num_replicas`` replicas."""
+  """Placement of every table over ``num_replicas`` replicas.
+
+  Attributes:
+    num_replicas: the row shards (replicas, or parameter servers).
+    policy: the ``PlacementPolicy`` it was planned from.
+    placements: ``{table name: TablePlacement}`` (a backend's own plan:
+      ``{stack or table name: TablePlacement}``, see ``planning.py``).
+  """
 
   num_replicas: int
-  row_threshold: int
+  policy: PlacementPolicy
   placements: dict[str, TablePlacement]
+
+  @property
+  def row_threshold(self) -> int:
+    """Tables with more rows are row-sharded (``policy.row_threshold``)."""
+    return self.policy.row_threshold
 
   def bytes_per_replica(self) -> list[int]:
     """Total table and slot bytes held by each replica."""
@@ -169,17 +249,13 @@ class ShardingPlan:
 
   def report(self) -> str:
     """A human-readable table of placements and bytes per replica."""
-    forced = ""
-    if isinstance(self.row_threshold, RowThreshold):
-      fixed = [
-        f"{n} {k}"
-        for n, k in self.row_threshold.forced.items()
-        if n in self.placements  # (a stack's placement is its tables')
-      ]
-      forced = f" (placement fixed: {', '.join(fixed)})" if fixed else ""
+    fixed = [
+      f"{n} {k}" for n, k in self.policy.forced.items() if n in self.placements
+    ]
+    forced = f" (placement fixed: {', '.join(fixed)})" if fixed else ""
     lines = [
       f"{self.num_replicas} replica(s), tables with more than "
-      f"{int(self.row_threshold):,} rows are row-sharded{forced}",
+      f"{self.row_threshold:,} rows are row-sharded{forced}",
       f"{'table':<24} {'placement':<12} {'rows/replica':>14} "
       f"{'MiB/replica':>12}  stack",
     ]
@@ -199,56 +275,57 @@ def shard_sizes(rows: int, num_shards: int) -> tuple[int, ...]:
   return tuple(base + (1 if i < extra else 0) for i in range(num_shards))
 
 
+def placement(table: TableConfig, kind: str, num_shards: int) -> TablePlacement:
+  """A named ``table``'s placement of kind ``kind`` over ``num_shards``.
+
+  Example:
+    >>> placement(TableConfig(5, 4, name="t"), ROW_SHARDED, 2).shard_sizes
+    (3, 2)
+  """
+  if kind == ROW_SHARDED:
+    sizes = shard_sizes(table.vocabulary_size, num_shards)
+    offsets = tuple(sum(sizes[:r]) for r in range(num_shards))
+  else:
+    sizes = (table.vocabulary_size,) * num_shards
+    offsets = (0,) * num_shards
+  num_slots = len(table.optimizer.SLOT_NAMES) if table.optimizer else 0
+  return TablePlacement(
+    table_name(table), kind, sizes, offsets, table.dim, num_slots
+  )
+
+
 def make_plan(
   tables: Sequence[TableConfig],
   num_replicas: int,
-  row_threshold: int = DEFAULT_ROW_THRESHOLD,
+  row_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
 ) -> ShardingPlan:
-  """Plans the placement of named ``tables`` over ``num_replicas``.
+  """Plans the placement of named ``tables`` (none stacked) over
+  ``num_replicas``.
 
   Args:
     tables: named table configs (with their resolved optimizers).
     num_replicas: replicas in sync (1 gives every table whole).
     row_threshold: tables with more rows are row-sharded; 0 shards all.
-      A ``RowThreshold`` also fixes the placement of the tables it names.
+      A ``PlacementPolicy`` (or ``RowThreshold``) also fixes the placement
+      of the tables it names.
 
   Returns:
     The ``ShardingPlan``.
 
   Raises:
     ValueError: for a non-positive replica count or negative threshold, an
-      unnamed table, or a ``RowThreshold`` naming a table not in
-      ``tables``.
+      unnamed table, or a policy naming a table not in ``tables``.
   """
   if num_replicas < 1:
     raise ValueError(f"num_replicas must be >= 1. Received: {num_replicas}")
-  if row_threshold < 0:
-    raise ValueError(f"row_threshold must be >= 0. Received: {row_threshold}")
-  if isinstance(row_threshold, RowThreshold):
-    names = {table_name(t) for t in tables}
-    unknown = sorted(set(row_threshold.forced) - names)
-    if unknown:
-      raise ValueError(
-        f"The row-sharding threshold fixes the placement of tables {unknown}"
-        f", which are not among the tables {sorted(names)}."
-      )
-  placements: dict[str, TablePlacement] = {}
-  for table in tables:
-    name = table_name(table)
-    num_slots = len(table.optimizer.SLOT_NAMES) if table.optimizer else 0
-    kind = placement_kind(
-      name, table.vocabulary_size, num_replicas, row_threshold
-    )
-    if kind == ROW_SHARDED:
-      sizes = shard_sizes(table.vocabulary_size, num_replicas)
-      offsets = tuple(sum(sizes[:r]) for r in range(num_replicas))
-    else:
-      sizes = (table.vocabulary_size,) * num_replicas
-      offsets = (0,) * num_replicas
-    placements[name] = TablePlacement(
-      name, kind, sizes, offsets, table.dim, num_slots
-    )
-  return ShardingPlan(num_replicas, row_threshold, placements)
+  policy = PlacementPolicy.of(row_threshold)
+  names = [table_name(t) for t in tables]
+  policy.check_tables(names)
+  placements = {}
+  for name, table in zip(names, tables, strict=True):
+    kind = policy.kind(name, table.vocabulary_size, num_replicas)
+    placements[name] = placement(table, kind, num_replicas)
+  return ShardingPlan(num_replicas, policy, placements)
 
 
 def member_placement(

@@ -17,8 +17,9 @@ checkpoints (each table under its own key with its full
   replicas of one process share the tables (``MirroredStrategy``), tables
   are grouped by (width, optimizer, placement, quantization); a group of
   one is not a stack, and tables whose optimizer has a
-  ``slot_variable_creation_fn`` or with a ``DynamicVocabulary`` stay
-  alone. On one CPU device ``"auto"``
+  ``slot_variable_creation_fn`` or whose key mapping is never stacked
+  (``keys.KeyMapping.unstackable``: a dynamic table's) stay alone. On one
+  CPU device ``"auto"``
   keeps every table alone: measured on 2 cores (``tools/benchmark.py
   --table_stacking``), the tables' independent steps run concurrently on
   the cores while a stack runs as one chain, and stacking lost 26 x
@@ -55,6 +56,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.initial_values import StackedInitializer
 
@@ -131,7 +133,7 @@ def _signature(table: TableConfig, placement: PlacementOf) -> tuple | None:
   optimizer = table.optimizer
   if optimizer is None or optimizer.slot_variable_creation_fn is not None:
     return None
-  if table.vocabulary is not None:
+  if key_mapping(table).unstackable is not None:
     return None
   return (
     table.dim,
@@ -150,8 +152,10 @@ def _incompatibility(
     return "it has no optimizer"
   if optimizer.slot_variable_creation_fn is not None:
     return "its optimizer has a slot_variable_creation_fn"
-  if table.vocabulary is not None or first.vocabulary is not None:
-    return "a table with a DynamicVocabulary is never stacked"
+  unstackable = key_mapping(table).unstackable
+  unstackable = unstackable or key_mapping(first).unstackable
+  if unstackable is not None:
+    return unstackable
   if table.dim != first.dim:
     return f"its dim is {table.dim}, not {first.dim}"
   if optimizer != first.optimizer:

@@ -100,3 +100,27 @@ def checked_gradients(
       )
     flat.append(grad)
   return flat
+
+
+def checked_step_id(step_id: Any) -> tf.Tensor | None:
+  """``apply_gradients(step_id=...)`` as a scalar int64 tensor (or None).
+
+  Raises:
+    ValueError: for a variable (a re-run step would read another value),
+      or a value that is not a scalar integer.
+  """
+  if step_id is None:
+    return None
+  if isinstance(step_id, tf.Variable):
+    raise ValueError(errors.STEP_ID_VARIABLE)
+  try:
+    tensor = tf.convert_to_tensor(step_id)
+  except (TypeError, ValueError):
+    tensor = None
+  if (
+    tensor is None
+    or not tensor.dtype.is_integer
+    or tensor.shape.rank not in (None, 0)
+  ):
+    raise ValueError(errors.STEP_ID_VALUE.format(value=step_id))
+  return tf.cast(tensor, tf.int64)

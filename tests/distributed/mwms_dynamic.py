@@ -11,6 +11,8 @@ activations and checks:
   the vocabulary's statistics and state equal the same steps on one device,
   while each worker holds half of the vocabulary's state (sharded like the
   rows);
+* the traced step: tables, slots and vocabulary arrays read and written
+  by row only (``check_row_only``);
 * ``tags``: both workers' copies are equal (rows given to new keys take
   replica 0's random values everywhere);
 * checkpoints saved by both workers (``tf.train.Checkpoint``: the state
@@ -31,7 +33,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from mwms_training import one_device_step  # noqa: E402 (this directory)
+from mwms_training import check_row_only  # noqa: E402 (this directory)
+from mwms_training import one_device_step  # noqa: E402
 from mwms_training import training_step  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
@@ -124,6 +127,8 @@ def main(checkpoint_dir: str) -> None:
     )
   assert emb.sharding_plan.placements["users"].sharded
   assert not emb.sharding_plan.placements["tags"].sharded
+  # Rows, slots and vocabulary arrays by row (the state's scalars whole).
+  check_row_only("mwms/dynamic", step, emb)
   for slot, value in single.variables["users"].items():
     np.testing.assert_allclose(
       emb.variables["users"][slot].read_value(),

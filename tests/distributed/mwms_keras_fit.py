@@ -23,7 +23,9 @@ process holds
 (and, for the reference, the restored tables); for the plain model its
 weights, ``fit``'s history and ``evaluate``'s logs; and whether the Keras 3
 ``fit`` fix (``distributed_fit``) was applied to the models and its hook
-installed. Prints "OK" last.
+installed; per model kind, the op types ``fit``'s traced steps gave the
+layer's tables (``row_only_ops/<kind>``, asserted row ops only here).
+Prints "OK" last.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ sys.modules["tests"] = importlib.util.module_from_spec(_tests)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import sparse_access  # noqa: E402
 from tests.layers import test_mirrored  # noqa: E402
 from tpu_embedding.layers import distributed_fit  # noqa: E402
 from tpu_embedding.layers.keras_compat import keras  # noqa: E402
@@ -70,6 +73,16 @@ def results(model, layer, x, y):
   )
   out["predict"] = model.predict(x, batch_size=BATCH, verbose=0)
   return out
+
+
+def row_only_ops(model, layer):
+  """The op types ``fit``'s traced steps gave the layer's tables and
+  slots, asserted row ops only (tests/sparse_access.py)."""
+  accesses = sparse_access.check_row_only(
+    sparse_access.concrete_functions(model.train_function),
+    test_mirrored.mid_level(layer),
+  )
+  return np.asarray(sorted(accesses))
 
 
 def restored(kind, checkpoint, x):
@@ -129,6 +142,7 @@ def main(out_dir: pathlib.Path) -> None:
   for kind in sorted(test_mirrored.LAYERS):
     model, layer, x, y = test_mirrored.train(strategy, kind)
     fixed.append(distributed_fit.is_fixed(model))
+    saved[f"row_only_ops/{kind}"] = row_only_ops(model, layer)
     for key, value in results(model, layer, x, y).items():
       saved[f"{kind}/{key}"] = value
     checkpoint = out_dir / "worker0" / kind / "ckpt"

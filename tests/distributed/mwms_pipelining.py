@@ -8,7 +8,8 @@ global batches, replica ``r`` taking examples ``[r * per, (r + 1) * per)``;
 step. Every worker asserts, against that file's one-step-stale schedule
 computed on one device (``reference``): its activations at every step,
 the whole table before the last flush (the last update still held) and
-every variable after it. Prints "OK" last on success.
+every variable after it; and that the traced step and flush touch the
+table by row only (``row-only step:`` lines). Prints "OK" last on success.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ sys.modules["tests"] = importlib.util.module_from_spec(_tests)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from mwms_training import training_step  # noqa: E402 (this directory)
+from mwms_training import check_row_only  # noqa: E402 (this directory)
+from mwms_training import training_step  # noqa: E402
 
 from tests import test_pipelining as schedule  # noqa: E402
 
@@ -74,6 +76,7 @@ def main() -> None:
       )
     if n == FLUSH_AFTER:
       flush()
+  check_row_only("mwms/pipelined", step, emb)
   table = emb.variables["t"]
   np.testing.assert_allclose(
     tf.convert_to_tensor(table["parameters"]).numpy(),
@@ -82,6 +85,7 @@ def main() -> None:
     err_msg="before the last flush",
   )
   flush()
+  check_row_only("mwms/flush_pipeline", flush, emb, every_table=False)
   for slot, variable in table.items():
     np.testing.assert_allclose(
       tf.convert_to_tensor(variable).numpy(),

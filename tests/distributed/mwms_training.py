@@ -4,23 +4,35 @@ Launched twice by tests/test_multi_worker.py with ``TF_CONFIG`` set. Each
 worker holds the shards of its replica; lookups and updates exchange ids and
 rows with collectives across the two processes. Every worker checks its
 activations and the whole tables (gathered across workers) against the same
-steps on one device; the chief also checks that the checkpoint (saved by
+steps on one device, and that each traced step touches its tables by row
+only (``check_row_only``: one ``row-only step:`` line per optimizer); the
+chief also checks that the checkpoint (saved by
 both workers together) restores whole into a single-device object. Prints
 "OK" and exits 0 on success.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
+import pathlib
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# ``tests`` from this checkout, without putting the checkout on sys.path
+# (as the root conftest.py does): ``tpu_embedding`` is the installed one.
+_tests = importlib.machinery.ModuleSpec("tests", None, is_package=True)
+_tests.submodule_search_locations = [str(pathlib.Path(__file__).parents[1])]
+sys.modules.setdefault("tests", importlib.util.module_from_spec(_tests))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tests import sparse_access  # noqa: E402
 from tpu_embedding import compat  # noqa: E402
 from tpu_embedding import kernels  # noqa: E402
 from tpu_embedding import memory  # noqa: E402
@@ -109,6 +121,17 @@ def training_step(strategy, emb, loss_fn, projection, per):
   return step
 
 
+def check_row_only(name, function, emb, every_table=True):
+  """Asserts the traced ``function`` (a step) touches this worker's
+  tables, slots and vocabulary arrays by row only (tests/sparse_access.py;
+  ``every_table``: and writes each of them); prints the report its test
+  checks."""
+  accesses = sparse_access.check_row_only(
+    sparse_access.concrete_functions(function), emb, every_table
+  )
+  print(sparse_access.row_only_report(name, accesses), flush=True)
+
+
 def full_values(emb):
   return {
     (t, s): np.asarray(v.read_value() if hasattr(v, "read_value") else v)
@@ -140,6 +163,7 @@ def train_and_check(
         local, expected[key][first * per : (first + 1) * per], atol=1e-5
       )
   assert emb.sharding_plan.placements["big"].sharded
+  check_row_only(f"mwms/{name}", step, emb)
   # Each worker's blocks are on its own CPU: its kernels serve its steps.
   assert emb.engine.step_ops.kernels == (kernels.load() is not None), (
     emb.engine.step_ops,

@@ -6,21 +6,33 @@ cluster changes the whole process's TensorFlow context. Starts 2 workers and
 ``ClusterCoordinator`` one step at a time, and compares tables, slots and a
 checkpoint with the same steps on one device; then schedules steps on both
 workers at once (asynchronous training) and checks every update lands.
+Every scheduled step's graph touches the tables by row only (a
+``row-only step:`` line per training run).
 Prints "OK" and exits 0 on success.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
+import pathlib
 import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# ``tests`` from this checkout, without putting the checkout on sys.path
+# (as the root conftest.py does): ``tpu_embedding`` is the installed one.
+_tests = importlib.machinery.ModuleSpec("tests", None, is_package=True)
+_tests.submodule_search_locations = [str(pathlib.Path(__file__).parents[1])]
+sys.modules.setdefault("tests", importlib.util.module_from_spec(_tests))
+
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tests import sparse_access  # noqa: E402
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 37, 5, 3, 6, 4
@@ -137,6 +149,12 @@ def on_cluster(
     if wait:
       coordinator.join()
   coordinator.join()
+  # The step the coordinator sent the workers (the graph it traced) reads
+  # and updates the blocks on the PS tasks by row only, inside their locks.
+  accesses = sparse_access.check_row_only(
+    sparse_access.concrete_functions(worker_step), emb
+  )
+  print(sparse_access.row_only_report("ps", accesses), flush=True)
   return emb
 
 

@@ -3,13 +3,16 @@
 ``python ps_worker_kill.py`` starts 1 parameter server and 2 workers as
 real processes (``tf.distribute.Server`` on 127.0.0.1, ``server`` mode of
 this script) and coordinates from this process: 40 steps are scheduled
-with ``ClusterCoordinator.schedule``; worker 1 is killed (SIGKILL) while
-steps are in flight. The coordinator must re-run its steps on worker 0 and
-finish, and no update may be lost: every step adds its squared gradients
-to the Adagrad accumulators (a linear loss, gradients of 0.5), so they
-hold at least the 40 steps' sums (a step cut off after its update landed
-may be re-run and count twice, as TensorFlow's coordinator documents).
-Prints "OK" on success.
+with ``ClusterCoordinator.schedule``, each with its step id
+(``apply_gradients(step_id=...)``). A test-only hook holds each worker's
+first step after its update has landed on the parameter server (the step
+waits for a token of a queue on the PS); worker 1 is then killed
+(SIGKILL), so its step, already applied, is certainly re-run by the
+coordinator on worker 0. Every update must land exactly once: each step
+adds its squared gradients to the Adagrad accumulators (a linear loss,
+gradients of 0.5, sums exact in float32), so they equal the 40 steps'
+sums, although 41 steps ran (without the step ids the re-run counts
+twice). Prints "OK" on success.
 """
 
 from __future__ import annotations
@@ -77,42 +80,52 @@ def main() -> None:
       )
       emb = tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.Adagrad(0.1))
       emb.build()
-      steps = tf.Variable(0, dtype=tf.int64)
+      landed = tf.Variable(0, dtype=tf.int64)  # steps past their update
+    with tf.device("/job:ps/replica:0/task:0/device:CPU:0"):
+      tokens = tf.queue.FIFOQueue(4 * STEPS, tf.int32, shapes=[])
+    accumulators = emb.variables["t"]["accumulators"]
     ids = tf.constant(np.arange(BATCH) % 3, tf.int64)  # hot rows 0, 1, 2
 
-    def replica_step():
+    def replica_step(step_id):
       emb.enqueue(ids)
       with tf.GradientTape() as tape:
         activations = emb.dequeue()
         tape.watch(activations)
         loss = 0.5 * tf.reduce_sum(activations)
-      emb.apply_gradients(tape.gradient(loss, activations))
-      steps.assign_add(1)
+      emb.apply_gradients(tape.gradient(loss, activations), step_id=step_id)
+      # Test-only hook: read after the update (automatic control
+      # dependencies order it after the write), the step counts itself
+      # landed, then waits for a token: the first step of each worker holds
+      # until worker 1 is killed.
+      with tf.control_dependencies([tf.convert_to_tensor(accumulators)]):
+        count = landed.assign_add(1)
+      with tf.control_dependencies([count]):
+        tokens.dequeue()
 
     @tf.function
-    def step():
-      strategy.run(replica_step)
+    def step(step_id):
+      strategy.run(replica_step, args=(step_id,))
 
     for n in range(STEPS):
-      coordinator.schedule(step)
-      if n == STEPS // 4:
-        time.sleep(1.0)  # steps in flight on both workers
-        servers["worker", 1].send_signal(signal.SIGKILL)
-        print("killed worker 1", flush=True)
+      coordinator.schedule(step, args=(tf.constant(n, tf.int64),))
+    deadline = time.monotonic() + 120
+    while int(landed.numpy()) < 2:  # both workers hold an applied step
+      assert time.monotonic() < deadline, "the workers' steps did not land"
+      time.sleep(0.05)
+    servers["worker", 1].send_signal(signal.SIGKILL)
+    print("killed worker 1", flush=True)
+    tokens.enqueue_many(tf.zeros([4 * STEPS], tf.int32))
     coordinator.join()
-    accumulators = tf.convert_to_tensor(
-      emb.variables["t"]["accumulators"]
-    ).numpy()
-    done = int(steps.numpy())
+    got = tf.convert_to_tensor(accumulators).numpy()
+    done = int(landed.numpy())
     # Per step, row r gets the gradient 0.5 * (ids == r).sum(): 0.5 * 3 for
-    # rows 0 and 1, 0.5 * 2 for row 2; squared and summed over the steps.
-    per_step = np.array([1.5**2, 1.5**2, 1.0**2])
-    assert done >= STEPS, done
-    want = 0.1 + STEPS * per_step[:, None]
-    got = accumulators[:3]
-    assert np.all(got >= want - 1e-4), (got, want, done)
-    assert np.all(got <= 0.1 + done * per_step[:, None] + 1e-4), (got, done)
-    np.testing.assert_array_equal(accumulators[3:], np.float32(0.1))
+    # rows 0 and 1, 0.5 * 2 for row 2, squared and added STEPS times.
+    want = np.full([ROWS, DIM], 0.1, np.float32)
+    for _ in range(STEPS):
+      want[:3] += np.float32([[1.5**2], [1.5**2], [1.0**2]])
+    # Worker 1's held step ran again on worker 0: once more than scheduled.
+    assert done == STEPS + 1, done
+    np.testing.assert_array_equal(got, want, err_msg=f"{done} steps ran")
     print(f"{done} steps ran for {STEPS} scheduled")
     print("OK", flush=True)
   finally:

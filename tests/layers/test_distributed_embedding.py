@@ -26,6 +26,7 @@ from tpu_embedding.layers import DistributedEmbedding
 from tpu_embedding.layers import distributed_embedding
 from tpu_embedding.layers import keras_rs_configs
 from tpu_embedding.layers.keras_compat import keras
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import RowThreshold
 
 if os.environ.get("CI") == "true":  # CI runs 3.11+: these must run there.
@@ -495,16 +496,21 @@ def test_model_save_and_load_keep_tables_and_placements(tmp_path):
   )
 
 
-def test_tpu_embedding_layer_saves_a_row_threshold():
+@pytest.mark.parametrize("kind", [RowThreshold, PlacementPolicy])
+def test_tpu_embedding_layer_saves_a_row_threshold(kind):
   from tpu_embedding.layers import TPUEmbedding
 
-  threshold = RowThreshold(5, {"t": "replicated"})
+  threshold = kind(5, {"t": "replicated"})
   layer = TPUEmbedding(
     {"f": tpe.FeatureConfig(tpe.TableConfig(30, 2, name="t"))},
     "sgd",
     row_sharding_threshold=threshold,
   )
   config = json.loads(json.dumps(layer.get_config()))
+  assert config["row_sharding_threshold"] == {  # as a RowThreshold was
+    "threshold": 5,
+    "forced": {"t": "replicated"},
+  }
   with mirrored_strategy(2).scope():
     restored = TPUEmbedding.from_config(config)
   assert restored.table_stores["t"].layout == "replicated"

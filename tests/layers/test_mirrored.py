@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import sparse_access
 from tests.conftest import mirrored_strategy
 from tests.layers import builders
 from tpu_embedding.layers import PartialTPUEmbedding
@@ -114,6 +115,17 @@ def test_mirrored_fit_equals_one_device(trained):
     )
   initial_big, _ = builders.table_values()
   assert not np.allclose(want["big", "parameters"], initial_big)
+
+
+def test_fit_steps_touch_only_looked_up_rows(trained):
+  """``fit``'s traced steps (every graph of ``model.train_function`` and
+  the functions it calls), on one device and on 2 replicas: the layer's
+  tables and slots are gathered and updated by row only
+  (tests/sparse_access.py)."""
+  for name, (model, layer, _, _) in trained.items():
+    functions = sparse_access.concrete_functions(model.train_function)
+    assert functions, name
+    sparse_access.check_row_only(functions, mid_level(layer))
 
 
 def test_mirrored_dense_weights_and_predict_match(trained):

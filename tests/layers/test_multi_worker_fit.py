@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import sparse_access
 from tests.conftest import mirrored_strategy
 from tests.distributed import cluster
 from tests.layers import builders
@@ -70,6 +71,18 @@ def test_workers_fit_like_one_device(runs, kind, worker):
     )
   initial_big, _ = builders.table_values()
   assert not np.allclose(want[f"{kind}/big/parameters"], initial_big)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_fit_steps_touch_only_looked_up_rows(runs, kind):
+  """On each worker and on one device, the ops ``fit``'s traced steps gave
+  the layer's tables and slots: row ops only (each process asserts it
+  on the graphs, tests/sparse_access.py)."""
+  _, values = runs
+  for run in ("worker0", "worker1", "one_device"):
+    ops = [str(op) for op in values[run][f"row_only_ops/{kind}"]]
+    assert ops, run
+    assert all(op.startswith(sparse_access.ROW_OPS) for op in ops), (run, ops)
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))

@@ -22,33 +22,56 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import VariableTracker
+from tpu_embedding.tracking import VariableTracker
 
 #: ``[(table, ids, index)]``: the distinct ids to gather from each table
 #: and the position in ``ids`` of each occurrence (``activations.RowSource``).
 GatherRequests = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]
 
-#: ``[(table, ids, grads, index)]``: distinct ids and their gradients:
-#: summed per id (``index`` None), or ``[m, dim]`` gradients of single
-#: occurrences with ``index`` ``[m]``, the position in ``ids`` of each.
-Updates = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor, tf.Tensor | None]]
+
+class TableUpdate(NamedTuple):
+  """One table's (or stack's) update: distinct ids and their gradients.
+
+  Attributes:
+    table: the table, or a stack as one table (``stacking.TableStack``).
+    ids: ``[n]`` distinct int64 ids.
+    gradients: ``[n, dim]`` summed per id (``id_index`` None), or the
+      ``[m, dim]`` gradients of single occurrences, where they are
+      (``gradients.RowGradients``).
+    id_index: None, or ``[m]`` int32, the position in ``ids`` of each
+      occurrence.
+  """
+
+  table: TableConfig
+  ids: tf.Tensor
+  gradients: RowGradients
+  id_index: tf.Tensor | None
 
 
-def summed_gradients(ids: tf.Tensor, grads: tf.Tensor, index: tf.Tensor | None):
+#: Each table's update (``Backend.apply_updates``).
+Updates = Sequence[TableUpdate]
+
+
+def summed_gradients(
+  ids: tf.Tensor, grads: RowGradients, index: tf.Tensor | None
+) -> tf.Tensor:
   """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
+  rows = concat_pieces(grads)
   if index is None:
-    return grads
-  return tf.math.unsorted_segment_sum(concat_pieces(grads), index, tf.size(ids))
+    return rows
+  return tf.math.unsorted_segment_sum(rows, index, tf.size(ids))
 
 
 class Backend(metaclass=abc.ABCMeta):
@@ -57,9 +80,10 @@ class Backend(metaclass=abc.ABCMeta):
   #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
   supports_pipelining = True
 
-  #: Why dynamic vocabularies (``vocabularies/``) cannot train here, or
-  #: None where they can: every replica of a step in this process.
-  dynamic_vocabularies_unsupported: str | None = None
+  #: None where the replicas of a step run it together (in this process,
+  #: or with the other workers' through collectives); else the strategy
+  #: under which each worker runs its steps alone, on its own batch.
+  steps_alone_under: str | None = None
 
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}
@@ -121,14 +145,21 @@ class Backend(metaclass=abc.ABCMeta):
     step's row ops, ``kernels/ops.py``)."""
 
   @abc.abstractmethod
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
     """Applies each table's optimizer to its rows.
 
     Args:
-      updates: ``[(table, ids, grads, index)]`` with distinct int64 ``ids``
-        ``[n]`` and ``grads`` ``[n, dim]`` summed over duplicates (``index``
-        None), or the gradients of single occurrences and their ``index``.
+      updates: each table's ``TableUpdate``: distinct int64 ``ids``
+        ``[n]`` and ``gradients`` ``[n, dim]`` summed over duplicates
+        (``id_index`` None), or the gradients of single occurrences and
+        their ``id_index``.
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's scalar int64 id: under parameter
+        servers, where a step may be run again, a re-run with the same id
+        does not update a table again; the other backends never re-run a
+        step and ignore it.
     """
 
   def gather_from_stores(
@@ -170,6 +201,10 @@ class HostBackend(Backend):
   ) -> list[tf.Tensor]:
     return self.gather_from_stores(requests, ops)
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
-    for table, ids, grads, index in updates:
-      self._stores[table_name(table)].update(ids, grads, index, ops)
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    for update in updates:
+      self._stores[table_name(update.table)].update(
+        update.ids, update.gradients, update.id_index, ops, step_id
+      )

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import tensorflow as tf
 
@@ -58,7 +57,7 @@ class Exchange:
   def all_gather(
     self,
     tensors: list[tf.Tensor],
-    pad_value: Any,
+    pad_value: float,
     tables: list[int] | None = None,
   ) -> list[tf.Tensor]:
     """All replicas' lists of the given tables, in one all-gather.
@@ -88,7 +87,10 @@ class Exchange:
     gathered.set_shape(
       tf.TensorShape([self.num_replicas, None]).concatenate(trailing)
     )
-    return tf.split(gathered, tf.stack(widths), num=len(widths), axis=1)
+    parts: list[tf.Tensor] = tf.split(
+      gathered, tf.stack(widths), num=len(widths), axis=1
+    )
+    return parts
 
   def all_reduce_rows(
     self, rows: list[tf.Tensor], tables: list[int]
@@ -119,7 +121,7 @@ def group_by_width(dims: list[int]) -> list[list[int]]:
   ]
 
 
-def _pad_to(tensor: tf.Tensor, width: tf.Tensor, value: Any) -> tf.Tensor:
+def _pad_to(tensor: tf.Tensor, width: tf.Tensor, value: float) -> tf.Tensor:
   paddings = [[0, width - tf.shape(tensor)[0]]] + [[0, 0]] * (
     tensor.shape.rank - 1
   )

@@ -41,14 +41,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
-from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
@@ -59,12 +60,28 @@ from tpu_embedding.tables.base import TableStore
 #: table and the position in them of each id occurrence.
 RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor, tf.Tensor]]
 
-#: ``[(placement, store, ids, grads, index)]``: this replica's distinct ids
-#: per table and their gradients, as in ``backends.base.Updates``: summed
-#: per id (``index`` None) or one per occurrence with its position in ids.
-GradientUpdates = Sequence[
-  tuple[TablePlacement, TableStore, tf.Tensor, Gradients, tf.Tensor | None]
-]
+
+class PlacedUpdate(NamedTuple):
+  """This replica's update of one table, with where the table lives.
+
+  Attributes:
+    placement: the table's placement (``sharding.TablePlacement``).
+    store: the table's store.
+    ids: ``[n]`` this replica's distinct int64 ids of the table.
+    gradients: their gradients, as in ``backends.base.TableUpdate``:
+      summed per id (``id_index`` None) or one per occurrence.
+    id_index: None, or the position in ``ids`` of each occurrence.
+  """
+
+  placement: TablePlacement
+  store: TableStore
+  ids: tf.Tensor
+  gradients: RowGradients
+  id_index: tf.Tensor | None
+
+
+#: Each table's ``PlacedUpdate`` (``RowExchange.update``).
+GradientUpdates = Sequence[PlacedUpdate]
 
 
 class RowExchange(metaclass=abc.ABCMeta):
@@ -99,7 +116,7 @@ class RowExchange(metaclass=abc.ABCMeta):
     replica: int,
     store: TableStore,
     rows: tf.Tensor,
-    grads: Gradients,
+    grads: RowGradients,
     ops: StepOps,
   ) -> None:
     """Applies ``grads`` (pieces, in replica order) to ``rows`` of
@@ -126,7 +143,9 @@ class AllToAll(RowExchange):
     super().__init__(first_local)
     self._num_replicas = num_replicas
 
-  def gather(self, replica, requests, ops):
+  def gather(
+    self, replica: int, requests: RowRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     splits = [
       ops.split_by_owner(ids, placement.shard_offsets, slots=True)
       for placement, _, ids, _ in requests
@@ -146,10 +165,13 @@ class AllToAll(RowExchange):
       )
     ]
 
-  def update(self, replica, updates, ops):
+  def update(
+    self, replica: int, updates: GradientUpdates, ops: StepOps
+  ) -> None:
     n = self._num_replicas
     lists, shapes = [], []
-    for placement, _, ids, grads, index in updates:
+    for update in updates:
+      placement, ids, index = update.placement, update.ids, update.id_index
       # One id per gradient row (the occurrences ids[index]), as a row of
       # its owner's block, with the gradient row's position.
       if placement.sharded:
@@ -163,6 +185,7 @@ class AllToAll(RowExchange):
         where = [tf.range(tf.size(occurrences, out_type=tf.int32))] * n
       # The gradients travel whole (handed over, never copied or split):
       # an owner picks its rows out by position (and scales them).
+      grads = update.gradients
       scales = None
       if isinstance(grads, PickedRows):
         if placement.sharded:
@@ -178,16 +201,14 @@ class AllToAll(RowExchange):
       lists += [id_parts, where] + ([scales] if scales else [])
       lists += [[g] * n for g in grads]
     received = iter(self._route(lists))
-    for (_, store, _, _, _), (count, scaled) in zip(
-      updates, shapes, strict=True
-    ):
+    for update, (count, scaled) in zip(updates, shapes, strict=True):
       occurrences, where = next(received), next(received)
       scales = next(received) if scaled else None
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
       rows, index = ops.unique(occurrences)
-      store.update_block(
+      update.store.update_block(
         replica - self._first,
         rows,
         _picked_rows(where, grads, scales),
@@ -217,10 +238,13 @@ class AllToAll(RowExchange):
       return lists
     context = tf.distribute.get_replica_context()
     here = int(tf.get_static_value(context.replica_id_in_sync_group))
-    kinds: dict[tuple, list[int]] = {}
+    kinds: dict[tuple[object, ...], list[int]] = {}
     for k, dests in enumerate(lists):
       if dests[0].dtype.is_integer:
-        key: tuple = (dests[0].dtype, tuple(dests[0].shape[1:].as_list()))
+        key: tuple[object, ...] = (
+          dests[0].dtype,
+          tuple(dests[0].shape[1:].as_list()),
+        )
       else:  # Rows and gradients: passed as they are, never copied.
         key = (k,)
       kinds.setdefault(key, []).append(k)
@@ -237,7 +261,7 @@ class AllToAll(RowExchange):
         packed[-1].append(_concat(parts))
         sizes[-1].append(tf.stack([tf.shape(p)[0] for p in parts]))
     got = context.merge_call(_transpose, args=(packed + sizes,))[here]
-    received: list[list] = [[None] * n for _ in lists]
+    received: list[list[tf.Tensor | None]] = [[None] * n for _ in lists]
     for g, group in enumerate(groups):
       for source in range(n):
         if source == here:
@@ -283,7 +307,9 @@ def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
   return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
-def _transpose(strategy: tf.distribute.Strategy, lists) -> list:
+def _transpose(
+  strategy: tf.distribute.Strategy, lists: list[list[tf.Tensor]]
+) -> list[list[list[tf.Tensor]]]:
   """In cross-replica context: per destination, what every source sent.
 
   ``lists[k][d]`` is a per-replica value (one tensor per source); the
@@ -291,9 +317,9 @@ def _transpose(strategy: tf.distribute.Strategy, lists) -> list:
   """
   num = strategy.num_replicas_in_sync
 
-  def by_source(value) -> tuple:
-    values = strategy.experimental_local_results(value)
-    return values if len(values) == num else tuple(values) * num
+  def by_source(value: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    values = tuple(strategy.experimental_local_results(value))
+    return values if len(values) == num else values * num
 
   sent = [[by_source(value) for value in dests] for dests in lists]
   return [
@@ -309,7 +335,9 @@ class AllGather(RowExchange):
   ``ReplicaContext`` collectives, batched over tables (``Exchange``).
   """
 
-  def gather(self, replica, requests, ops):
+  def gather(
+    self, replica: int, requests: RowRequests, ops: StepOps
+  ) -> list[tf.Tensor]:
     context = tf.distribute.get_replica_context()
     id_lists = [ids for _, _, ids, _ in requests]
     exchange = Exchange(context, id_lists)
@@ -321,7 +349,7 @@ class AllGather(RowExchange):
       block = store.blocks[replica - self._first]["parameters"]
       found = tf.gather(block, in_block)
       rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
-    results: list = [None] * len(requests)
+    results: list[tf.Tensor | None] = [None] * len(requests)
     # Each row is non-zero on its owner only: the sum is exact.
     for group in group_by_width([p.dim for p, _, _, _ in requests]):
       summed = exchange.all_reduce_rows([rows[k] for k in group], group)
@@ -329,37 +357,40 @@ class AllGather(RowExchange):
         results[k] = expand_rows(value, requests[k][3], ops)
     return results
 
-  def update(self, replica, updates, ops):
+  def update(
+    self, replica: int, updates: GradientUpdates, ops: StepOps
+  ) -> None:
     context = tf.distribute.get_replica_context()
     # Each replica's gradients summed per id before they travel.
-    updates = [
-      (placement, store, ids, summed_gradients(ids, grads, index))
-      for placement, store, ids, grads, index in updates
+    sums = [
+      summed_gradients(update.ids, update.gradients, update.id_index)
+      for update in updates
     ]
-    id_lists = [ids for _, _, ids, _ in updates]
+    id_lists = [update.ids for update in updates]
     exchange = Exchange(context, id_lists)
     all_ids = exchange.all_gather(id_lists, -1)
-    all_grads: list = [None] * len(updates)
-    for group in group_by_width([p.dim for p, _, _, _ in updates]):
+    all_grads: list[tf.Tensor | None] = [None] * len(updates)
+    for group in group_by_width([update.placement.dim for update in updates]):
       gathered = exchange.all_gather(
-        [updates[k][3] for k in group], 0.0, tables=group
+        [sums[k] for k in group], 0.0, tables=group
       )
       for k, grads in zip(group, gathered, strict=True):
         all_grads[k] = grads
-    for (placement, store, _, _), ids, grads in zip(
-      updates, all_ids, all_grads, strict=True
-    ):
+    for update, ids, grads in zip(updates, all_ids, all_grads, strict=True):
+      placement = update.placement
       in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)
       self._apply_owned(
         replica,
-        store,
+        update.store,
         tf.boolean_mask(in_block, mine),
         tf.boolean_mask(tf.reshape(grads, [-1, placement.dim]), mine),
         ops,
       )
 
 
-def owned_rows(ids: tf.Tensor, placement: TablePlacement, replica: int):
+def owned_rows(
+  ids: tf.Tensor, placement: TablePlacement, replica: int
+) -> tuple[tf.Tensor, tf.Tensor]:
   """``(row index within the block, mask)`` of the ``ids`` ``replica`` holds.
 
   Padding ids (-1) are never held.

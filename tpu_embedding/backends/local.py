@@ -16,13 +16,36 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import tensorflow as tf
+
 from tpu_embedding.backends.base import HostBackend
+from tpu_embedding.config import TableConfig
+from tpu_embedding.planning import Planner
+from tpu_embedding.planning import on_accelerators
+from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.whole import WholeTable
+from tpu_embedding.tracking import VariableTracker
 
 
 class LocalBackend(HostBackend):
   """Tables as whole variables on one device."""
 
-  def create_tables(self, tables, tracker):
-    self._stores = {t.name: WholeTable.create(t, tracker) for t in tables}
+  @staticmethod
+  def planner(strategy: tf.distribute.Strategy) -> Planner:
+    """Every table whole; ``"auto"`` stacks on a GPU."""
+    if tf.distribute.has_strategy():
+      devices = list(strategy.extended.worker_devices)
+    else:  # The default strategy: the default device (a GPU if any).
+      devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
+    return Planner(auto_stacks=on_accelerators(devices))
+
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
+    self._stores = {
+      table_name(t): WholeTable.create(t, tracker) for t in tables
+    }
     return self._stores

@@ -14,7 +14,9 @@ server holding the rows, inside that block's ``tf.CriticalSection``, so steps
 from several workers at once never interleave their read-modify-writes: no
 update is lost or doubled (an Adagrad accumulator gets every squared
 gradient). Steps run one after another give exactly the single-device
-result.
+result. The coordinator runs a failed worker's step again, even if its
+update had landed; with ``apply_gradients(step_id=...)`` each block
+applies a step's update once (``tables/step_record.py``).
 
 Example:
   >>> from tpu_embedding.backends.parameter_server import ps_devices
@@ -31,14 +33,15 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.backends.base import HostBackend
 from tpu_embedding.config import TableConfig
+from tpu_embedding.planning import Planner
+from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
-from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.sharding import make_plan
 from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.whole import WholeTable
+from tpu_embedding.tracking import VariableTracker
 
 
 def ps_devices(num_ps: int) -> list[str]:
@@ -51,25 +54,24 @@ class ParameterServerBackend(HostBackend):
 
   #: Workers update asynchronously already: nothing to pipeline.
   supports_pipelining = False
-  dynamic_vocabularies_unsupported = (
-    "ParameterServerStrategy (not supported yet: the vocabulary's step "
-    "needs every worker's keys of a step at once)"
-  )
+  steps_alone_under = "ParameterServerStrategy"
 
-  def __init__(
-    self,
-    strategy: tf.distribute.Strategy,
-    tables: Sequence[TableConfig],
-    row_threshold: int = DEFAULT_ROW_THRESHOLD,
-  ):
+  def __init__(self, plan: ShardingPlan):
+    """Creates the backend of the stores ``plan`` places (its
+    ``planner``'s ``TablePlan.stores``)."""
     super().__init__()
+    self._devices = ps_devices(plan.num_replicas)
+    self._plan = plan
+    self._lock_chain = LockChain()
+
+  @staticmethod
+  def planner(strategy: tf.distribute.Strategy) -> Planner:
+    """Tables over the PS tasks (the plan's "replicas"; a "replicated"
+    table is kept once, on one PS task); never stacked."""
     resolver = compat.parameter_server_resolver(strategy)
     num_ps = resolver.cluster_spec().num_tasks("ps")
-    self._devices = ps_devices(num_ps)
-    # The plan's "replicas" are the PS tasks; a "replicated" table is kept
-    # once, on one PS task.
-    self._plan = make_plan(tables, num_ps, row_threshold)
-    self._lock_chain = LockChain()
+    where = f"under {strategy_name(strategy)}"
+    return Planner(num_ps, can_stack=False, where=where)
 
   @property
   def plan(self) -> ShardingPlan:
@@ -80,7 +82,9 @@ class ParameterServerBackend(HostBackend):
   def held_replicas(self) -> dict[int, str | None]:
     return {}  # The rows live on the PS tasks, other processes.
 
-  def create_tables(self, tables, tracker):
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
     for index, table in enumerate(tables):
       placement = self._plan.placements[table_name(table)]
       store: TableStore
@@ -92,5 +96,5 @@ class ParameterServerBackend(HostBackend):
         device = self._devices[index % len(self._devices)]
         store = WholeTable.create(table, tracker, device=device)
       store.lock_blocks(self._lock_chain)  # Workers update concurrently.
-      self._stores[table.name] = store
+      self._stores[table_name(table)] = store
     return self._stores

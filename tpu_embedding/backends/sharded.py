@@ -43,20 +43,38 @@ from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
+from tpu_embedding.backends.exchanges import PlacedUpdate
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import expand_rows
+from tpu_embedding.planning import Planner
+from tpu_embedding.planning import on_accelerators
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
+from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
-from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.sharding import make_plan
+from tpu_embedding.stacking import auto_stacks
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.multi_worker import MultiWorkerShardedTable
 from tpu_embedding.tables.replicated import ReplicatedTable
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tracking import VariableTracker
+
+
+def replicas_planner(num_replicas: int, accelerators: bool = False) -> Planner:
+  """How ``ShardedBackend`` plans for ``num_replicas`` replicas of one
+  process: what ``TPUEmbedding`` under a ``MirroredStrategy`` of that many
+  would hold, known without one (``tools/sharding_report.py``).
+
+  Args:
+    num_replicas: the replicas in sync.
+    accelerators: whether they are GPUs (``stacking.auto_stacks``).
+  """
+  return Planner(
+    num_replicas, auto_stacks=auto_stacks(accelerators, num_replicas)
+  )
 
 
 class ShardedBackend(Backend):
@@ -66,27 +84,37 @@ class ShardedBackend(Backend):
   own replicas; the collectives span all workers.
   """
 
-  def __init__(
-    self,
-    strategy: tf.distribute.Strategy,
-    tables: Sequence[TableConfig],
-    row_threshold: int = DEFAULT_ROW_THRESHOLD,
-  ):
+  def __init__(self, strategy: tf.distribute.Strategy, plan: ShardingPlan):
+    """Creates the backend of the stores ``plan`` places (its
+    ``planner``'s ``TablePlan.stores``)."""
     super().__init__()
     self._strategy = strategy
     self._devices = tuple(strategy.extended.worker_devices)
     self._first = first_local_replica(strategy)
     self._multi_worker = strategy.num_replicas_in_sync > len(self._devices)
-    self._plan = make_plan(tables, strategy.num_replicas_in_sync, row_threshold)
+    self._plan = plan
     self._exchange: RowExchange = (
       AllGather(self._first)
       if self._multi_worker
       else AllToAll(self._first, strategy.num_replicas_in_sync)
     )
 
+  @staticmethod
+  def planner(strategy: tf.distribute.Strategy) -> Planner:
+    """Tables over the replicas in sync; stacks where they all run in
+    this process."""
+    replicas = strategy.num_replicas_in_sync
+    devices = strategy.extended.worker_devices
+    if replicas > len(devices):
+      # Tables over several workers save in slices per worker
+      # (tables/multi_worker.py): not stacked.
+      where = f"under {strategy_name(strategy)} with several workers"
+      return Planner(replicas, can_stack=False, where=where)
+    return replicas_planner(replicas, on_accelerators(devices))
+
   @property
   def plan(self) -> ShardingPlan:
-    """Where each table lives (known before any variable exists)."""
+    """Where each store lives (known before any variable exists)."""
     return self._plan
 
   @property
@@ -97,12 +125,16 @@ class ShardedBackend(Backend):
   def held_replicas(self) -> dict[int, str | None]:
     return {self._first + i: d for i, d in enumerate(self._devices)}
 
-  def create_tables(self, tables, tracker):
+  def create_tables(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> dict[str, TableStore]:
     for table in tables:
-      self._stores[table.name] = self._create_store(table, tracker)
+      self._stores[table_name(table)] = self._create_store(table, tracker)
     return self._stores
 
-  def _create_store(self, table: TableConfig, tracker) -> TableStore:
+  def _create_store(
+    self, table: TableConfig, tracker: VariableTracker
+  ) -> TableStore:
     placement = self._plan.placements[table_name(table)]
     if not placement.sharded:
       return ReplicatedTable.create(table, self._devices, tracker)
@@ -133,7 +165,7 @@ class ShardedBackend(Backend):
     if replica is None:  # A direct lookup outside strategy.run.
       return self.gather_from_stores(requests, ops)
     local = replica - self._first
-    results: list = [None] * len(requests)
+    results: list[tf.Tensor | None] = [None] * len(requests)
     sharded, row_requests = [], []
     for i, (table, ids, index) in enumerate(requests):
       placement = self._plan.placements[table_name(table)]
@@ -150,7 +182,10 @@ class ShardedBackend(Backend):
         results[i] = value
     return results
 
-  def apply_updates(self, updates: Updates, ops: StepOps) -> None:
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    del step_id  # The replicas run each step together, once.
     replica = current_replica(self._strategy)
     if replica is None:
       raise RuntimeError(
@@ -162,14 +197,14 @@ class ShardedBackend(Backend):
     self._exchange.update(
       replica,
       [
-        (
-          self._plan.placements[table_name(table)],
-          self._stores[table_name(table)],
-          ids,
-          grads,
-          index,
+        PlacedUpdate(
+          self._plan.placements[table_name(update.table)],
+          self._stores[table_name(update.table)],
+          update.ids,
+          update.gradients,
+          update.id_index,
         )
-        for table, ids, grads, index in updates
+        for update in updates
       ],
       ops,
     )

@@ -128,10 +128,15 @@ class Engine(metaclass=abc.ABCMeta):
 
   @abc.abstractmethod
   def apply_gradients(
-    self, gradients: Any, name: str | None, skip: Any = None
+    self,
+    gradients: Any,
+    name: str | None,
+    skip: Any = None,
+    step_id: Any = None,
   ) -> None:
     """Updates the tables with the gradients of the last activations
-    (none of them when the scalar bool ``skip`` is true)."""
+    (none of them when the scalar bool ``skip`` is true; once per
+    ``step_id`` where a step may be re-run)."""
 
   @abc.abstractmethod
   def embedding_lookup(self, features: Any, weights: Any) -> Any:

@@ -4,7 +4,8 @@ It keeps the step bookkeeping of ``enqueue`` → ``dequeue`` →
 ``apply_gradients`` (``steps.py``), runs lookups through the one lookup
 path (``activations.py``) with rows from its backend, and turns activation
 gradients into row gradients for the backend's updates. The backend is
-chosen from the strategy (``backends/selection.py``) and, with
+chosen from the strategy (``backends/selection.py``), with the plan of the
+tables' stacks and placements it made (``planning.py``), and, with
 ``pipeline_execution_with_tensor_core=True``, wrapped in a
 ``PipelinedBackend``. The row ops of its training steps are decided once,
 from the devices holding its tables (``kernels/ops.select_ops``), and
@@ -33,11 +34,9 @@ from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.activations import stack_features
 from tpu_embedding.backends.base import Backend
+from tpu_embedding.backends.base import TableUpdate
 from tpu_embedding.backends.selection import select_backend
-from tpu_embedding.backends.selection import stacking_support
 from tpu_embedding.backends.stacks import create_stacked_tables
-from tpu_embedding.backends.stacks import stack_threshold
-from tpu_embedding.backends.stacks import table_plan
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import concat_pieces
@@ -55,13 +54,15 @@ from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.stacking import TableStacking
-from tpu_embedding.stacking import plan_stacks
 from tpu_embedding.steps import Enqueued
 from tpu_embedding.steps import Step
 from tpu_embedding.steps import checked_gradients
+from tpu_embedding.steps import checked_step_id
 from tpu_embedding.steps import current_graph
 from tpu_embedding.steps import select_replica
 from tpu_embedding.structure import check_same_structure
@@ -81,11 +82,12 @@ class OffTPUEngine(Engine, Trackable):
     self,
     config: ResolvedConfig,
     strategy: tf.distribute.Strategy,
-    row_sharding_threshold: int,
+    placement: PlacementPolicy,
     pipeline_execution_with_tensor_core: bool = False,
     table_stacking: TableStacking = "auto",
   ):
-    """Picks the backend for ``strategy`` and the table stacks.
+    """Picks the backend for ``strategy``, which plans the table stacks
+    and placements (``planning.py``).
 
     Raises:
       ValueError: for a strategy without a backend, pipelining under
@@ -93,20 +95,13 @@ class OffTPUEngine(Engine, Trackable):
     """
     Engine.__init__(self, config)
     self._strategy = strategy
-    can_stack, placement, where, auto = stacking_support(
-      strategy, row_sharding_threshold
+    backend, planned = select_backend(
+      strategy, config.tables, placement, table_stacking
     )
-    self._stacks = plan_stacks(
-      config.tables, table_stacking, placement, can_stack, where, auto
-    )
-    backend = select_backend(
-      strategy,
-      [stack.config for stack in self._stacks],
-      stack_threshold(self._stacks, row_sharding_threshold, placement),
-    )
+    self._stacks = list(planned.stacks)
+    self._sharding_plan = planned.tables
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
-    if self._dynamic:
-      check_dynamic_support(config.tables, backend)
+    check_dynamic_support(config.tables, backend)
     if pipeline_execution_with_tensor_core:
       if not backend.supports_pipelining:
         raise ValueError(
@@ -136,7 +131,7 @@ class OffTPUEngine(Engine, Trackable):
 
   @property
   def sharding_plan(self) -> ShardingPlan | None:
-    return table_plan(self._backend.plan, self._stacks)
+    return self._sharding_plan
 
   @property
   def dynamic_tables(self) -> DynamicTables:
@@ -218,6 +213,7 @@ class OffTPUEngine(Engine, Trackable):
         VariableTracker(self),
         strategy=self._strategy,
       )
+      self._dynamic.write_default_rows(self._stores)
     self._built = True
 
   def _maybe_build(self, incoming_shapes: list | None = None) -> None:
@@ -285,7 +281,11 @@ class OffTPUEngine(Engine, Trackable):
     return activations
 
   def apply_gradients(
-    self, gradients: Any, name: str | None = None, skip: Any = None
+    self,
+    gradients: Any,
+    name: str | None = None,
+    skip: Any = None,
+    step_id: Any = None,
   ) -> None:
     del name
     self._check_strategy()
@@ -296,7 +296,13 @@ class OffTPUEngine(Engine, Trackable):
       step is None or step.batches is None or step.graph is not current_graph()
     ):
       raise RuntimeError(errors.APPLY_WITHOUT_DEQUEUE)
-    self._apply(gradients, step, "gradients passed to apply_gradients", skip)
+    self._apply(
+      gradients,
+      step,
+      "gradients passed to apply_gradients",
+      skip,
+      checked_step_id(step_id),
+    )
     self._steps.pop(current_replica(self._strategy) or 0, None)
 
   def embedding_lookup(self, features: Any, weights: Any = None) -> Any:
@@ -340,8 +346,7 @@ class OffTPUEngine(Engine, Trackable):
   ) -> tuple[Any, dict[str, TableBatch]]:
     replica = self._local_replica()
     if not training:  # TensorFlow's ops only: servable as it is.
-      if self._dynamic:
-        prepared = self._dynamic.rows(prepared, replica)
+      prepared = self._dynamic.rows(prepared, replica)
 
       def rows(requests: Any) -> list[tf.Tensor]:
         return self._backend.gather_tables(requests, TENSORFLOW_OPS)
@@ -350,12 +355,11 @@ class OffTPUEngine(Engine, Trackable):
         self.config, prepared, rows, self._stacks, ops=TENSORFLOW_OPS
       )
     ops = self._step_ops()
-    if self._dynamic:
-      prepared, new_rows = self._dynamic.rows_for_training(
-        prepared, replica, self._stores, ops
-      )
-      for name, given in new_rows.items():
-        self._backend.drop_held_rows(name, given)
+    prepared, new_rows = self._dynamic.rows_for_training(
+      prepared, replica, self._stores, ops
+    )
+    for name, given in new_rows.items():
+      self._backend.drop_held_rows(name, given)
 
     def training_rows(requests: Any) -> list[tf.Tensor]:
       return self._backend.gather_for_training(requests, ops)
@@ -363,22 +367,28 @@ class OffTPUEngine(Engine, Trackable):
     return look_up(self.config, prepared, training_rows, self._stacks, ops=ops)
 
   def _apply(
-    self, gradients: Any, step: Step, what: str, skip: Any = None
+    self,
+    gradients: Any,
+    step: Step,
+    what: str,
+    skip: Any = None,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies each table's optimizer to the rows ``step`` looked up.
 
     With ``skip`` (a scalar bool tensor) true, every table's update has no
     rows: nothing changes, yet every replica runs the same collectives.
+    ``step_id`` (a scalar int64 tensor) goes to the backend.
     """
     check_same_structure(self.config.structure, gradients, what)
     flat = checked_gradients(gradients, step, self.config.features)
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
     self._backend.apply_updates(
-      self._updates(flat, step, skip), self._step_ops()
+      self._updates(flat, step, skip), self._step_ops(), step_id
     )
 
-  def _updates(self, flat: list, step: Step, skip: Any) -> list:
+  def _updates(self, flat: list, step: Step, skip: Any) -> list[TableUpdate]:
     """Each stack's (or table's) ids, occurrence gradients and index."""
     batches = step.batches or {}
     updates = []
@@ -394,15 +404,15 @@ class OffTPUEngine(Engine, Trackable):
       grads = [flat[i] for i in stack_features(self.config, stack)]
       ids, index = batch.unique_ids, batch.unique_index
       occurrences = occurrence_gradients(grads, batch)
-      ids, occurrences, index = self._dynamic.updated_rows(
-        stack.config, ids, occurrences, index
+      ids, occurrences, index = key_mapping(stack.config).updated_rows(
+        ids, occurrences, index
       )
       if skip is not None:
         rows = tf.where(skip, 0, tf.shape(ids)[0])
         count = tf.where(skip, 0, tf.shape(index)[0])
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
-      updates.append((stack.config, ids, occurrences, index))
+      updates.append(TableUpdate(stack.config, ids, occurrences, index))
     return updates
 
   def _local_replica(self) -> int:

@@ -4,9 +4,10 @@ Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
   >>> from tpu_embedding.resolved import resolve
+  >>> from tpu_embedding.sharding import PlacementPolicy
   >>> config = resolve(tpe.FeatureConfig(tpe.TableConfig(4, 2)), None)
   >>> type(select_engine(config, None, tf.distribute.get_strategy(),
-  ...                    row_sharding_threshold=0)).__name__
+  ...                    placement=PlacementPolicy(0))).__name__
   'OffTPUEngine'
 """
 
@@ -22,6 +23,8 @@ from tpu_embedding.engines.tpu import is_tpu_strategy
 from tpu_embedding.engines.tpu import tpu_engine
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.stacking import TableStacking
 
 
@@ -32,7 +35,7 @@ def select_engine(
   pipeline_execution_with_tensor_core: bool = False,
   sparse_core_embedding_config: Any = None,
   *,
-  row_sharding_threshold: int,
+  placement: PlacementPolicy,
   table_stacking: TableStacking = "auto",
 ) -> Engine:
   """TensorFlow's TPU classes under ``TPUStrategy``; ours elsewhere.
@@ -41,13 +44,8 @@ def select_engine(
     ValueError: for an unsupported strategy or invalid options.
   """
   if is_tpu_strategy(strategy):
-    dynamic = [t.name for t in config.tables if t.vocabulary is not None]
-    if dynamic:
-      raise ValueError(
-        f"Tables {dynamic} have a DynamicVocabulary, which TensorFlow's "
-        "TPU embedding does not have: they train off TPU only (any other "
-        "strategy)."
-      )
+    for table in config.tables:
+      key_mapping(table).check_on_tpu(table.name)
     return tpu_engine(
       config,
       optimizer,
@@ -58,7 +56,7 @@ def select_engine(
   return OffTPUEngine(
     config,
     strategy,
-    row_sharding_threshold,
+    placement,
     pipeline_execution_with_tensor_core,
     table_stacking,
   )

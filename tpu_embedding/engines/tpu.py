@@ -55,6 +55,7 @@ from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.tpu_conversion import translate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.steps import checked_step_id
 from tpu_embedding.steps import current_graph
 from tpu_embedding.tables.base import TableStore
 
@@ -278,8 +279,9 @@ class TPUEngine(_TensorFlowEngine):
   def dequeue(self, name=None):
     return self.tf_embedding.dequeue(name)
 
-  def apply_gradients(self, gradients, name=None, skip=None):
+  def apply_gradients(self, gradients, name=None, skip=None, step_id=None):
     self._check_no_skip(skip)
+    checked_step_id(step_id)  # TPU steps are never re-run.
     self.tf_embedding.apply_gradients(gradients, name)
 
 
@@ -349,14 +351,16 @@ class SparseCoreEngine(_TensorFlowEngine):
     activations, step.preserved = self.tf_embedding.dequeue(step.partitioned)
     return activations
 
-  def apply_gradients(self, gradients, name=None, skip=None):
-    """Forwards to TensorFlow's ``apply_gradients``.
+  def apply_gradients(self, gradients, name=None, skip=None, step_id=None):
+    """Forwards to TensorFlow's ``apply_gradients`` (``step_id`` is only
+    checked: TPU steps are never re-run).
 
     Raises:
       RuntimeError: without a ``dequeue`` in this function.
       ValueError: for ``skip`` (TensorFlow's TPU embedding has none).
     """
     self._check_no_skip(skip)
+    checked_step_id(step_id)
     step = self._step
     if (
       step is None

@@ -53,6 +53,7 @@ from tpu_embedding.optimizers import AdagradMomentum
 from tpu_embedding.optimizers import Adam
 from tpu_embedding.optimizers import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
 
 TFE = tf.tpu.experimental.embedding
@@ -285,13 +286,10 @@ class _Translator:
 
   def table(self, table: TableConfig) -> Any:
     if id(table) not in self._tables:
-      # ``vocabulary``: TensorFlow's tables have none (ids are rows).
-      _check_attributes(table, (*TABLE_ARGS, "vocabulary"))
-      if table.vocabulary is not None:
-        raise ValueError(
-          f"Table {table.name!r} has a DynamicVocabulary, which "
-          "TensorFlow's TPU embedding configs cannot express."
-        )
+      # ``vocabulary``, ``key_mapping`` (a resolved table's): TensorFlow's
+      # tables have neither (ids are rows).
+      _check_attributes(table, (*TABLE_ARGS, "vocabulary", "key_mapping"))
+      key_mapping(table).check_on_tpu(table.name)
       kwargs = {arg: getattr(table, arg) for arg in TABLE_ARGS}
       kwargs["optimizer"] = self.optimizer(table.optimizer)
       if table.quantization_config is not None:

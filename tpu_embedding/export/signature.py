@@ -25,9 +25,9 @@ import tensorflow as tf
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import TableSubset
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.types import FeatureConfigNest
-from tpu_embedding.vocabularies.serving import check_key_dtype
 
 #: The id that pads a ``[B, L]`` id tensor; such entries are no ids.
 PADDING_ID = -1
@@ -229,14 +229,9 @@ def _parse_signature(
         raise ValueError(
           f"Feature {path!r} is a sequence feature: it takes no weights."
         )
-      dtype = tf.as_dtype(spec.dtype)
-      if feature.table.vocabulary is not None:
-        check_key_dtype(dtype, feature, name)
-      elif dtype == tf.string:
-        raise ValueError(
-          f"Feature {path!r} takes integer ids (table "
-          f"{feature.table.name!r} has no DynamicVocabulary of strings)."
-        )
+      key_mapping(feature.table).check_signature_dtype(
+        tf.as_dtype(spec.dtype), name, path, feature.table.name
+      )
       features[name] = (spec, path, feature)
       new = spec.tensor_specs(name)
     elif isinstance(spec, tf.TensorSpec):

@@ -39,6 +39,7 @@ from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import row_reader
+from tpu_embedding.vocabularies.dynamic_tables import dynamic_mappings
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import find
 
@@ -254,8 +255,7 @@ class ServingLookup:
     # from a snapshot of the whole state with ``copy=True``).
     states = {
       table_name(t): _vocabulary_of(embedding, table_name(t))
-      for t in self.subset.tables
-      if t.vocabulary is not None
+      for t, _ in dynamic_mappings(self.subset.tables)
     }
     self._vocabularies: dict[str, VocabularyVariables] = {}
     self._translators: dict[str, Any] = {

@@ -33,8 +33,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import Gradients
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import pieces
 
 #: The rules the kernel implements (an optimizer's ``fused_rule``).
@@ -45,7 +45,9 @@ def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
 
 
-def _kernel_gradients(grads: Any) -> tuple[list[tf.Tensor], list, list]:
+def _kernel_gradients(
+  grads: RowGradients,
+) -> tuple[list[tf.Tensor], list, list]:
   """The pieces the kernel reads, its ``positions`` and ``scales`` inputs
   (none, one, or one per group of pieces)."""
   if not isinstance(grads, PickedRows):
@@ -68,7 +70,7 @@ def fused_apply(
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
-  grads: Gradients,
+  grads: RowGradients,
   index: tf.Tensor,
   spread: bool,
 ) -> list[Any] | None:

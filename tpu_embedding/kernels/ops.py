@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import Gradients
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels import load
 from tpu_embedding.kernels.fused_update import fused_apply
 from tpu_embedding.kernels.gather_rows import gather_pieces_with_kernel
@@ -129,7 +129,7 @@ class StepOps:
     table: TableConfig,
     block: dict[str, Any],
     ids: tf.Tensor,
-    grads: Gradients,
+    grads: RowGradients,
     index: tf.Tensor,
   ) -> list[Any] | None:
     """The fused sparse update's ops, or None: the TensorFlow path of
@@ -214,7 +214,7 @@ class KernelOps(StepOps):
     table: TableConfig,
     block: dict[str, Any],
     ids: tf.Tensor,
-    grads: Gradients,
+    grads: RowGradients,
     index: tf.Tensor,
   ) -> list[Any] | None:
     return fused_apply(

@@ -165,7 +165,7 @@ class DistributedEmbedding(TPUEmbedding):
     super().__init__(
       translated.feature_config,
       DEFAULT_TABLE_OPTIMIZER,
-      row_sharding_threshold=keras_rs_configs.row_threshold(
+      row_sharding_threshold=keras_rs_configs.placement_policy(
         translated.placements, row_sharding_threshold
       ),
       table_stacking=table_stacking,

@@ -69,7 +69,7 @@ from tpu_embedding.layers import common
 from tpu_embedding.layers.keras_compat import keras
 from tpu_embedding.sharding import REPLICATED
 from tpu_embedding.sharding import ROW_SHARDED
-from tpu_embedding.sharding import RowThreshold
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import Initializer
@@ -302,18 +302,18 @@ def translate(
   return Translated(structure, found)
 
 
-def row_threshold(placements: Mapping[str, str], threshold: int) -> int:
-  """The row-sharding threshold realizing keras-rs ``placements``.
+def placement_policy(
+  placements: Mapping[str, str], threshold: int
+) -> PlacementPolicy:
+  """The placement policy realizing keras-rs ``placements``.
 
   Example:
-    >>> row_threshold({"a": "sparsecore", "b": "auto"}, 10_000)
-    RowThreshold(10000, {'a': 'row_sharded'})
-    >>> row_threshold({"b": "auto"}, 10_000)
-    10000
+    >>> placement_policy({"a": "sparsecore", "b": "auto"}, 10_000)
+    PlacementPolicy(row_threshold=10000, forced={'a': 'row_sharded'})
   """
   forced = {
     name: layout
     for name, placement in placements.items()
     if (layout := PLACEMENT_LAYOUTS[placement]) is not None
   }
-  return RowThreshold(threshold, forced) if forced else int(threshold)
+  return PlacementPolicy(int(threshold), forced)

@@ -39,6 +39,7 @@ from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
@@ -113,7 +114,7 @@ class PartialTPUEmbedding(Layer):
     batch_size: int | None = None,
     size_threshold: int | None = 10_000,
     *,
-    row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    row_sharding_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
     **kwargs: Any,
   ):
     """Creates the layer, splitting the tables by size.

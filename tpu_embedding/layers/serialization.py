@@ -18,7 +18,8 @@ arguments together from them, and keeps the names it had for them:
   Keras initializers, and ``tf.zeros_initializer``, ``tf.ones_initializer``,
   ``tf.constant_initializer``, ``tf.random_normal_initializer``,
   ``tf.random_uniform_initializer``;
-* row-sharding thresholds, ``sharding.RowThreshold`` included.
+* row-sharding thresholds, ``sharding.PlacementPolicy`` (and
+  ``sharding.RowThreshold``) included.
 
 A callable learning rate, a slot creation function or a TPU layout cannot be
 saved: ``serialize_feature_config`` raises a ValueError naming the table.
@@ -45,6 +46,7 @@ from tpu_embedding.config import deserialize_feature_config
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import RowThreshold
 from tpu_embedding.types import FeatureConfigNest
 
@@ -101,23 +103,29 @@ def decode_layer_arguments(config: dict[str, Any]) -> dict[str, Any]:
   return config
 
 
-def serialize_row_threshold(threshold: int) -> int | dict[str, Any]:
-  """A row-sharding threshold as plain data (see ``RowThreshold``).
+def serialize_row_threshold(
+  threshold: int | PlacementPolicy,
+) -> int | dict[str, Any]:
+  """A ``row_sharding_threshold`` argument as plain data: an ``int``, or a
+  ``PlacementPolicy`` (or ``RowThreshold``) as a dict.
 
   Example:
     >>> from tpu_embedding.sharding import RowThreshold
     >>> serialize_row_threshold(RowThreshold(10, {"t": "replicated"}))
     {'threshold': 10, 'forced': {'t': 'replicated'}}
     >>> deserialize_row_threshold(_)
-    RowThreshold(10, {'t': 'replicated'})
+    PlacementPolicy(row_threshold=10, forced={'t': 'replicated'})
   """
-  if isinstance(threshold, RowThreshold):
-    return {"threshold": int(threshold), "forced": dict(threshold.forced)}
-  return int(threshold)
+  if not isinstance(threshold, (PlacementPolicy, RowThreshold)):
+    return int(threshold)
+  policy = PlacementPolicy.of(threshold)
+  return {"threshold": policy.row_threshold, "forced": dict(policy.forced)}
 
 
-def deserialize_row_threshold(data: int | dict[str, Any]) -> int:
+def deserialize_row_threshold(
+  data: int | dict[str, Any],
+) -> int | PlacementPolicy:
   """The threshold ``serialize_row_threshold`` described."""
   if isinstance(data, dict):
-    return RowThreshold(data["threshold"], data["forced"])
+    return PlacementPolicy(data["threshold"], data["forced"])
   return data

@@ -52,6 +52,7 @@ from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.types import FeatureConfigNest
@@ -126,7 +127,7 @@ class TPUEmbedding(Layer):
     batch_size: int | None = None,
     embedding_feature: Any = None,
     *,
-    row_sharding_threshold: int = DEFAULT_ROW_THRESHOLD,
+    row_sharding_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
     table_stacking: TableStacking = "auto",
     **kwargs: Any,
   ):
@@ -153,8 +154,8 @@ class TPUEmbedding(Layer):
         recommenders layer; accepted and ignored.
       row_sharding_threshold: under ``MirroredStrategy``, tables with more
         rows are row-sharded over the replicas, smaller ones replicated (a
-        ``tpu_embedding.sharding.RowThreshold`` also fixes the placement of
-        the tables it names).
+        ``tpu_embedding.sharding.PlacementPolicy``, or ``RowThreshold``,
+        also fixes the placement of the tables it names).
       table_stacking: off TPU, which tables are held and updated as one
         (``"auto"``, None or lists of table names; see
         ``tpu_embedding.stacking``).

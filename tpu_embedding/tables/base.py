@@ -51,10 +51,13 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.step_record import StepRecord
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
 
@@ -67,7 +70,7 @@ def checkpoint_name(table: str, key: str) -> str:
   return table if key == "parameters" else f"{table}/{key}"
 
 
-def variable_specs(table: TableConfig) -> list[tuple]:
+def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
   """``(key, initializer, trainable)`` of the variables a layout creates.
 
   The parameters first, then the optimizer's slots, in the optimizer's
@@ -108,7 +111,9 @@ def user_slots(table: TableConfig, block: Block) -> None:
     return
   parameters = block["parameters"]
 
-  def plain_variable(next_creator, **kwargs):
+  def plain_variable(
+    next_creator: Callable[..., tf.Variable], **kwargs: Any
+  ) -> tf.Variable:
     del next_creator  # A plain variable on this device, not a mirrored one.
     return compat.ResourceVariable(
       initial_value=kwargs.get("initial_value"),
@@ -225,23 +230,30 @@ class TableStore(metaclass=abc.ABCMeta):
     self,
     block: int,
     rows: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the table's optimizer to rows of one local block.
 
     After ``lock_blocks()`` the update runs on the block's device, one at a
-    time: concurrent steps never interleave their reads and writes.
+    time: concurrent steps never interleave their reads and writes; with
+    ``step_id`` it runs only if that step has not updated the block yet.
 
     Args:
       block: the local block index.
       rows: ``[n]`` distinct row indices *within the block*.
       grads: ``[n, dim]`` summed gradients of those rows, or with
-        ``index`` the ``[m, dim]`` gradients of single occurrences.
+        ``index`` the ``[m, dim]`` gradients of single occurrences (where
+        they are: ``gradients.RowGradients``).
       index: None, or ``[m]`` int32 position in ``rows`` of each gradient
         (see ``updates.apply_rows``).
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's scalar int64 id: after
+        ``lock_blocks()``, a step re-run with the same id does not update
+        the block again (``step_record.py``); ignored otherwise (such
+        steps are never re-run).
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
@@ -250,13 +262,17 @@ class TableStore(metaclass=abc.ABCMeta):
       apply_rows(self.table, variables, rows, grads, size, index, ops)
       return
 
-    def locked_update():
+    def locked_update() -> tf.Tensor:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)
 
-    self._chain.run(locks[block], locked_update)
+    if step_id is None:
+      self._chain.run(locks[block], locked_update)
+      return
+    record = self._step_records[block]
+    self._chain.run(locks[block], lambda: record.once(step_id, locked_update))
 
   def lock_blocks(self, chain: LockChain) -> None:
     """Makes every later block update atomic.
@@ -267,14 +283,18 @@ class TableStore(metaclass=abc.ABCMeta):
     updates and writes its rows inside it, so no update is lost or
     doubled. ``chain`` orders the locked updates of a step one after
     another, so a step never holds two locks and steps cannot deadlock.
+    Each block also gets a ``StepRecord`` (``step_record.py``): an update
+    with a step id lands once, however often the step runs.
     """
     self._chain = chain
     self._locks = []
+    self._step_records: list[StepRecord] = []
     for index, block in enumerate(self.blocks):
-      with tf.device(block["parameters"].device):
-        self._locks.append(
-          tf.CriticalSection(name=f"{self.table.name}_block_{index}_lock")
-        )
+      device = block["parameters"].device
+      name = f"{self.table.name}_block_{index}"
+      with tf.device(device):
+        self._locks.append(tf.CriticalSection(name=f"{name}_lock"))
+      self._step_records.append(StepRecord(device, f"{name}_steps"))
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     """Writes rows ``[first, first + len(value))`` of ``key`` in place.
@@ -302,9 +322,10 @@ class TableStore(metaclass=abc.ABCMeta):
   def update(
     self,
     ids: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the table's optimizer to rows ``ids`` (distinct, global).
 
@@ -316,10 +337,11 @@ class TableStore(metaclass=abc.ABCMeta):
         gradients of single occurrences (see ``update_block``).
       index: None, or the position in ``ids`` of each row of ``grads``.
       ops: the step's row ops (``kernels/ops.py``).
+      step_id: None, or the step's id (see ``update_block``).
     """
     if self.block_rows(0) == (0, self.table.vocabulary_size):
       # One block holds every row.
-      self.update_block(0, ids, grads, index, ops)
+      self.update_block(0, ids, grads, index, ops, step_id)
       return
     if index is not None:
       grads = tf.math.unsorted_segment_sum(
@@ -333,6 +355,7 @@ class TableStore(metaclass=abc.ABCMeta):
         tf.boolean_mask(ids - first, mine),
         tf.boolean_mask(grads, mine),
         ops=ops,
+        step_id=step_id,
       )
 
   def held_variables(self) -> list[Any]:
@@ -370,7 +393,9 @@ class LockChain:
   """
 
   def __init__(self) -> None:
-    self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
+      weakref.WeakKeyDictionary()
+    )
 
   def run(self, lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
     graph = tf.compat.v1.get_default_graph()
@@ -388,7 +413,8 @@ class LockChain:
 VALUE_KEY = "VARIABLE_VALUE"
 
 
-class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
+# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
+class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):  # type: ignore[misc]
   """What users see of a layout held in several variables, as one.
 
   Subclasses give ``shape``, ``dtype``, ``read_value()`` (the whole
@@ -415,10 +441,12 @@ class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):
   def __getitem__(self, key: Any) -> tf.Tensor:
     return self.read_value()[key]
 
-  def _serialize_to_tensors(self):
+  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
     return {VALUE_KEY: self.read_value()}
 
-  def _restore_from_tensors(self, restored_tensors):
+  def _restore_from_tensors(
+    self, restored_tensors: Mapping[str, tf.Tensor]
+  ) -> Any:
     return self.assign(restored_tensors[VALUE_KEY])
 
 

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.initializers import Initializer
 from tpu_embedding.initializers import RowIdInitializer
 from tpu_embedding.initializers import Shape
 from tpu_embedding.initializers import TruncatedNormal
@@ -108,21 +109,25 @@ class RowValues(metaclass=abc.ABCMeta):
 class _Fill(RowValues):
   """Every element ``value``."""
 
-  def __init__(self, full_shape, value: float):
+  def __init__(self, full_shape: tuple[int, int], value: float):
     super().__init__(full_shape)
     self.value = value
 
-  def start(self, count, dtype):
+  def start(self, count: int, dtype: tf.DType) -> tf.Tensor:
     return tf.fill([count, self.full_shape[1]], tf.cast(self.value, dtype))
 
-  def pieces(self, first, count, dtype):
+  def pieces(
+    self, first: int, count: int, dtype: tf.DType
+  ) -> Iterator[tuple[int, tf.Tensor]]:
     return iter(())
 
 
 class _Grid(RowValues):
   """Values generated one grid block at a time."""
 
-  def pieces(self, first, count, dtype):
+  def pieces(
+    self, first: int, count: int, dtype: tf.DType
+  ) -> Iterator[tuple[int, tf.Tensor]]:
     size = grid_rows(self.full_shape[1])
     end = first + count
     for block in range(first // size, (end - 1) // size + 1 if count else 0):
@@ -133,16 +138,20 @@ class _Grid(RowValues):
       yield a - first, value[a - lo : b - lo]
 
   @abc.abstractmethod
-  def block(self, index: int, first: int, rows: int, dtype) -> tf.Tensor:
+  def block(
+    self, index: int, first: int, rows: int, dtype: tf.DType
+  ) -> tf.Tensor:
     """Grid block ``index`` (rows ``[first, first + rows)``)."""
 
 
 class _RowIds(_Grid):
-  def __init__(self, full_shape, offset: int):
+  def __init__(self, full_shape: tuple[int, int], offset: int):
     super().__init__(full_shape)
     self.offset = offset
 
-  def block(self, index, first, rows, dtype):
+  def block(
+    self, index: int, first: int, rows: int, dtype: tf.DType
+  ) -> tf.Tensor:
     shape = (rows, self.full_shape[1])
     return RowIdInitializer(self.offset + first)(shape, dtype)
 
@@ -150,7 +159,7 @@ class _RowIds(_Grid):
 class _ArrayRows(_Grid):
   """Rows sliced from an array the user gave (broadcast to the table)."""
 
-  def __init__(self, full_shape, array: np.ndarray):
+  def __init__(self, full_shape: tuple[int, int], array: np.ndarray):
     super().__init__(full_shape)
     try:
       self.array = np.broadcast_to(array, self.full_shape)
@@ -160,21 +169,32 @@ class _ArrayRows(_Grid):
         f"table or slot of shape {list(self.full_shape)}."
       ) from None
 
-  def block(self, index, first, rows, dtype):
+  def block(
+    self, index: int, first: int, rows: int, dtype: tf.DType
+  ) -> tf.Tensor:
     return tf.constant(self.array[first : first + rows], dtype=dtype)
 
 
 class _Random(_Grid):
   """Stateless random blocks: block ``k`` from seed ``[seed, k]``."""
 
-  def __init__(self, full_shape, kind: str, a: float, b: float, seed: Any):
+  def __init__(
+    self,
+    full_shape: tuple[int, int],
+    kind: str,
+    a: float,
+    b: float,
+    seed: int | None,
+  ):
     super().__init__(full_shape)
     self.kind, self.a, self.b = kind, a, b
     if seed is None:  # One seed per variable from the global generator.
       seed = int(tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int64))
     self.seed = int(seed)
 
-  def block(self, index, first, rows, dtype):
+  def block(
+    self, index: int, first: int, rows: int, dtype: tf.DType
+  ) -> tf.Tensor:
     shape = [rows, self.full_shape[1]]
     seed = tf.constant([self.seed, index], tf.int64)
     if self.kind == "uniform":
@@ -192,13 +212,17 @@ class _Random(_Grid):
 class _Whole(RowValues):
   """An initializer that only makes the whole table: called once."""
 
-  def __init__(self, full_shape, initializer: Any, name: str):
+  def __init__(
+    self, full_shape: tuple[int, int], initializer: Initializer, name: str
+  ):
     super().__init__(full_shape)
     self.initializer = initializer
     self.name = name
     self._value: tf.Tensor | None = None
 
-  def pieces(self, first, count, dtype):
+  def pieces(
+    self, first: int, count: int, dtype: tf.DType
+  ) -> Iterator[tuple[int, tf.Tensor]]:
     if self._value is None:
       bytes_ = self.full_shape[0] * self.full_shape[1] * 4
       if bytes_ >= LARGE_TABLE_BYTES and self.name not in _warned:
@@ -226,21 +250,24 @@ _RANDOM = {
 }
 
 
-def _config(initializer: Any) -> dict | None:
+def _config(initializer: Initializer) -> dict[str, Any] | None:
   """``get_config()`` of a TensorFlow or Keras initializer, else None."""
   module = type(initializer).__module__
   if not module.startswith(("keras", "tensorflow", "tf_keras")):
     return None
   get_config = getattr(initializer, "get_config", None)
-  return get_config() if get_config else None
+  config: dict[str, Any] | None = get_config() if get_config else None
+  return config
 
 
-def _seed(config: dict) -> Any:
+def _seed(config: dict[str, Any]) -> int | None:
   seed = config.get("seed")
   return seed if isinstance(seed, int) or seed is None else None
 
 
-def _variance_scaling(full_shape, config: dict):
+def _variance_scaling(
+  full_shape: tuple[int, int], config: dict[str, Any]
+) -> RowValues:
   fan_in, fan_out = full_shape
   mode = config.get("mode", "fan_in")
   n = {"fan_in": fan_in, "fan_out": fan_out}.get(mode, (fan_in + fan_out) / 2)
@@ -260,11 +287,15 @@ def _variance_scaling(full_shape, config: dict):
 class _Stacked(RowValues):
   """A stack's value: each member table's own value at its offset."""
 
-  def __init__(self, full_shape, members: list[tuple[int, RowValues]]):
+  def __init__(
+    self, full_shape: tuple[int, int], members: list[tuple[int, RowValues]]
+  ):
     super().__init__(full_shape)
     self.members = members
 
-  def pieces(self, first, count, dtype):
+  def pieces(
+    self, first: int, count: int, dtype: tf.DType
+  ) -> Iterator[tuple[int, tf.Tensor]]:
     end = first + count
     for offset, values in self.members:
       rows = values.full_shape[0]
@@ -309,7 +340,7 @@ class StackedInitializer:
 
 
 def row_values(
-  initializer: Any, full_shape: tuple[int, int], name: str = "table"
+  initializer: Initializer, full_shape: tuple[int, int], name: str = "table"
 ) -> RowValues:
   """The row-wise initial value ``initializer`` gives a full table.
 
@@ -397,12 +428,16 @@ class RowWiseInitializer:
   allocator's heap: a table's size of resident memory for good).
   """
 
-  def __init__(self, initializer: Any, full_shape: tuple[int, int], name: str):
+  def __init__(
+    self, initializer: Initializer, full_shape: tuple[int, int], name: str
+  ):
     self.initializer = initializer
     self.values = row_values(initializer, full_shape, name)
     self.called = False
 
-  def __call__(self, shape: Any, dtype: tf.DType = tf.float32, **kwargs: Any):
+  def __call__(
+    self, shape: Shape, dtype: tf.DType = tf.float32, **kwargs: object
+  ) -> tf.Tensor:
     del kwargs
     self.called = True
     return self.values.start(int(shape[0]), tf.as_dtype(dtype))

@@ -17,12 +17,14 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.sharding import TablePlacement
@@ -80,7 +82,7 @@ class WorkerShardedVariable(
     """The whole value (a collective: every worker must call it)."""
     width = max(self._placement.shard_sizes)
 
-    def padded(context):
+    def padded(context: tf.distribute.ReplicaContext) -> tf.Tensor:
       local = context.replica_id_in_sync_group - self._first
       value = self._shards[local].read_value()
       return tf.pad(value, [[0, width - tf.shape(value)[0]], [0, 0]])
@@ -115,14 +117,15 @@ class WorkerShardedVariable(
 
   def _rows_spec(self, start: int, rows: int) -> str:
     """The checkpoint slice spec of rows ``[start, start + rows)``."""
-    return tf.Variable.SaveSliceInfo(
+    spec: str = tf.Variable.SaveSliceInfo(
       full_name="",
       full_shape=self.shape.as_list(),
       var_offset=[start, 0],
       var_shape=[rows, self.shape[1]],
     ).spec
+    return spec
 
-  def _serialize_to_tensors(self):
+  def _serialize_to_tensors(self) -> dict[str, Any]:
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
       nothing = compat.SaveSpec(
         lambda: None, "", "", dtype=self.dtype, device=self._shards[0].device
@@ -146,7 +149,9 @@ class WorkerShardedVariable(
       }
     }
 
-  def _chunks(self, chunk_bytes: int | None = None):
+  def _chunks(
+    self, chunk_bytes: int | None = None
+  ) -> Iterator[tuple[int, int, int, str]]:
     """``(local shard, first local row, rows, slice spec)`` of every chunk
     (``chunk_bytes``: see ``chunk_rows``)."""
     width = self.shape[1]
@@ -234,9 +239,10 @@ class MultiWorkerShardedTable(RowShardedTable):
   def update(
     self,
     ids: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     raise RuntimeError(
       f"Table '{self.table.name}' is sharded over several workers: update "

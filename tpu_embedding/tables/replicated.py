@@ -20,19 +20,20 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tracking import VariableTracker
 
 
 class ReplicatedVariable(WholeValueVariable):
@@ -113,9 +114,10 @@ class ReplicatedTable(TableStore):
   def update(
     self,
     ids: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
@@ -124,4 +126,4 @@ class ReplicatedTable(TableStore):
       )
       index = None
     for block in range(len(self._blocks)):
-      self.update_block(block, ids, grads, index, ops)
+      self.update_block(block, ids, grads, index, ops, step_id)

@@ -46,12 +46,12 @@ from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tracking import VariableTracker
 
 
 def create_blocks(

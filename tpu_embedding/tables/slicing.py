@@ -35,12 +35,12 @@ _mode = ThreadSetting()
 _warned: set[str] = set()
 
 
-def sliced() -> contextlib.AbstractContextManager:
+def sliced() -> contextlib.AbstractContextManager[None]:
   """Multi-worker tables restore (and save) each worker's own rows."""
   return _mode.set("slices")
 
 
-def written_apart() -> contextlib.AbstractContextManager:
+def written_apart() -> contextlib.AbstractContextManager[None]:
   """Multi-worker tables are recorded in a save but write no data.
 
   ``tpu_embedding.checkpoints.write`` writes their rows itself, in chunks,
@@ -56,7 +56,8 @@ def active() -> bool:
 
 def apart() -> bool:
   """Whether ``written_apart()`` is in effect on this thread."""
-  return _mode.get() == "apart"
+  mode: str | None = _mode.get()
+  return mode == "apart"
 
 
 class WorkerParts(abc.ABC):

@@ -29,6 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.tables.base import TableStore
@@ -113,11 +114,12 @@ class StackMember(TableStore):
   def update(
     self,
     ids: tf.Tensor,
-    grads: tf.Tensor,
+    grads: RowGradients,
     index: tf.Tensor | None = None,
     ops: StepOps = TENSORFLOW_OPS,
+    step_id: tf.Tensor | None = None,
   ) -> None:
-    self.stack.update(ids + self.offset, grads, index, ops)
+    self.stack.update(ids + self.offset, grads, index, ops, step_id)
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)

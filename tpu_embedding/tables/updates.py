@@ -26,7 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import Gradients
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
@@ -36,7 +36,7 @@ def apply_rows(
   table: TableConfig,
   block: dict[str, Any],
   ids: tf.Tensor,
-  grads: Gradients,
+  grads: RowGradients,
   num_rows: int,
   index: tf.Tensor | None = None,
   ops: StepOps = TENSORFLOW_OPS,

@@ -27,25 +27,40 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import VariableTracker
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.initial_values import RowWiseInitializer
+from tpu_embedding.tracking import VariableTracker
 
 
-def plain_variable_getter(name, shape, dtype, initializer, trainable):
-  """Creates one ``tf.Variable`` with ``initializer(shape, dtype=dtype)``."""
-  return tf.Variable(
-    initial_value=functools.partial(initializer, shape, dtype=dtype),
-    name=name,
-    shape=shape,
-    dtype=dtype,
-    trainable=trainable,
-  )
+def plain_variable_getter(
+  name: str,
+  shape: tuple[int, int],
+  dtype: tf.DType,
+  initializer: Initializer,
+  trainable: bool,
+  device: str | None = None,
+) -> tf.Variable:
+  """Creates one ``tf.Variable`` with ``initializer(shape, dtype=dtype)``;
+  on ``device`` (if given) a plain variable, whatever the strategy."""
+  initial_value = functools.partial(initializer, shape, dtype=dtype)
+  if device is None:
+    return tf.Variable(
+      initial_value=initial_value,
+      name=name,
+      shape=shape,
+      dtype=dtype,
+      trainable=trainable,
+    )
+  with tf.device(device):
+    return compat.ResourceVariable(
+      initial_value, name=name, dtype=dtype, trainable=trainable
+    )
 
 
 class WholeTable(TableStore):
@@ -76,16 +91,7 @@ class WholeTable(TableStore):
     """
     shape = (table.vocabulary_size, table.dim)
 
-    def getter(name, shape, dtype, initializer, trainable):
-      if device is None:
-        return plain_variable_getter(name, shape, dtype, initializer, trainable)
-      with tf.device(device):  # A plain variable, whatever the strategy.
-        return compat.ResourceVariable(
-          functools.partial(initializer, shape, dtype=dtype),
-          name=name,
-          dtype=dtype,
-          trainable=trainable,
-        )
+    getter = functools.partial(plain_variable_getter, device=device)
 
     initial = RowWiseInitializer(table.initializer, shape, table_name(table))
     parameters = tracker.create(table_name(table), shape, initial, getter, True)
@@ -94,7 +100,7 @@ class WholeTable(TableStore):
     optimizer = table.optimizer
     if optimizer is not None:
 
-      def slot_creator(slot, initializer):
+      def slot_creator(slot: str, initializer: Initializer) -> tf.Variable:
         name = checkpoint_name(table_name(table), slot)
         initial = RowWiseInitializer(initializer, shape, name)
         variable = tracker.create(name, shape, initial, getter, False)

@@ -72,16 +72,6 @@ EVICTIONS = ("lru", "lfu")
 KEY_DTYPES = (tf.int64, tf.string)
 
 
-def capacity_of(table: Any) -> int:
-  """Rows a dynamic table gives to keys: also the default row's id.
-
-  The same for the user's ``TableConfig`` and the resolved one (which
-  has the default row too: ``vocabulary_size`` one larger).
-  """
-  capacity = table.vocabulary.capacity
-  return table.vocabulary_size if capacity is None else capacity
-
-
 def _positive_int(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 

@@ -2,8 +2,9 @@
 
 A dynamic table of capacity ``C`` is stored as ``C + 1`` rows: rows
 ``[0, C)`` are given to keys, row ``C`` is the default row (what keys
-without a row read; never updated). ``resolve`` gives the table that
-size; ``DynamicTables`` does the rest around the one lookup path:
+without a row read; never updated). Its resolved table carries that
+``DynamicMapping`` (``mapping.py``), which also drops the default row from
+updates; ``DynamicTables`` does the rest around the one lookup path:
 
 * a training lookup gathers the global batch's keys of each dynamic table
   (its features in order, replicas in order; ``sharing.py``), runs the
@@ -13,11 +14,12 @@ size; ``DynamicTables`` does the rest around the one lookup path:
   slots, the same values on every replica) in the block this replica
   holds, and hands the lookup each key's row;
 * other lookups map keys with the state as it is (shards combined);
-* updates drop the default row; with pipelining, the held update drops
-  the rows just given to new keys.
+* with pipelining, the held update drops the rows just given to new keys.
 
 The state of a row-sharded table is sharded with it (``state.py``): shard
 ``r`` of ``R`` is a range of buckets, so no replica holds the whole map.
+Checkpoints hold it under ``<table>/vocabulary`` (``build``, for the
+engine and for serving).
 
 Example:
   >>> import tensorflow as tf
@@ -44,16 +46,16 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.gradients import keep_rows
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.keys import KeysToRows
 from tpu_embedding.resolved import ResolvedConfig
+from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tracking import VariableTracker
-from tpu_embedding.vocabularies.config import capacity_of
+from tpu_embedding.vocabularies.mapping import DynamicMapping
 from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary
 from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.sharing import flat
@@ -63,22 +65,32 @@ from tpu_embedding.vocabularies.state import VocabularyState
 from tpu_embedding.vocabularies.transition import is_live
 
 
+def dynamic_mappings(
+  tables: Sequence[TableConfig],
+) -> list[tuple[TableConfig, DynamicMapping]]:
+  """The tables among ``tables`` whose keys a vocabulary maps to rows,
+  with their mappings (``resolved.key_mapping``), in order."""
+  pairs = [(table, key_mapping(table)) for table in tables]
+  return [(t, m) for t, m in pairs if isinstance(m, DynamicMapping)]
+
+
 def check_dynamic_support(tables: Sequence[TableConfig], backend: Any) -> None:
   """Raises where the dynamic tables among ``tables`` cannot train.
 
   Raises:
     ValueError: naming the tables and why.
   """
-  dynamic = [table_name(t) for t in tables if t.vocabulary is not None]
-  why = backend.dynamic_vocabularies_unsupported
-  if why is not None:
+  dynamic = [table for table, _ in dynamic_mappings(tables)]
+  alone = backend.steps_alone_under
+  if dynamic and alone is not None:
     raise ValueError(
-      f"Tables {dynamic} have a DynamicVocabulary, which does not train "
-      f"under {why}."
+      f"Tables {[table_name(t) for t in dynamic]} have a DynamicVocabulary, "
+      f"which does not train under {alone} (not supported yet: the "
+      "vocabulary's step needs every worker's keys of a step at once)."
     )
-  for table in tables:
+  for table in dynamic:
     optimizer = table.optimizer
-    if table.vocabulary is None or optimizer is None:
+    if optimizer is None:
       continue
     if optimizer.updates_all_rows:
       raise ValueError(
@@ -107,11 +119,8 @@ class DynamicTables:
   def __init__(self, config: ResolvedConfig, sharing: ReplicaSharing):
     self._config = config
     self._sharing = sharing
-    self._tables = [t for t in config.tables if t.vocabulary is not None]
+    self._tables = dynamic_mappings(config.tables)
     self._states: dict[str, VocabularyState] = {}
-
-  def __bool__(self) -> bool:
-    return bool(self._tables)
 
   @property
   def states(self) -> dict[str, VocabularyState]:
@@ -125,8 +134,8 @@ class DynamicTables:
     tracker: VariableTracker,
     strategy: tf.distribute.Strategy | None = None,
   ) -> None:
-    """Creates the state (a copy, or a shard, per local replica) and
-    fills each default row.
+    """Creates the state (a copy, or a shard, per local replica), saved
+    under ``<table>/vocabulary``.
 
     Args:
       devices: one device per local replica.
@@ -136,20 +145,39 @@ class DynamicTables:
         a table whose store is sharded by rows (``rows_sharded``) is
         sharded too, one shard per replica.
     """
-    for table in self._tables:
-      name, vocabulary = table_name(table), table.vocabulary
-      assert vocabulary is not None
+    for table, mapping in self._tables:
+      name = table_name(table)
       state: VocabularyState
       if stores[name].rows_sharded and strategy is not None:
         state = ShardedVocabulary(
-          vocabulary, capacity_of(table), devices, strategy
+          mapping.vocabulary, mapping.capacity, devices, strategy
         )
       else:
-        state = ReplicatedVocabulary(vocabulary, capacity_of(table), devices)
+        state = ReplicatedVocabulary(
+          mapping.vocabulary, mapping.capacity, devices
+        )
       self._states[name] = state
       tracker.register(f"{name}/vocabulary", state, restore=True)
-      default = tf.fill([1, table.dim], vocabulary.default_value)
-      stores[name].write_rows(capacity_of(table), default)
+
+  def write_default_rows(self, stores: dict[str, TableStore]) -> None:
+    """Fills each default row of ``stores`` (by table name) with its
+    ``default_value`` (training: serving restores it)."""
+    for table, mapping in self._tables:
+      default = tf.fill([1, table.dim], mapping.vocabulary.default_value)
+      stores[table_name(table)].write_rows(mapping.default_row, default)
+
+  def translators(self) -> dict[TableConfig, KeysToRows]:
+    """``{user's table: its keys to rows}`` of the dynamic tables, for
+    serving lookups of the user's features: the state as it is now, from
+    this process (``VocabularyState.find_live``)."""
+    config = self._config
+    user_of = {
+      id(t): u for t, u in zip(config.tables, config.user_tables, strict=True)
+    }
+    return {
+      user_of[id(table)]: self._states[table_name(table)].find_live
+      for table, _ in self._tables
+    }
 
   def statistics(self) -> dict[str, dict[str, int]]:
     """Per dynamic table: ``capacity``, ``rows_in_use`` (live keys at the
@@ -159,14 +187,14 @@ class DynamicTables:
     table's state; the rows and slots not included). Sharded across
     workers: a collective every worker joins."""
     result = {}
-    for table in self._tables:
+    for table, mapping in self._tables:
       state = self._states[table_name(table)]
       whole = state.whole()
       in_use = is_live(
         whole["last_step"], whole["step"], state.vocabulary.ttl_steps
       )
       result[table_name(table)] = {
-        "capacity": capacity_of(table),
+        "capacity": mapping.capacity,
         "rows_in_use": int(tf.reduce_sum(tf.cast(in_use, tf.int64))),
         "evictions": int(whole["evictions"]),
         "step": int(whole["step"]),
@@ -184,7 +212,7 @@ class DynamicTables:
     """``prepared`` with each dynamic feature's keys replaced by rows
     (the state as it is: ``VocabularyState.lookup``)."""
     prepared = list(prepared)
-    for table in self._tables:
+    for table, _ in self._tables:
       features = self._config.features_of(table)
       rows = self._states[table_name(table)].lookup(
         [prepared[i].ids for i in features], replica, self._sharing
@@ -215,7 +243,7 @@ class DynamicTables:
       pipelining must not touch them).
     """
     prepared, new_rows = list(prepared), {}
-    for table in self._tables:
+    for table, _ in self._tables:
       name = table_name(table)
       features = self._config.features_of(table)
       # The global batch's keys: feature by feature, each feature's
@@ -257,23 +285,6 @@ class DynamicTables:
         indices=local,
         updates=tf.boolean_mask(value, mine),
       )
-
-  def updated_rows(self, table: TableConfig, ids, grads, index):
-    """``(ids, grads, index)`` of an update without the default row.
-
-    Most steps have no key without a row: then nothing is copied.
-    """
-    if table.vocabulary is None:
-      return ids, grads, index
-    keep = tf.not_equal(ids, capacity_of(table))
-
-    def drop():
-      return keep_rows(ids, grads, index, keep)
-
-    def as_they_are():
-      return ids, concat_pieces(grads), index
-
-    return tf.cond(tf.reduce_all(keep), as_they_are, drop)
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):
