@@ -112,7 +112,7 @@ def create_blocks(
   return blocks, restored
 
 
-class BlockVariable(compat.ShardedVariable, saved_rows.RowBlocks):
+class BlockVariable(compat.ShardedVariable, saved_rows.RowBlocks):  # type: ignore[misc]  # TF is untyped
   """TensorFlow's ``ShardedVariable`` of a table's row blocks, which
   ``tpu_embedding.checkpoints.restore`` fills part by part."""
 

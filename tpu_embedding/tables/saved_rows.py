@@ -43,6 +43,7 @@ import functools
 import sys
 from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -116,7 +117,7 @@ class _Piece:
   entry: compat.BundleEntryProto  # where its bytes lie
 
 
-def _extent(extent) -> tuple[int, int]:
+def _extent(extent: Any) -> tuple[int, int]:  # a protobuf message
   """``(start, length)`` of a ``TensorSliceProto.Extent`` (all: -1)."""
   return (extent.start, extent.length if extent.HasField("length") else -1)
 
