@@ -47,21 +47,37 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
-import re
 import sys
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import checkpoint_deltas
 from tpu_embedding import compat
+from tpu_embedding.checkpoint_files import Workers as _Workers
+from tpu_embedding.checkpoint_files import checkpoint_keys as _checkpoint_keys
+from tpu_embedding.checkpoint_files import commit as _commit
+from tpu_embedding.checkpoint_files import key_id
+from tpu_embedding.checkpoint_files import remove as _remove
+from tpu_embedding.checkpoint_files import remove_stale_temps
+from tpu_embedding.checkpoint_files import worker_parts as _worker_parts
 from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables import slicing
 
-__all__ = ["CheckpointManager", "restore", "write"]
+__all__ = [
+  "CheckpointManager",
+  "key_id",
+  "latest_with_deltas",
+  "restore",
+  "write",
+  "write_delta",
+]
+
+#: Removes what a killed save left (see ``checkpoint_files``).
+_remove_stale_temps = remove_stale_temps
 
 
 def _row_blocks(checkpoint: Any) -> list[saved_rows.RowBlocks]:
@@ -71,101 +87,6 @@ def _row_blocks(checkpoint: Any) -> list[saved_rows.RowBlocks]:
     for obj in tf.train.TrackableView(checkpoint).descendants()
     if isinstance(obj, saved_rows.RowBlocks)
   ]
-
-
-def _worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
-  """What every worker writes its part of: multi-worker tables, and
-  state sharded like them (a dynamic table's vocabulary)."""
-  return [
-    obj
-    for obj in tf.train.TrackableView(checkpoint).descendants()
-    if isinstance(obj, slicing.WorkerParts) and obj.worker_count > 1
-  ]
-
-
-#: One compiled barrier per strategy.
-_barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class _Workers:
-  """This worker's place in the cluster, and a barrier over all workers."""
-
-  def __init__(self, variable: slicing.WorkerParts):
-    self.strategy = variable.strategy
-    self.index, self.count = variable.worker_index, variable.worker_count
-    self.chief = self.index == 0
-
-  def barrier(self) -> None:
-    if self.strategy not in _barriers:
-      strategy = self.strategy
-      _barriers[strategy] = tf.function(
-        lambda: strategy.reduce(
-          tf.distribute.ReduceOp.SUM,
-          strategy.run(lambda: tf.constant(1.0)),
-          axis=None,
-        )
-      )
-    _barriers[self.strategy]()
-
-
-def key_id(key: str) -> str:
-  """A file-name-safe, stable id of a checkpoint key."""
-  return hashlib.sha1(key.encode()).hexdigest()[:12]
-
-
-def _checkpoint_keys(
-  checkpoint: Any, variables: Sequence[Any]
-) -> list[list[str]]:
-  """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
-  # TensorFlow's own serialization names them (no value is read: the
-  # variables are written apart).
-  with slicing.written_apart():
-    keys = compat.checkpoint_keys(checkpoint)
-  return [keys[id(v)] for v in variables]
-
-
-def _remove(path: str) -> None:
-  """Removes the file or directory ``path``, if there is one."""
-  if tf.io.gfile.isdir(path):
-    tf.io.gfile.rmtree(path)
-  elif tf.io.gfile.exists(path):
-    tf.io.gfile.remove(path)
-
-
-#: A checkpoint's data file: ``<prefix>.data-00000-of-00001``.
-_DATA_FILE = re.compile(r"(.*)\.data-\d{5}-of-\d{5}")
-
-
-def _remove_stale_temps(file_prefix: str) -> None:
-  """Removes what a save killed next to ``file_prefix`` left behind:
-  ``*_temp`` directories, and data files without their index (a merge cut
-  off before its commit)."""
-  directory = os.path.dirname(file_prefix) or "."
-  tf.io.gfile.makedirs(directory)
-  names = {name.rstrip("/") for name in tf.io.gfile.listdir(directory)}
-  for name in sorted(names):
-    data = _DATA_FILE.fullmatch(name)
-    if name.endswith("_temp") or (
-      data is not None and f"{data.group(1)}.index" not in names
-    ):
-      _remove(os.path.join(directory, name))
-
-
-def _commit(merged: str, file_prefix: str) -> None:
-  """Moves the checkpoint ``merged`` to ``file_prefix``, its index last.
-
-  A checkpoint already at ``file_prefix`` loses its index first and then
-  its data files, so that no index ever names data files of another save.
-  """
-  for path in [
-    f"{file_prefix}.index",
-    *tf.io.gfile.glob(f"{file_prefix}.data-?????-of-?????"),
-  ]:
-    _remove(path)
-  for path in tf.io.gfile.glob(f"{merged}.data-?????-of-?????"):
-    suffix = path[len(merged) :]
-    tf.io.gfile.rename(path, file_prefix + suffix, overwrite=True)
-  tf.io.gfile.rename(f"{merged}.index", f"{file_prefix}.index", overwrite=True)
 
 
 def write(
@@ -220,7 +141,9 @@ def _write_parts(
 ) -> str:
   """``write`` for the multi-worker state ``variables`` of ``checkpoint``."""
   if not variables:
-    return checkpoint.write(file_prefix, options=options)
+    path: str = checkpoint.write(file_prefix, options=options)
+    checkpoint_deltas.record_save(checkpoint, path)
+    return path
   workers = _Workers(variables[0])
   temp = f"{file_prefix}_temp"
   workers.barrier()  # Every worker is here: any *_temp is stale.
@@ -254,6 +177,7 @@ def _write_parts(
     _commit(merged, file_prefix)
     _remove(temp)
   workers.barrier()  # Nobody reads the checkpoint before it is whole.
+  checkpoint_deltas.record_save(checkpoint, file_prefix)
   return file_prefix
 
 
@@ -263,6 +187,7 @@ def restore(
   options: Any = None,
   *,
   chunk_bytes: int | None = None,
+  deltas: Sequence[str] = (),
 ) -> Any:
   """``checkpoint.restore(save_path)``, each process reading its own rows.
 
@@ -284,14 +209,23 @@ def restore(
       once (at least one row); None (default): stored pieces up to a
       sixteenth of its block (between 8 and 64 MiB) whole, other rows by
       ranges of a 64th of it (between 1 and 16 MiB).
+    deltas: delta checkpoints (``write_delta``) to apply after
+      ``save_path``, in order: the first follows ``save_path``, each next
+      one the one before. The tables must exist (build them first). The
+      result is the state of the last delta's save, bit for bit.
 
   Returns:
-    TensorFlow's restore status.
+    TensorFlow's restore status (of ``save_path``).
 
   Raises:
-    ValueError: ``chunk_bytes`` is not positive.
+    ValueError: ``chunk_bytes`` is not positive, or a delta holds a table
+      the checkpoint does not have.
+    checkpoint_deltas.DeltaMismatchError: a delta does not follow the save
+      before it (another run's, or one skipped); nothing is restored.
   """
   _checked(chunk_bytes)
+  if deltas:  # Refused before anything changes.
+    checkpoint_deltas.check_chain(save_path, deltas)
   saved = saved_rows.SavedRows(save_path)
   tables = _held(checkpoint, saved) if save_path else []
   previous = [compat.update_uid(v) for _, v in tables]
@@ -311,7 +245,13 @@ def restore(
     saved_rows.restore_blocks(
       variable.row_blocks(), saved, key, variable.shape, chunk_bytes
     )
+  if save_path:
+    checkpoint_deltas.apply_deltas(checkpoint, save_path, deltas)
   return status
+
+
+#: Writes the rows changed since the last save (``checkpoint_deltas``).
+write_delta = checkpoint_deltas.write_delta
 
 
 def _held(
@@ -354,12 +294,60 @@ class _SlicedWriter:
     return path
 
 
+#: A directory's chain of deltas: ``{"base": name, "deltas": [names]}``.
+DELTA_STATE = "deltas.json"
+
+
+def latest_with_deltas(directory: str) -> tuple[str | None, list[str]]:
+  """``(latest full checkpoint, its deltas in order)`` of a
+  ``CheckpointManager`` directory: what ``restore(..., deltas=)`` takes
+  to return to the last save. ``(None, [])`` if there is no checkpoint.
+
+  Example:
+    >>> import tempfile
+    >>> latest_with_deltas(tempfile.mkdtemp())
+    (None, [])
+  """
+  latest = tf.train.latest_checkpoint(directory)
+  if latest is None:
+    return None, []
+  state = os.path.join(directory, DELTA_STATE)
+  if not tf.io.gfile.exists(state):
+    return latest, []
+  with tf.io.gfile.GFile(state) as f:
+    chain = json.load(f)
+  if os.path.join(directory, chain["base"]) != latest:
+    return latest, []
+  return latest, [os.path.join(directory, name) for name in chain["deltas"]]
+
+
+def _write_state(directory: str, base: str, deltas: list[str]) -> None:
+  """Writes ``DELTA_STATE`` atomically (a rename)."""
+  path = os.path.join(directory, DELTA_STATE)
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    json.dump(
+      {
+        "base": os.path.basename(base),
+        "deltas": [os.path.basename(d) for d in deltas],
+      },
+      f,
+    )
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
 class CheckpointManager(tf.train.CheckpointManager):
   """``tf.train.CheckpointManager`` whose saves and restores are sliced.
 
   Create it on every worker with the same ``directory``: every worker
   writes its rows, the chief keeps the ``checkpoint`` state file and
   deletes old checkpoints.
+
+  With ``delta_interval=K`` (K > 0), a full save is followed by up to K
+  delta saves (``write_delta``: the rows changed since the save before,
+  as ``delta-<number>``), then the next full one. The chain of the latest
+  full checkpoint is kept in ``deltas.json`` (``latest_with_deltas``;
+  ``restore_or_initialize`` applies it); the deltas of an older full
+  checkpoint are removed once a newer full one is committed.
 
   Example:
     >>> import tempfile
@@ -372,7 +360,57 @@ class CheckpointManager(tf.train.CheckpointManager):
 
   _checkpoint: Any  # TensorFlow's attribute: swapped while saving
 
+  def __init__(self, *args: Any, delta_interval: int = 0, **kwargs: Any):
+    if not isinstance(delta_interval, int) or delta_interval < 0:
+      raise ValueError(
+        "CheckpointManager: delta_interval must be an int >= 0 (deltas "
+        f"between full saves; 0: full saves only), got {delta_interval!r}."
+      )
+    super().__init__(*args, **kwargs)
+    self.delta_interval = delta_interval
+    #: The deltas written (or restored) after the latest full checkpoint.
+    self.deltas: list[str] = []
+
   def save(self, checkpoint_number=None, check_interval=True, options=None):
+    """A full save, or a delta if ``delta_interval`` says one is due."""
+    latest = self._latest_checkpoint
+    last = checkpoint_deltas.last_save(self._checkpoint)
+    expected = (self.deltas or [latest])[-1] if latest else None
+    if (
+      self.delta_interval
+      and len(self.deltas) < self.delta_interval
+      and last is not None
+      and expected is not None
+      and last[0] == expected
+    ):
+      return self._save_delta(checkpoint_number)
+    old = list(self.deltas)
+    path = self._save_full(checkpoint_number, check_interval, options)
+    if path is not None and self.delta_interval:
+      self.deltas = []
+      if self._is_chief():
+        _write_state(self._directory, path, [])
+        for delta in old:
+          for name in tf.io.gfile.glob(f"{delta}.*"):
+            tf.io.gfile.remove(name)
+    return path
+
+  def _is_chief(self) -> bool:
+    variables = _worker_parts(self._checkpoint)
+    return not variables or variables[0].worker_index == 0
+
+  def _save_delta(self, checkpoint_number: Any) -> str:
+    counter = self._checkpoint.save_counter
+    counter.assign_add(1)
+    number = int(counter) if checkpoint_number is None else checkpoint_number
+    prefix = os.path.join(self._directory, f"delta-{int(number)}")
+    path = checkpoint_deltas.write_delta(self._checkpoint, prefix)
+    self.deltas.append(path)
+    if self._is_chief():
+      _write_state(self._directory, self._latest_checkpoint, self.deltas)
+    return path
+
+  def _save_full(self, checkpoint_number, check_interval, options):
     original = self._checkpoint
     writer = _SlicedWriter(original)
     self._checkpoint = writer
@@ -385,5 +423,15 @@ class CheckpointManager(tf.train.CheckpointManager):
     return path
 
   def restore_or_initialize(self):
+    """Restores the latest full checkpoint and its deltas (or initializes,
+    as TensorFlow's manager does)."""
+    base, deltas = latest_with_deltas(self._directory)
+    if base is not None and deltas:
+      restore(self._checkpoint, base, deltas=deltas)
+      self.deltas = deltas
+      return deltas[-1]
     with slicing.sliced():
-      return super().restore_or_initialize()
+      path = super().restore_or_initialize()
+    if base is not None and path == base:
+      checkpoint_deltas.record_save(self._checkpoint, base)
+    return path

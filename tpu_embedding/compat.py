@@ -96,6 +96,7 @@ __all__ = [
   "register_checkpoint_saver",
   "restore_source",
   "restore_uid",
+  "serialized_tensors",
   "set_update_uid",
   "tf_tpu_variables",
   "update_uid",
@@ -118,6 +119,16 @@ def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
     id(getattr(obj, "obj", obj)): list(by_key)
     for obj, by_key in serialized.items()
   }
+
+
+def serialized_tensors(checkpoint: Any) -> list[tuple[Any, dict[str, Any]]]:
+  """``(object, {checkpoint key: value})`` of a checkpoint's objects, as
+  TensorFlow's serialization gives them (values may be callables or save
+  specs, read only when asked; a slice spec maps to each slice's value)."""
+  serialized = _save_util.serialize_graph_view(
+    _graph_view.ObjectGraphView(checkpoint)
+  )[0]
+  return list(serialized.items())
 
 
 # A trackable's ``_update_uid``: TensorFlow's restore assigns a checkpointed

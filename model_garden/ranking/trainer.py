@@ -200,7 +200,10 @@ class Trainer:
       task.checkpoint,
       directory=model_dir,
       max_to_keep=trainer.max_to_keep,
+      delta_interval=trainer.checkpoint_delta_interval,
     )
+    # A restored chain goes on: the next save is its next delta if due.
+    self.manager.deltas = list(getattr(self, "_restored_deltas", []))
     self.best_exporter = None
     if trainer.best_checkpoint_export_subdir and self._chief:
       self.best_exporter = BestCheckpointExporter(
@@ -233,11 +236,14 @@ class Trainer:
   def restore(self) -> str | None:
     """Restores the latest checkpoint of ``model_dir`` (else
     ``task.init_checkpoint``); returns its path, or None (fresh start)."""
-    latest = tf.train.latest_checkpoint(self.model_dir)
+    latest, deltas = tpe.checkpoints.latest_with_deltas(self.model_dir)
     if latest:  # (each worker reads only its rows of sharded tables)
       tpe.checkpoints.restore(
-        self.task.checkpoint, latest
+        self.task.checkpoint, latest, deltas=deltas
       ).assert_existing_objects_matched()
+      self._restored_deltas = deltas
+      if deltas:
+        latest = deltas[-1]
       self.log(f"Restored {latest} (step {self.step}).")
       return latest
     init = self.config.task.init_checkpoint

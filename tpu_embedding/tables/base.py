@@ -16,6 +16,8 @@ replica) is one ``TableStore`` subclass with the same small interface:
 ``read(key)``             the whole ``[vocabulary_size, dim]`` value
 ``assign(value, key)``    writes a whole value into every block
 ``bytes_per_device()``    bytes of parameters and slots on each device
+``changed_rows()``        rows written since ``clear_changes()`` (deltas)
+``write_rows_at(ids, v)`` writes rows by global id (a delta's restore)
 ========================  ===================================================
 
 Checkpoints save each of ``variables`` under TensorFlow's keys
@@ -57,6 +59,8 @@ from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables import slicing
+from tpu_embedding.tables.changed_rows import ChangedRows
 from tpu_embedding.tables.step_record import StepRecord
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
@@ -163,6 +167,12 @@ class TableStore(metaclass=abc.ABCMeta):
     self.table = table
     self._variables = dict(variables)
     self._blocks = blocks
+    # One bit per row of each block: set by every write, cleared by a save
+    # (``tpu_embedding.delta_checkpoints``).
+    self._changes = [
+      ChangedRows(block["parameters"].device, self.block_rows(index)[1])
+      for index, block in enumerate(blocks)
+    ]
     for key, variable in self._variables.items():
       attach(variable, self, key)
 
@@ -224,7 +234,8 @@ class TableStore(metaclass=abc.ABCMeta):
       assigns.append(
         self._blocks[block][key].assign(value[first : first + rows])
       )
-    return tf.group(assigns)
+      assigns.append(self._changes[block].mark_all())
+    return tf.group([a for a in assigns if a is not None])
 
   def update_block(
     self,
@@ -260,10 +271,12 @@ class TableStore(metaclass=abc.ABCMeta):
     locks = getattr(self, "_locks", None)
     if locks is None:
       apply_rows(self.table, variables, rows, grads, size, index, ops)
+      self._mark_update(block, rows)
       return
 
     def locked_update() -> tf.Tensor:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
+      writes.append(self._mark_update(block, rows))
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)
@@ -273,6 +286,88 @@ class TableStore(metaclass=abc.ABCMeta):
       return
     record = self._step_records[block]
     self._chain.run(locks[block], lambda: record.once(step_id, locked_update))
+
+  def _mark_update(self, block: int, rows: tf.Tensor) -> Any:
+    """Records the rows an update of ``block`` wrote (every row, for an
+    optimizer that changes all of them)."""
+    if self.table.optimizer is not None and (
+      self.table.optimizer.updates_all_rows
+    ):
+      return self._changes[block].mark_all()
+    return self._changes[block].mark(rows)
+
+  def mark_rows(self, block: int, rows: tf.Tensor) -> Any:
+    """Records that rows ``rows`` (local to ``block``) were written.
+
+    Every write of a layout's rows reports here (``update_block`` does;
+    a writer of its own, such as a dynamic vocabulary resetting rows for
+    new keys, calls it): a delta checkpoint holds exactly those rows.
+    """
+    return self._changes[block].mark(rows)
+
+  def changed_rows(self) -> tf.Tensor:
+    """Sorted int64 global ids of this process's rows written since the
+    last ``clear_changes()`` (a copy per replica counts once)."""
+    parts = []
+    for block in self._distinct_blocks():
+      first = self.block_rows(block)[0]
+      parts.append(self._changes[block].rows() + first)
+    if not parts:
+      return tf.zeros([0], tf.int64)
+    return tf.concat(parts, 0)
+
+  def _distinct_blocks(self) -> list[int]:
+    """The local blocks holding distinct rows (one of equal copies)."""
+    return list(range(len(self._blocks)))
+
+  def clear_changes(self) -> None:
+    """Forgets the rows written so far (a save holds them now)."""
+    for changes in self._changes:
+      changes.clear()
+
+  def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` (global, held by this process's blocks) of ``key``,
+    read from the blocks holding them (only those rows)."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    parts = []
+    for block in self._distinct_blocks():
+      first, size = self.block_rows(block)
+      mine = tf.boolean_mask(
+        ids - first, tf.logical_and(ids >= first, ids < first + size)
+      )
+      variable = self._blocks[block][key]
+      with tf.device(variable.device):
+        parts.append(
+          tf.raw_ops.ResourceGather(
+            resource=variable.handle, indices=mine, dtype=variable.dtype
+          )
+        )
+    return tf.concat(parts, 0)
+
+  def write_rows_at(
+    self, ids: tf.Tensor, value: Any, key: str = "parameters"
+  ) -> Any:
+    """Writes rows ``value`` at global ids ``ids`` of ``key`` in place.
+
+    Each local block (or copy) takes the rows it holds; other ids are
+    left to the processes holding them. The rows count as written.
+    """
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    value = tf.convert_to_tensor(value, tf.float32)
+    writes = []
+    for block in range(len(self._blocks)):
+      first, size = self.block_rows(block)
+      mine = tf.logical_and(ids >= first, ids < first + size)
+      local = tf.boolean_mask(ids - first, mine)
+      writes.append(
+        tf.raw_ops.ResourceScatterUpdate(
+          resource=self._blocks[block][key].handle,
+          indices=local,
+          updates=tf.boolean_mask(value, mine),
+        )
+      )
+      writes.append(self.mark_rows(block, local))
+    return tf.group([w for w in writes if w is not None])
 
   def lock_blocks(self, chain: LockChain) -> None:
     """Makes every later block update atomic.
@@ -310,14 +405,16 @@ class TableStore(metaclass=abc.ABCMeta):
       a, b = max(first, start), min(first + count, start + rows)
       if a >= b:
         continue
+      local = tf.range(a - start, b - start, dtype=tf.int64)
       writes.append(
         tf.raw_ops.ResourceScatterUpdate(
           resource=self._blocks[block][key].handle,
-          indices=tf.range(a - start, b - start, dtype=tf.int64),
+          indices=local,
           updates=value[a - first : b - first],
         )
       )
-    return tf.group(writes)
+      writes.append(self.mark_rows(block, local))
+    return tf.group([w for w in writes if w is not None])
 
   def update(
     self,
@@ -441,7 +538,13 @@ class WholeValueVariable(compat.Trackable, metaclass=abc.ABCMeta):  # type: igno
   def __getitem__(self, key: Any) -> tf.Tensor:
     return self.read_value()[key]
 
-  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+  def _serialize_to_tensors(self) -> dict[str, Any]:
+    if slicing.rows():  # A delta: the rows are written apart, never read.
+      return {
+        VALUE_KEY: compat.SaveSpec(
+          self.read_value, "", "", dtype=self.dtype, device="CPU:0"
+        )
+      }
     return {VALUE_KEY: self.read_value()}
 
   def _restore_from_tensors(

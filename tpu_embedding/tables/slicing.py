@@ -30,7 +30,7 @@ from tpu_embedding.thread_setting import ThreadSetting
 #: Tables at least this large warn when saved whole on every worker.
 LARGE_TABLE_BYTES = 64 * 2**20
 
-#: None, "slices" or "apart" on each thread.
+#: None, "slices", "apart" or "rows" on each thread.
 _mode = ThreadSetting()
 _warned: set[str] = set()
 
@@ -47,6 +47,19 @@ def written_apart() -> contextlib.AbstractContextManager[None]:
   so that no process copies a whole block at once.
   """
   return _mode.set("apart")
+
+
+def rows_apart() -> contextlib.AbstractContextManager[None]:
+  """Tables are written by their changed rows (a delta checkpoint,
+  ``tpu_embedding.checkpoint_deltas``): their whole values are never read,
+  and multi-worker state gives this worker's slices."""
+  return _mode.set("rows")
+
+
+def rows() -> bool:
+  """Whether ``rows_apart()`` is in effect on this thread."""
+  mode: str | None = _mode.get()
+  return mode == "rows"
 
 
 def active() -> bool:

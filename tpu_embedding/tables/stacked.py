@@ -124,6 +124,31 @@ class StackMember(TableStore):
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)
 
+  def mark_rows(self, block: int, rows: tf.Tensor) -> Any:
+    """Marks rows of the stack's block ``block`` (stack rows)."""
+    return self.stack.mark_rows(block, rows)
+
+  def changed_rows(self) -> tf.Tensor:
+    """The member's changed rows, from its stack's."""
+    ids = self.stack.changed_rows()
+    end = self.offset + self.table.vocabulary_size
+    mine = tf.logical_and(ids >= self.offset, ids < end)
+    return tf.boolean_mask(ids, mine) - self.offset
+
+  def clear_changes(self) -> None:
+    """Clears the stack's marks (every member's: save them all first)."""
+    self.stack.clear_changes()
+
+  def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    return self.stack.read_rows(ids + self.offset, key)
+
+  def write_rows_at(
+    self, ids: tf.Tensor, value: Any, key: str = "parameters"
+  ) -> Any:
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    return self.stack.write_rows_at(ids + self.offset, value, key)
+
   def assign(self, value: Any, key: str = "parameters") -> Any:
     return self._variables[key].assign(value)
 

@@ -285,6 +285,7 @@ class DynamicTables:
         indices=local,
         updates=tf.boolean_mask(value, mine),
       )
+    store.mark_rows(block, local)
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):

@@ -391,6 +391,10 @@ class TrainerConfig:
   max_to_keep: int = 5
   """Checkpoints kept."""
 
+  checkpoint_delta_interval: int = 0
+  """Delta checkpoints (the rows changed since the previous save) written
+  between full ones; 0: every checkpoint is full."""
+
   summary_interval: int = 1000
   """Training steps between TensorBoard summaries and log lines."""
 
@@ -572,6 +576,11 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
     (
       trainer.checkpoint_interval > 0 and trainer.summary_interval > 0,
       "trainer.checkpoint_interval and summary_interval must be positive.",
+    ),
+    (
+      trainer.checkpoint_delta_interval >= 0,
+      "trainer.checkpoint_delta_interval must be >= 0 (deltas between full "
+      f"checkpoints), got {trainer.checkpoint_delta_interval}.",
     ),
   ]
   dims = set(model.embedding_dims())

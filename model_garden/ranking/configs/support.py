@@ -105,6 +105,7 @@ IMPLEMENTED = frozenset(
     "trainer.validation_interval",
     "trainer.checkpoint_interval",
     "trainer.max_to_keep",
+    "trainer.checkpoint_delta_interval",
     "trainer.summary_interval",
     "trainer.steps_per_loop",
     "trainer.time_history.log_steps",

@@ -1,0 +1,140 @@
+"""Files of a checkpoint written by several processes: parts, merge, commit.
+
+The pieces ``tpu_embedding.checkpoints`` (full saves) and
+``tpu_embedding.checkpoint_deltas`` (delta saves) share: which state every
+worker writes its own part of, a barrier over the workers, and the atomic
+directory handling. Parts are written under ``<prefix>_temp/`` and merged
+there; the merged data files move to ``<prefix>`` and its index last, so a
+``<prefix>.index`` is only ever a whole save (the rename of the index is
+the commit); whatever a killed save left is removed by the next save in
+that directory before it writes anything. A save is named by ``save_id``:
+a digest of its committed index, the same on every worker.
+
+Example:
+  >>> import tempfile
+  >>> import tensorflow as tf
+  >>> prefix = tempfile.mkdtemp() + "/ckpt"
+  >>> _ = tf.train.Checkpoint(v=tf.Variable(1.0)).write(prefix)
+  >>> len(save_id(prefix))
+  16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.tables import slicing
+
+
+def worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
+  """What every worker writes its part of: multi-worker tables, and
+  state sharded like them (a dynamic table's vocabulary)."""
+  return [
+    obj
+    for obj in tf.train.TrackableView(checkpoint).descendants()
+    if isinstance(obj, slicing.WorkerParts) and obj.worker_count > 1
+  ]
+
+
+#: One compiled barrier per strategy.
+_barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class Workers:
+  """This worker's place in the cluster, and a barrier over all workers."""
+
+  def __init__(self, variable: slicing.WorkerParts):
+    self.strategy = variable.strategy
+    self.index, self.count = variable.worker_index, variable.worker_count
+    self.chief = self.index == 0
+
+  def barrier(self) -> None:
+    if self.strategy not in _barriers:
+      strategy = self.strategy
+      _barriers[strategy] = tf.function(
+        lambda: strategy.reduce(
+          tf.distribute.ReduceOp.SUM,
+          strategy.run(lambda: tf.constant(1.0)),
+          axis=None,
+        )
+      )
+    _barriers[self.strategy]()
+
+
+def key_id(key: str) -> str:
+  """A file-name-safe, stable id of a checkpoint key."""
+  return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def checkpoint_keys(
+  checkpoint: Any, variables: Sequence[Any]
+) -> list[list[str]]:
+  """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
+  # TensorFlow's own serialization names them (no value is read: the
+  # variables are written apart).
+  with slicing.written_apart():
+    keys = compat.checkpoint_keys(checkpoint)
+  return [keys[id(v)] for v in variables]
+
+
+def remove(path: str) -> None:
+  """Removes the file or directory ``path``, if there is one."""
+  if tf.io.gfile.isdir(path):
+    tf.io.gfile.rmtree(path)
+  elif tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+
+
+#: A checkpoint's data file: ``<prefix>.data-00000-of-00001``.
+_DATA_FILE = re.compile(r"(.*)\.data-\d{5}-of-\d{5}")
+
+
+def remove_stale_temps(file_prefix: str) -> None:
+  """Removes what a save killed next to ``file_prefix`` left behind:
+  ``*_temp`` directories, and data files without their index (a merge cut
+  off before its commit)."""
+  directory = os.path.dirname(file_prefix) or "."
+  tf.io.gfile.makedirs(directory)
+  names = {name.rstrip("/") for name in tf.io.gfile.listdir(directory)}
+  for name in sorted(names):
+    data = _DATA_FILE.fullmatch(name)
+    if name.endswith("_temp") or (
+      data is not None and f"{data.group(1)}.index" not in names
+    ):
+      remove(os.path.join(directory, name))
+
+
+def commit(merged: str, file_prefix: str) -> None:
+  """Moves the checkpoint ``merged`` to ``file_prefix``, its index last.
+
+  A checkpoint already at ``file_prefix`` loses its index first and then
+  its data files, so that no index ever names data files of another save.
+  """
+  for path in [
+    f"{file_prefix}.index",
+    *tf.io.gfile.glob(f"{file_prefix}.data-?????-of-?????"),
+  ]:
+    remove(path)
+  for path in tf.io.gfile.glob(f"{merged}.data-?????-of-?????"):
+    suffix = path[len(merged) :]
+    tf.io.gfile.rename(path, file_prefix + suffix, overwrite=True)
+  tf.io.gfile.rename(f"{merged}.index", f"{file_prefix}.index", overwrite=True)
+
+
+def save_id(file_prefix: str) -> str:
+  """A digest of the committed save ``file_prefix`` (of its index, which
+  holds every tensor's checksum): what a delta names its parent by.
+
+  Raises:
+    tf.errors.NotFoundError: there is no ``<file_prefix>.index``.
+  """
+  with tf.io.gfile.GFile(f"{file_prefix}.index", "rb") as index:
+    return hashlib.sha256(index.read()).hexdigest()[:16]
