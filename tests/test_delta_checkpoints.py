@@ -100,9 +100,7 @@ def _trainer(emb, dense, strategy):
     with tf.GradientTape() as tape:
       acts = emb.dequeue()
       tape.watch(acts)
-      loss = tf.add_n(
-        [tf.reduce_sum(a * a + a) for a in tf.nest.flatten(acts)]
-      )
+      loss = tf.add_n([tf.reduce_sum(a * a + a) for a in tf.nest.flatten(acts)])
     emb.apply_gradients(tape.gradient(loss, acts))
 
   @tf.function
@@ -203,9 +201,7 @@ def test_a_delta_holds_the_touched_rows_only(tmp_path):
   )
   assert rows is not None
   np.testing.assert_array_equal(rows[0], [5, 40, 63])
-  np.testing.assert_array_equal(
-    rows[1], store.read().numpy()[[5, 40, 63]]
-  )
+  np.testing.assert_array_equal(rows[1], store.read().numpy()[[5, 40, 63]])
   small = checkpoint_deltas.read_rows(
     delta, "embedding/small/.ATTRIBUTES/VARIABLE_VALUE"
   )
@@ -333,15 +329,19 @@ def test_the_manager_keeps_a_full_save_every_k_deltas(tmp_path):
   assert again.restore_or_initialize().endswith("delta-5")
   _assert_same(_full_values(restored, str(tmp_path / "got")), want)
   with pytest.raises(ValueError, match="delta_interval must be an int >= 0"):
-    tpe.checkpoints.CheckpointManager(checkpoint, str(tmp_path), 2, delta_interval=-1)
+    tpe.checkpoints.CheckpointManager(
+      checkpoint, str(tmp_path), 2, delta_interval=-1
+    )
 
 
 def test_delta_benchmark_tool_reports_small_ratios(tmp_path):
   out = subprocess.run(
     [
       sys.executable,
-      os.path.join(os.path.dirname(__file__), "..", "tools", "delta_benchmark.py"),
-      "--rows=200000",
+      os.path.join(
+        os.path.dirname(__file__), "..", "tools", "delta_benchmark.py"
+      ),
+      "--rows=50000",
       "--dim=32",
       "--touched=0.01",
       f"--dir={tmp_path}",

@@ -142,7 +142,9 @@ def record_save(checkpoint: Any, file_prefix: str) -> None:
   saved = (file_prefix, checkpoint_files.save_id(file_prefix))
   for table in tables:
     table.store.clear_changes()
-  for anchor in {id(a): a for a in [*_anchors(checkpoint, tables), checkpoint]}.values():
+  for anchor in {
+    id(a): a for a in [*_anchors(checkpoint, tables), checkpoint]
+  }.values():
     _last_saves[anchor] = saved
 
 
@@ -225,7 +227,9 @@ def write_delta(
   else:
     parent = checkpoint_files.save_id(previous)
   workers = _workers(checkpoint)
-  index, chief = (0, True) if workers is None else (workers.index, workers.chief)
+  index, chief = (
+    (0, True) if workers is None else (workers.index, workers.chief)
+  )
   temp = f"{file_prefix}_temp"
   if workers is not None:
     workers.barrier()  # Every worker is here: any *_temp is stale.

@@ -1,0 +1,154 @@
+"""Measures a delta checkpoint against a full one: bytes on disk, wall time.
+
+One table of ``--rows`` x ``--dim`` on one device (SGD: no slots, so the
+full checkpoint is the table; ``--optimizer adagrad`` adds its slot). The
+tool writes a full checkpoint, updates ``--touched`` of the rows (random,
+distinct), then writes a delta (the rows changed since) and a full
+checkpoint of the same state, and reports their sizes on disk and their
+wall times; unless ``--no-verify``, a fresh table restored from the first
+full checkpoint plus the delta is compared with the live one, bit for bit.
+
+Run:
+  python3 tools/delta_benchmark.py --rows 2000000 --dim 128 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from model_garden import cli
+
+if __name__ == "__main__":
+  cli.quiet_tensorflow()  # before TensorFlow is imported
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tpu_embedding as tpe  # noqa: E402
+
+#: Rows updated per call while touching rows.
+CHUNK = 65536
+
+
+def _embedding(args: argparse.Namespace) -> tpe.TPUEmbedding:
+  table = tpe.TableConfig(
+    args.rows,
+    args.dim,
+    name="table",
+    initializer=tf.random_uniform_initializer(-0.05, 0.05, seed=1),
+  )
+  optimizer = tpe.SGD(0.1) if args.optimizer == "sgd" else tpe.Adagrad(0.1)
+  emb = tpe.TPUEmbedding({"f": tpe.FeatureConfig(table)}, optimizer)
+  emb.build()
+  return emb
+
+
+def _bytes(prefix: str) -> int:
+  """Bytes on disk of the save ``prefix`` (index and data files)."""
+  return sum(
+    os.path.getsize(path)
+    for path in tf.io.gfile.glob(f"{prefix}.index")
+    + tf.io.gfile.glob(f"{prefix}.data-*")
+  )
+
+
+def _timed(function, *args):
+  start = time.perf_counter()
+  result = function(*args)
+  return result, time.perf_counter() - start
+
+
+def measure(args: argparse.Namespace, directory: str) -> dict:
+  """The figures (see the module docstring)."""
+  emb = _embedding(args)
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  store = emb.table_stores["table"]
+  base = tpe.checkpoints.write(checkpoint, os.path.join(directory, "ckpt-1"))
+  touched = max(1, round(args.rows * args.touched))
+  ids = np.random.default_rng(0).choice(args.rows, touched, replace=False)
+  for first in range(0, touched, CHUNK):
+    chunk = tf.constant(np.sort(ids[first : first + CHUNK]), tf.int64)
+    store.update(chunk, tf.fill([tf.size(chunk), args.dim], 0.5))
+  delta, delta_s = _timed(
+    tpe.checkpoints.write_delta,
+    checkpoint,
+    os.path.join(directory, "delta-2"),
+  )
+  full, full_s = _timed(
+    tpe.checkpoints.write, checkpoint, os.path.join(directory, "ckpt-2")
+  )
+  figures = {
+    "rows": args.rows,
+    "dim": args.dim,
+    "optimizer": args.optimizer,
+    "touched_rows": touched,
+    "full_bytes": _bytes(full),
+    "delta_bytes": _bytes(delta),
+    "full_save_s": round(full_s, 4),
+    "delta_save_s": round(delta_s, 4),
+  }
+  figures["size_ratio"] = round(
+    figures["delta_bytes"] / figures["full_bytes"], 5
+  )
+  figures["speedup"] = round(full_s / delta_s, 2)
+  if args.verify:
+    live = {key: store.read(key).numpy() for key in store.keys}
+    del emb, checkpoint, store
+    fresh = _embedding(args)
+    restored = tf.train.Checkpoint(embedding=fresh)
+    _, restore_s = _timed(
+      lambda: tpe.checkpoints.restore(restored, base, deltas=[delta])
+    )
+    figures["restore_full_plus_delta_s"] = round(restore_s, 4)
+    figures["bit_identical"] = all(
+      np.array_equal(fresh.table_stores["table"].read(key).numpy(), value)
+      for key, value in live.items()
+    )
+  return figures
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = cli.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--rows", type=int, default=2_000_000)
+  parser.add_argument("--dim", type=int, default=128)
+  parser.add_argument(
+    "--touched", type=float, default=0.01, help="Fraction of rows updated."
+  )
+  parser.add_argument("--optimizer", choices=("sgd", "adagrad"), default="sgd")
+  parser.add_argument(
+    "--dir", default=None, help="Where to write (default: a temporary one)."
+  )
+  parser.add_argument(
+    "--no-verify",
+    dest="verify",
+    action="store_false",
+    help="Skip the bit-identical restore check.",
+  )
+  parser.add_argument(
+    "--json", action="store_true", help="Print the figures as JSON."
+  )
+  return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = build_parser().parse_args(argv)
+  if args.rows < 1 or args.dim < 1 or not 0 < args.touched <= 1:
+    raise cli.UsageError(
+      f"--rows and --dim must be positive and --touched in (0, 1], got "
+      f"{args.rows}, {args.dim}, {args.touched}."
+    )
+  with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+    figures = measure(args, directory)
+  if args.json:
+    print(json.dumps(figures, sort_keys=True))
+    return
+  for key, value in figures.items():
+    print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+  cli.run(main)
