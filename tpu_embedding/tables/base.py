@@ -147,6 +147,11 @@ class TableStore(metaclass=abc.ABCMeta):
     table: the resolved (named) ``TableConfig``.
   """
 
+  #: Whether every write of the rows goes through this store (and is
+  #: marked for delta checkpoints); a store wrapping variables that others
+  #: update (Keras weights) counts every row as changed.
+  tracks_changes = True
+
   #: Short name of the layout, for reports ("whole", "row_sharded", ...).
   layout = ""
 
@@ -170,7 +175,10 @@ class TableStore(metaclass=abc.ABCMeta):
     # One bit per row of each block: set by every write, cleared by a save
     # (``tpu_embedding.delta_checkpoints``).
     self._changes = [
-      ChangedRows(block["parameters"].device, self.block_rows(index)[1])
+      ChangedRows(
+        getattr(block["parameters"], "device", None),
+        self.block_rows(index)[1],
+      )
       for index, block in enumerate(blocks)
     ]
     for key, variable in self._variables.items():
@@ -310,7 +318,10 @@ class TableStore(metaclass=abc.ABCMeta):
     last ``clear_changes()`` (a copy per replica counts once)."""
     parts = []
     for block in self._distinct_blocks():
-      first = self.block_rows(block)[0]
+      first, size = self.block_rows(block)
+      if not self.tracks_changes:  # Written by others: every row may be.
+        parts.append(tf.range(first, first + size, dtype=tf.int64))
+        continue
       parts.append(self._changes[block].rows() + first)
     if not parts:
       return tf.zeros([0], tf.int64)

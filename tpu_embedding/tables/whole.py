@@ -73,8 +73,11 @@ class WholeTable(TableStore):
 
   @classmethod
   def wrap(cls, table: TableConfig, variables: Block) -> WholeTable:
-    """A store over existing variables (e.g. Keras weights)."""
-    return cls(table, variables)
+    """A store over existing variables (e.g. Keras weights), which their
+    owner may update directly: a delta checkpoint holds all their rows."""
+    store = cls(table, variables)
+    store.tracks_changes = False
+    return store
 
   @classmethod
   def create(
