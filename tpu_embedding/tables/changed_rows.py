@@ -1,13 +1,15 @@
-"""Which rows of a row block were written since the last save: one bit each.
+"""Which rows of a row block were written since the last save: a byte each.
 
-A ``ChangedRows`` is a bitmap of ``ceil(rows / 32)`` int32 words on the
-block's device (an eighth of a byte per row: 250 KiB for 2,000,000 rows).
-Every write of the block's rows sets their bits in the same step
+A ``ChangedRows`` is a ``[rows]`` int8 flag per row on the block's device
+(2 MB for 2,000,000 rows, next to the 64 bytes or more of each row it
+flags). Every write of the block's rows sets their flags in the same step
 (``TableStore.update_block``, ``write_rows``, ``write_rows_at``; a dynamic
-vocabulary's row resets through ``TableStore.mark_rows``); a delta
-checkpoint (``tpu_embedding.delta_checkpoints``) reads the set bits and
-clears them once its save is committed. Marking reads and writes only the
-words of the given rows.
+vocabulary's row resets through ``TableStore.mark_rows``): one scatter of
+ones at the written rows, no deduplication, so repeats, any order and
+rows past the block (which XLA's scatter drops: ``kernels/
+static_unique.py``) all mark exactly the rows written. A delta checkpoint
+(``tpu_embedding.checkpoint_deltas``) reads the set flags and clears them
+once its save is committed.
 
 Example:
   >>> import tensorflow as tf
@@ -28,69 +30,44 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 
-#: Rows per bitmap word.
-WORD_BITS = 32
-
 
 class ChangedRows:
-  """One bit per row of a block: set when the row is written.
+  """One flag per row of a block: set when the row is written.
 
   Args:
-    device: the block's device (the bitmap lives beside it).
+    device: the block's device (the flags live beside it).
     rows: the block's rows.
   """
 
   def __init__(self, device: str | None, rows: int):
     self.size = int(rows)
-    words = -(-self.size // WORD_BITS)
     with tf.init_scope(), tf.device(device):
-      self.words = compat.ResourceVariable(
-        tf.zeros([words], tf.int32), trainable=False, name="changed_rows"
+      self.flags = compat.ResourceVariable(
+        tf.zeros([self.size], tf.int8), trainable=False, name="changed_rows"
       )
 
   def mark(self, rows: tf.Tensor) -> Any:
-    """Sets the bits of ``rows`` (int, local to the block; repeats and any
+    """Sets the flags of ``rows`` (int, local to the block; repeats and any
     order allowed). Returns the write (None when eager)."""
-    rows, _ = tf.unique(tf.cast(tf.reshape(rows, [-1]), tf.int64))
-    words = rows // WORD_BITS
-    bits = tf.bitwise.left_shift(tf.ones_like(rows), rows % WORD_BITS)
-    unique_words, index = tf.unique(words)
-    # Distinct rows set distinct bits: their sum is their bitwise or.
-    summed = tf.math.unsorted_segment_sum(bits, index, tf.size(unique_words))
-    added = tf.bitcast(tf.cast(summed, tf.uint32), tf.int32)
-    with tf.device(self.words.device):
-      old = tf.raw_ops.ResourceGather(
-        resource=self.words.handle, indices=unique_words, dtype=tf.int32
-      )
+    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    with tf.device(self.flags.device):
       return tf.raw_ops.ResourceScatterUpdate(
-        resource=self.words.handle,
-        indices=unique_words,
-        updates=tf.bitwise.bitwise_or(old, added),
+        resource=self.flags.handle,
+        indices=rows,
+        updates=tf.ones_like(rows, tf.int8),
       )
 
   def mark_all(self) -> Any:
-    """Sets every row's bit (an update that changes every row)."""
-    return self.words.assign(
-      tf.fill(tf.shape(self.words), tf.constant(-1, tf.int32)),
-      read_value=False,
+    """Sets every row's flag (an update that changes every row)."""
+    return self.flags.assign(
+      tf.ones(tf.shape(self.flags), tf.int8), read_value=False
     )
 
   def rows(self) -> tf.Tensor:
     """Sorted int64 local ids of the rows marked since ``clear()``."""
-    words = self.words.read_value()
-    nonzero = tf.reshape(tf.where(tf.not_equal(words, 0)), [-1])
-    values = tf.gather(words, nonzero)
-    shifts = tf.range(WORD_BITS, dtype=tf.int32)
-    set_bits = tf.not_equal(
-      tf.bitwise.bitwise_and(
-        values[:, None], tf.bitwise.left_shift(tf.ones_like(shifts), shifts)
-      ),
-      0,
-    )
-    ids = nonzero[:, None] * WORD_BITS + tf.cast(shifts, tf.int64)[None, :]
-    ids = tf.boolean_mask(ids, set_bits)
-    return tf.boolean_mask(ids, ids < self.size)
+    flags = self.flags.read_value()
+    return tf.reshape(tf.where(tf.not_equal(flags, 0)), [-1])
 
   def clear(self) -> None:
     """Forgets every mark."""
-    self.words.assign(tf.zeros_like(self.words))
+    self.flags.assign(tf.zeros_like(self.flags))
