@@ -48,6 +48,10 @@ from tensorflow.python.eager.context import context as _eager_context
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
+# Whether a graph is traced for XLA (``tf.function(jit_compile=True)``,
+# Keras ``jit_compile``): the step's ops must then be ones XLA compiles.
+from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+
 # Tells the gradient tapes that a variable was read (as its own
 # ``sparse_read`` does), so ops reading it by handle are differentiable.
 from tensorflow.python.ops.resource_variable_ops import variable_accessed
@@ -130,6 +134,11 @@ def set_update_uid(
 def restore_uid(status: object) -> int | None:
   """The uid of the restore behind a ``Checkpoint.restore`` status, or None."""
   return getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
+
+
+def in_xla_context() -> bool:
+  """Whether the function being traced will be compiled by XLA."""
+  return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def host_address_space() -> str:

@@ -41,6 +41,7 @@ from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import XLA_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.ops import select_ops
 from tpu_embedding.lookup import TableBatch
@@ -435,10 +436,13 @@ class OffTPUEngine(Engine, Trackable):
     """``step_ops``, decided once from the devices holding the tables.
 
     A function traced for a SavedModel gets TensorFlow's ops (TF Serving
-    loads no kernel library).
+    loads no kernel library); one traced for XLA gets ``XLA_OPS`` (the
+    kernels have no XLA lowering, and XLA needs static shapes).
     """
     if compat.in_save_context():
       return TENSORFLOW_OPS
+    if compat.in_xla_context():
+      return XLA_OPS
     if self._ops is None:
       devices = [
         str(getattr(variable, "device", ""))

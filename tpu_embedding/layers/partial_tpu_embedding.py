@@ -144,7 +144,7 @@ class PartialTPUEmbedding(Layer):
         "Argument `size_threshold` must be None or an int >= 0. "
         f"Received: {size_threshold!r}"
       )
-    self.supports_jit = False
+    self.supports_jit = True
     self._optimizer = common.embedding_optimizer(optimizer)
     self._tf_configs = tf_configs.TFConfigs()
     self._config = resolve(

@@ -86,7 +86,7 @@ class ReplicatedEmbedding(Layer):
       ValueError: for an invalid feature config.
     """
     super().__init__(**kwargs)
-    self.supports_jit = False
+    self.supports_jit = True
     self._config = resolve(feature_config, None)
     self._strategy = common.creation_strategy()
     self._input_kinds = common.InputKinds()

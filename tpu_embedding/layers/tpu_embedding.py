@@ -166,7 +166,7 @@ class TPUEmbedding(Layer):
     """
     del embedding_feature
     super().__init__(**kwargs)
-    self.supports_jit = False  # Dynamic shapes, collectives: never XLA.
+    self.supports_jit = True
     self._optimizer = common.embedding_optimizer(optimizer)
     self._tf_configs = tf_configs.TFConfigs()
     feature_config = self._tf_configs.feature_config(feature_config)
