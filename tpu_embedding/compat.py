@@ -40,6 +40,10 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 # variables live in this process's memory (``kernels/ops.py``).
 from tensorflow.python.eager.context import context as _eager_context
 
+# Whether a graph is traced for XLA (``tf.function(jit_compile=True)``,
+# Keras ``jit_compile``): the step's ops must then be ones XLA compiles.
+from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+
 # A plain variable on one device even inside a strategy scope (the scope's
 # variable creator would mirror it), and one whose first dimension may
 # change at each assign (pipelining's held updates). Their base class:
@@ -47,10 +51,6 @@ from tensorflow.python.eager.context import context as _eager_context
 # or Keras 3 variables).
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
-
-# Whether a graph is traced for XLA (``tf.function(jit_compile=True)``,
-# Keras ``jit_compile``): the step's ops must then be ones XLA compiles.
-from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 
 # Tells the gradient tapes that a variable was read (as its own
 # ``sparse_read`` does), so ops reading it by handle are differentiable.

@@ -171,6 +171,12 @@ class XlaOps(StepOps):
 XLA_OPS = XlaOps()
 
 
+def lookup_ops() -> StepOps:
+  """The ops of a lookup outside training (serving, SavedModels):
+  TensorFlow's, servable as they are; ``XLA_OPS`` when traced for XLA."""
+  return XLA_OPS if compat.in_xla_context() else TENSORFLOW_OPS
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class KernelOps(StepOps):
   """A step's row operations by this package's kernels (same outputs).
