@@ -497,3 +497,23 @@ def test_tool_exports_int8_from_a_checkpoint(exported, tmp_path):
     tags_weights=tf.constant(requests["tags_weights"]),
   )["tags"]
   np.testing.assert_array_equal(got.numpy(), exported["served"]["int8"]["tags"])
+
+
+def _load_report_tool():
+  module_spec = importlib.util.spec_from_file_location(
+    "quantized_export_report",
+    os.path.join(ROOT, "tools", "quantized_export_report.py"),
+  )
+  tool = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(tool)
+  return tool
+
+
+def test_report_tools_auc_counts_every_pair():
+  rng = np.random.default_rng(5)
+  labels = rng.integers(0, 2, 300)
+  scores = np.round(rng.uniform(size=300), 1)  # many ties
+  pairs = scores[labels == 1][:, None] - scores[labels == 0][None, :]
+  want = (np.sum(pairs > 0) + 0.5 * np.sum(pairs == 0)) / pairs.size
+  got = _load_report_tool().exact_auc(labels, scores)
+  assert abs(got - want) < 1e-12
