@@ -517,3 +517,23 @@ def test_report_tools_auc_counts_every_pair():
   want = (np.sum(pairs > 0) + 0.5 * np.sum(pairs == 0)) / pairs.size
   got = _load_report_tool().exact_auc(labels, scores)
   assert abs(got - want) < 1e-12
+
+
+@pytest.mark.parametrize("table_dtype", QUANTIZED)
+def test_some_rows_quantize_as_in_the_whole_table(exported, table_dtype):
+  # Row-wise: rows quantized alone (as a delta's would be) are stored
+  # exactly as the whole table's; in a tf.function, within the bound.
+  table = exported["tables"]["tags"]
+  rows = [5, 17, 999]
+  some = export.quantize_rows(tf.constant(table[rows]), table_dtype)
+  whole = export.quantize_rows(tf.constant(table), table_dtype)
+  for got, want in zip(some, whole, strict=True):
+    if want is not None:
+      np.testing.assert_array_equal(got.numpy(), tf.gather(want, rows).numpy())
+  traced = tf.function(lambda r: export.quantize_rows(r, table_dtype))(
+    tf.constant(table[rows])
+  )
+  bound = element_bound(table[rows], table_dtype)
+  for quantized in (some, traced):
+    error = np.abs(export.dequantize_rows(quantized).numpy() - table[rows])
+    assert np.all(error <= bound * (1 + 1e-5) + 1e-7)

@@ -30,7 +30,8 @@ rounding, ~1e-7 relative). The bytes of the tables are 1/2 (16-bit) and
 ``(dim + 8) / (4 * dim)`` (int8: 0.375 at dim 16, 0.28 at 64) of float32.
 
 ``quantize_rows`` is row-wise, so any subset of rows (e.g. the rows a
-delta changes) is quantized exactly as the whole table would be.
+delta changes) is quantized exactly as the whole table would be (called
+eagerly; in a ``tf.function`` the scale may differ by a float32 ulp).
 
 Example:
   >>> import numpy as np
@@ -128,7 +129,8 @@ def quantize_rows(
 
   Raises:
     ValueError: for another ``table_dtype``, rows that are not finite, or
-      float16 rows beyond ``FLOAT16_MAX``.
+      float16 rows beyond ``FLOAT16_MAX`` (values checked when called
+      eagerly; inside a ``tf.function`` they are not).
 
   Example:
     >>> import tensorflow as tf
@@ -141,6 +143,21 @@ def quantize_rows(
   if dtype == "float32":
     raise ValueError("quantize_rows: float32 rows are stored as they are.")
   rows = tf.convert_to_tensor(rows, tf.float32)
+  if tf.executing_eagerly():  # in a tf.function: unchecked
+    _check_values(rows, dtype, table)
+  if dtype != "int8":
+    return QuantizedRows(tf.cast(rows, _STORAGE[dtype]))
+  low = tf.reduce_min(rows, axis=1, keepdims=True)
+  high = tf.reduce_max(rows, axis=1, keepdims=True)
+  scale = (high - low) / 255.0
+  inverse = tf.math.divide_no_nan(tf.ones_like(scale), scale)
+  steps = tf.clip_by_value(tf.round((rows - low) * inverse), 0.0, 255.0)
+  values = tf.cast(steps - 128.0, tf.int8)
+  return QuantizedRows(values, scale, low + 128.0 * scale)
+
+
+def _check_values(rows: tf.Tensor, dtype: str, table: str) -> None:
+  """Refuses rows the type cannot hold (eagerly)."""
   largest = float(tf.reduce_max(tf.abs(rows))) if tf.size(rows) else 0.0
   if not np.isfinite(largest):
     raise ValueError(
@@ -152,15 +169,6 @@ def quantize_rows(
       f"Table {table!r} has values up to {largest:g}, beyond float16's "
       f"range ({FLOAT16_MAX:g}): export it as bfloat16 or int8."
     )
-  if dtype != "int8":
-    return QuantizedRows(tf.cast(rows, _STORAGE[dtype]))
-  low = tf.reduce_min(rows, axis=1, keepdims=True)
-  high = tf.reduce_max(rows, axis=1, keepdims=True)
-  scale = (high - low) / 255.0
-  inverse = tf.math.divide_no_nan(tf.ones_like(scale), scale)
-  steps = tf.clip_by_value(tf.round((rows - low) * inverse), 0.0, 255.0)
-  values = tf.cast(steps - 128.0, tf.int8)
-  return QuantizedRows(values, scale, low + 128.0 * scale)
 
 
 def dequantize_rows(rows: QuantizedRows) -> tf.Tensor:
