@@ -50,7 +50,14 @@ Run:
   python3 tools/export.py --spec my_project.serving_spec:build \\
       --checkpoint /tmp/train/ckpt-20 --export_dir /tmp/query/1 \\
       --tables users,items
+  python3 tools/export.py --model_dir /tmp/tpe_dlrm --export_dir /tmp/q/1 \
+      --table_dtype int8
   saved_model_cli show --all --dir /tmp/serving/ranker/1
+
+``--table_dtype float16|bfloat16|int8`` stores the tables in that type
+(int8: row-wise, with a float32 scale and offset per row); the SavedModel
+dequantizes the rows each request looks up, with TensorFlow ops only
+(error bounds: ``tpu_embedding.export.quantize``).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ if __name__ == "__main__":
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
+from tpu_embedding.export import TABLE_DTYPES  # noqa: E402
 from tpu_embedding.export import ExportResult  # noqa: E402
 from tpu_embedding.export import ExportSpec  # noqa: E402
 from tpu_embedding.export import export_for_serving  # noqa: E402
@@ -210,7 +218,9 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
   prepare_export_dir(args)  # after the inputs' checks
   progress("Restoring %s (the run's config: %s)", path, args.model_dir)
   try:
-    return saved_model.export_from_checkpoint(config, path, args.export_dir)
+    return saved_model.export_from_checkpoint(
+      config, path, args.export_dir, table_dtype=args.table_dtype
+    )
   except (ValueError, AssertionError) as e:
     raise ExportError(
       f"{path} does not match {args.model_dir}'s config: {e}"
@@ -268,6 +278,7 @@ def run(args: argparse.Namespace) -> ExportResult:
       tables=list(names),
       feature_config=spec.feature_config,
       signature_name=args.signature_name,
+      table_dtype=args.table_dtype,
     )
   except (ValueError, TypeError) as e:
     raise ExportError(str(e)) from e
@@ -279,7 +290,7 @@ def describe(result: ExportResult) -> str:
   """A summary of the written signature."""
   lines = [
     f"SavedModel: {result.export_dir}",
-    f"tables: {', '.join(result.tables)}",
+    f"tables: {', '.join(result.tables)} ({result.table_dtype})",
     f"signature {result.signature_name!r}:",
   ]
   for kind, specs in (("input", result.inputs), ("output", result.outputs)):
@@ -324,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     "else all)",
   )
   parser.add_argument(
+    "--table_dtype",
+    default="float32",
+    choices=TABLE_DTYPES,
+    help="the type the SavedModel stores the tables in (int8: row-wise, "
+    "a float32 scale and offset per row)",
+  )
+  parser.add_argument(
     "--signature_name",
     default="serving_default",
     help="the signature's name (--spec)",
@@ -351,6 +369,7 @@ def figures(result: ExportResult) -> dict:
   return {
     "export_dir": result.export_dir,
     "tables": list(result.tables),
+    "table_dtype": result.table_dtype,
     "signature_name": result.signature_name,
     "inputs": specs(result.inputs),
     "outputs": specs(result.outputs),

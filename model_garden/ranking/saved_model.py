@@ -47,6 +47,7 @@ from model_garden.ranking import embedding as ranking_embedding
 from model_garden.ranking import model as ranking_model
 from model_garden.ranking.configs import definitions
 from tpu_embedding import export
+from tpu_embedding.export.quantize import check_table_dtype
 
 
 def input_name(index: int) -> str:
@@ -89,6 +90,7 @@ def export_from_checkpoint(
   config: definitions.ExperimentConfig,
   checkpoint: str,
   export_dir: str,
+  table_dtype: str = "float32",
 ) -> export.ExportResult:
   """Writes the serving SavedModel of a training checkpoint.
 
@@ -96,13 +98,16 @@ def export_from_checkpoint(
     config: the experiment the checkpoint was trained with.
     checkpoint: a checkpoint path (or a directory: its latest).
     export_dir: where to write the SavedModel.
+    table_dtype: the type the tables are stored in (``export_for_serving``).
 
   Returns:
     ``tpu_embedding.export.ExportResult`` (``export_dir``, inputs, ...).
 
   Raises:
-    ValueError: if no checkpoint is found.
+    ValueError: if no checkpoint is found, or for an unknown
+      ``table_dtype``.
   """
+  check_table_dtype(table_dtype)  # before restoring anything
   path = tf.train.latest_checkpoint(checkpoint) or checkpoint
   if not tf.io.gfile.exists(path + ".index"):
     raise ValueError(f"No checkpoint at {checkpoint!r}.")
@@ -120,6 +125,7 @@ def export_from_checkpoint(
     tables,
     serving_model(model, len(model_config.vocab_sizes)),
     input_signature(model_config),
+    table_dtype=table_dtype,
   )
 
 

@@ -9,6 +9,9 @@ One module per concept:
   ``ServingLookup``, live CPU lookups in them (or in copies).
 * ``saved_model``: ``export_for_serving``, which writes the SavedModel
   (its docstring tables how ids are fed), and its ``ExportResult``.
+* ``quantize``: ``QuantizedTable``, a serving table stored as float16,
+  bfloat16 or row-wise int8 (``export_for_serving(table_dtype=...)``),
+  and the functions that quantize and dequantize rows.
 * ``from_checkpoint``: ``ExportSpec`` and ``serving_embedding_for``, with
   which ``tools/export.py`` exports from a checkpoint.
 
@@ -22,6 +25,11 @@ Example:
 
 from tpu_embedding.export.from_checkpoint import ExportSpec
 from tpu_embedding.export.from_checkpoint import serving_embedding_for
+from tpu_embedding.export.quantize import TABLE_DTYPES
+from tpu_embedding.export.quantize import QuantizedRows
+from tpu_embedding.export.quantize import QuantizedTable
+from tpu_embedding.export.quantize import dequantize_rows
+from tpu_embedding.export.quantize import quantize_rows
 from tpu_embedding.export.saved_model import ExportResult
 from tpu_embedding.export.saved_model import export_for_serving
 from tpu_embedding.export.signature import PADDING_ID
@@ -36,15 +44,20 @@ from tpu_embedding.export.subset import feature_config_of
 
 __all__ = [
   "PADDING_ID",
+  "TABLE_DTYPES",
   "ExportResult",
   "ExportSpec",
   "FeatureSpec",
+  "QuantizedRows",
+  "QuantizedTable",
   "ServingLookup",
   "TableSelection",
   "TableSubset",
+  "dequantize_rows",
   "export_for_serving",
   "feature_config_of",
   "padded_to_sparse",
+  "quantize_rows",
   "serving_embedding_for",
   "validate_signature",
   "weights_name",

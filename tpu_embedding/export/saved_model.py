@@ -70,6 +70,8 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tpu_embedding.export.quantize import check_table_dtype
+from tpu_embedding.export.quantize import table_variables
 from tpu_embedding.export.signature import FeatureSpec
 from tpu_embedding.export.signature import _activation_shape
 from tpu_embedding.export.signature import _parse_signature
@@ -103,6 +105,7 @@ class ExportResult:
     inputs: ``{input name: TensorSpec}`` of the signature.
     outputs: ``{output name: TensorSpec}`` of the signature.
     tables: the exported tables' names.
+    table_dtype: the type the tables are stored in.
 
   Example:
     >>> from tpu_embedding.export import ExportResult
@@ -115,6 +118,7 @@ class ExportResult:
   inputs: dict[str, tf.TensorSpec]
   outputs: dict[str, tf.TensorSpec]
   tables: tuple[str, ...]
+  table_dtype: str = "float32"
 
 
 def _is_keras(model: object) -> bool:
@@ -209,6 +213,7 @@ def export_for_serving(
   *,
   feature_config: FeatureConfigNest | None = None,
   signature_name: str = "serving_default",
+  table_dtype: str = "float32",
 ) -> ExportResult:
   """Writes a SavedModel serving ``model`` on the embedding's tables.
 
@@ -230,6 +235,14 @@ def export_for_serving(
   embedding trained under ``TPUStrategy`` or ``MultiWorkerMirroredStrategy``
   from its checkpoint with ``tools/export.py``.
 
+  With ``table_dtype`` ``"float16"``, ``"bfloat16"`` or ``"int8"``
+  (row-wise: int8 values with a float32 scale and offset per row) the
+  tables are stored in that type, about 1/2 or a bit over 1/4 of the
+  bytes, and each request dequantizes the rows it looks up, with
+  TensorFlow ops only; each activation is then within the type's error
+  bound of the float32 export's (tabled in
+  ``tpu_embedding.export.quantize``).
+
   Args:
     export_dir: where to write the SavedModel.
     embedding: a ``TPUEmbedding`` or ``TPUEmbeddingForServing``.
@@ -245,6 +258,9 @@ def export_for_serving(
     feature_config: the embedding's feature config; read from the
       embedding by default.
     signature_name: the signature's key.
+    table_dtype: the type the tables are stored in, one of
+      ``quantize.TABLE_DTYPES``: ``"float32"`` (as trained),
+      ``"float16"``, ``"bfloat16"`` or ``"int8"``.
 
   Returns:
     An ``ExportResult`` with the signature's inputs and outputs.
@@ -252,7 +268,8 @@ def export_for_serving(
   Raises:
     ValueError: for an unknown table, a signature feature whose table is
       not exported, an input the model needs but the signature lacks, a
-      model that reads the embedding's own variables, or invalid specs.
+      model that reads the embedding's own variables, invalid specs, an
+      unknown ``table_dtype`` or values it cannot hold.
     RuntimeError: if called inside a ``tf.function``.
 
   Example:
@@ -275,8 +292,13 @@ def export_for_serving(
   if not tf.executing_eagerly():
     raise RuntimeError("export_for_serving must be called eagerly.")
   start = time.time()
+  table_dtype = check_table_dtype(table_dtype)
   lookup = ServingLookup(
-    embedding, tables, feature_config=feature_config, copy=True
+    embedding,
+    tables,
+    feature_config=feature_config,
+    copy=True,
+    table_dtype=table_dtype,
   )
   signature = _parse_signature(input_signature, lookup.subset)
   if model is None and signature.dense:
@@ -297,7 +319,7 @@ def export_for_serving(
     raise
   copies = lookup.copies
   vocabularies = lookup.vocabulary_variables
-  own = {id(v) for v in copies.values()} | {
+  own = {id(v) for t in copies.values() for v in table_variables(t)} | {
     id(v) for state in vocabularies.values() for v in state.values()
   }
   model_variables = [v for v in concrete.variables if id(v) not in own]
@@ -315,9 +337,10 @@ def export_for_serving(
   root.model_variables = model_variables
   root.serve = serve
   logging.info(
-    "Writing SavedModel to %s (tables %s, %d model variables).",
+    "Writing SavedModel to %s (tables %s as %s, %d model variables).",
     export_dir,
     list(lookup.table_names),
+    table_dtype,
     len(model_variables),
   )
   tf.saved_model.save(root, export_dir, signatures={signature_name: concrete})
@@ -338,4 +361,5 @@ def export_for_serving(
     dict(signature.specs),
     outputs,
     lookup.table_names,
+    table_dtype,
   )

@@ -28,10 +28,13 @@ from typing import Union
 import tensorflow as tf
 from absl import logging
 
-from tpu_embedding import compat
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
+from tpu_embedding.export.quantize import QuantizedTable
+from tpu_embedding.export.quantize import check_table_dtype
+from tpu_embedding.export.quantize import serving_table
+from tpu_embedding.export.quantize import table_variables
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
@@ -192,7 +195,9 @@ class ServingLookup:
 
   With ``copy=True`` it holds plain ``tf.Variable`` copies of the
   selected tables taken at construction instead (what
-  ``export_for_serving`` saves).
+  ``export_for_serving`` saves), or with ``table_dtype`` copies in a
+  smaller type (``quantize.QuantizedTable``) whose looked-up rows are
+  dequantized.
 
   Example:
     >>> import tensorflow as tf
@@ -216,6 +221,7 @@ class ServingLookup:
     *,
     feature_config: Any = None,
     copy: bool = False,
+    table_dtype: str = "float32",
   ):
     """Selects the tables.
 
@@ -227,11 +233,20 @@ class ServingLookup:
         embedding by default.
       copy: hold copies of the tables taken now instead of reading them
         at each call.
+      table_dtype: the copies' type, one of ``quantize.TABLE_DTYPES``
+        (needs ``copy=True`` unless float32).
 
     Raises:
       ValueError: for an unknown table, or a table whose variable is
-        missing or has the wrong shape.
+        missing or has the wrong shape; for an unknown ``table_dtype``, or
+        one other than float32 without ``copy``.
     """
+    table_dtype = check_table_dtype(table_dtype)
+    if table_dtype != "float32" and not copy:
+      raise ValueError(
+        f"table_dtype={table_dtype!r} needs copy=True: the live tables are "
+        "float32."
+      )
     if feature_config is None:
       feature_config = feature_config_of(embedding)
     self.subset = TableSubset(feature_config, tables)
@@ -261,10 +276,10 @@ class ServingLookup:
     self._translators: dict[str, Any] = {
       name: state.find_live for name, state in states.items()
     }
-    self._copies: dict[str, tf.Variable] | None = None
+    self._copies: dict[str, tf.Variable | QuantizedTable] | None = None
     if copy:
       self._copies = {
-        name: _copy_to_cpu(source, name)
+        name: _copy_to_cpu(source, name, table_dtype)
         for name, source in self._sources.items()
       }
       self._vocabularies = {
@@ -286,8 +301,9 @@ class ServingLookup:
     return self.subset.names
 
   @property
-  def copies(self) -> dict[str, tf.Variable]:
-    """``{table name: plain variable}`` (empty unless ``copy=True``)."""
+  def copies(self) -> dict[str, tf.Variable | QuantizedTable]:
+    """``{table name: plain variable}``, or ``QuantizedTable`` with a
+    ``table_dtype`` other than float32 (empty unless ``copy=True``)."""
     return dict(self._copies or {})
 
   @property
@@ -321,7 +337,12 @@ class ServingLookup:
       self.subset.user_tables, self.subset.names, strict=True
     ):
       if self._copies is not None:
-        readers[user] = row_reader(self._copies[name])
+        copied = self._copies[name]
+        readers[user] = (
+          copied.gather
+          if isinstance(copied, QuantizedTable)
+          else row_reader(copied)
+        )
       else:
         readers[user] = self._sources[name].gather
     translators = {}
@@ -355,19 +376,27 @@ def _vocabulary_of(embedding: Any, name: str) -> Any:
   return states[name]
 
 
-def _copy_to_cpu(source: TableStore, name: str) -> tf.Variable:
-  """A plain, non-trainable CPU variable holding ``source``'s value."""
+def _copy_to_cpu(
+  source: TableStore, name: str, table_dtype: str
+) -> tf.Variable | QuantizedTable:
+  """A plain, non-trainable CPU variable holding ``source``'s value (in
+  ``table_dtype``: a ``QuantizedTable``)."""
   start = time.time()
   with tf.init_scope(), tf.device("/CPU:0"):
     value = source.read()
     # A plain variable even inside a strategy scope (no mirroring).
-    variable = compat.ResourceVariable(value, name=name, trainable=False)
+    copied = serving_table(value, table_dtype, name)
   logging.info(
-    "Copied table %r (%d x %d, %.1f MB) in %.2fs.",
+    "Copied table %r (%d x %d, %s, %.1f MB) in %.2fs.",
     name,
-    variable.shape[0],
-    variable.shape[1],
-    variable.shape.num_elements() * 4 / 1e6,
+    copied.shape[0],
+    copied.shape[1],
+    table_dtype,
+    sum(_bytes(v) for v in table_variables(copied)) / 1e6,
     time.time() - start,
   )
-  return variable
+  return copied
+
+
+def _bytes(variable: tf.Variable) -> int:
+  return variable.shape.num_elements() * variable.dtype.size
