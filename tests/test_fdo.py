@@ -523,3 +523,76 @@ def test_jax_drops_what_fdo_says_limits_drop(rng):
     assert ours == theirs, limits
   rows = [[10, 2, 10]] + [[] for _ in range(31)]  # 10 twice, dropped
   assert both(rows, (1, 10)) == (1, 2)
+
+
+# --- online and the tool ------------------------------------------------------
+
+
+def test_keras_callback_taps_the_dataset(rng, tmp_path):
+  import keras
+
+  table = tpe.TableConfig(100, 8, name="t", optimizer=tpe.SGD(0.1))
+  ids = _zipf(rng, 256, 100)
+  data = tf.data.Dataset.from_tensor_slices(
+    ({"f": ids}, np.zeros(256, np.float32))
+  ).batch(32)  # fmt: skip
+  callback = fdo.keras_callback(
+    {"f": tpe.FeatureConfig(table)}, (2, 4), str(tmp_path), every_n_steps=4
+  )
+  model = keras.Sequential([keras.layers.Lambda(
+    lambda f: tf.cast(f["f"][:, None], tf.float32)), keras.layers.Dense(1)])
+  model.compile("sgd", "mse")
+  model.fit(callback.tap(data), epochs=1, callbacks=[callback], verbose=0)
+  saved = fdo.load(tmp_path)
+  expected = fdo.compute_stats(
+    {"f": tpe.FeatureConfig(table)}, data, (2, 4)
+  ).tables["t"]
+  assert saved["steps"] == 8
+  assert saved["tables"]["t"]["ids_per_step"] == expected.ids_per_step
+
+
+def test_trainer_writes_fdo_stats_while_training(tmp_path):
+  from model_garden.ranking import train
+
+  config = train.build_config(
+    "dlrm_dcn_v2_criteo_cpu_small",
+    params_override="trainer.train_steps=4,trainer.validation_steps=1,"
+    "task.train_data.global_batch_size=32,"
+    "task.validation_data.global_batch_size=32",
+    data="synthetic",
+  )
+  train.run(
+    config, str(tmp_path / "model"), mode="train",
+    fdo_stats_dir=str(tmp_path / "fdo"), fdo_topology="v6e-8",
+    fdo_every_n_steps=2,
+  )  # fmt: skip
+  saved = fdo.load(tmp_path / "fdo")
+  assert saved["steps"] == 4
+  assert saved["topology"]["num_chips"] == 8
+  cost = saved["cost"]
+  assert cost["fdo_seconds_per_batch"] > 0
+  print(f"FDO / training step: {cost['fdo_over_train_step']:.3f}x")
+
+
+def test_fdo_report_tool(tmp_path):
+  from tests.scripts import run_tool
+
+  out = run_tool(
+    "fdo_report.py", "--experiment=dlrm_dcn_v2_criteo_cpu_small",
+    "--params_override=task.train_data.global_batch_size=64",
+    "--num_batches=6", "--topology=v5p-8", "--train_steps_ratio=3",
+    f"--save={tmp_path / 'fdo.json'}", f"--plot={tmp_path / 'fdo.png'}",
+    f"--json={tmp_path / 'report.json'}", "--limits=default",
+  ).stdout  # fmt: skip
+  assert "SparseCoreEmbeddingConfig(" in out
+  assert "max_ids_per_partition=" in out
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["steps"] == 6
+  ratio = report["cost"]["fdo_over_train_step"]
+  print(f"FDO / training step (tiny DLRM-DCNv2, 64 examples): {ratio:.3f}x")
+  assert ratio < 1.0
+  assert os.path.getsize(tmp_path / "fdo.png") > 1000
+  config = fdo.load_sparse_core_config(tmp_path / "fdo.json")
+  assert set(config.max_ids_per_table) == set(report["tables"])
+  bad = run_tool("fdo_report.py", "--topology=v4-8", returncode=2)
+  assert "Unknown TPU topology 'v4-8'" in bad.stderr.strip().splitlines()[-1]

@@ -804,8 +804,9 @@ class FdoStats:
       dropped = (
         "" if t.dropped_fraction is None else f"{t.dropped_fraction:.2%}"
       )
+      shown = name if len(name) <= 30 else f"{name[:22]}..+{len(t.tables)}"
       lines.append(
-        f"  {name:30} {t.max_ids_per_partition:8d} "
+        f"  {shown:30} {t.max_ids_per_partition:8d} "
         f"{t.percentile_max_ids_per_partition:6d} "
         f"{t.max_unique_ids_per_partition:8d} "
         f"{t.percentile_max_unique_ids_per_partition:6d} "
