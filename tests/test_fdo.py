@@ -53,9 +53,7 @@ def _samples(x, chip, num_chips):
     return [(i, [int(v)]) for i, v in enumerate(part)], shape
   per_chip = len(rows) // num_chips
   part = rows[chip * per_chip : (chip + 1) * per_chip]
-  return [(i, [int(v) for v in ids]) for i, ids in enumerate(part)], (
-    per_chip,
-  )
+  return [(i, [int(v) for v in ids]) for i, ids in enumerate(part)], (per_chip,)
 
 
 def _oracle(tf_config, features, num_chips, nsc):
@@ -193,7 +191,7 @@ def test_partition_counts_match_the_kernel_transcription(rng, topo):
   assert set(collector.layout.stacks) == {"cats", "items_users", "tags"}
   assert collector.layout.stacks["items_users"].tables == ("items", "users")
   result = collector.result()
-  for name, stats in result.tables.items():
+  for stats in result.tables.values():
     assert stats.max_ids_per_partition == max(stats.ids_per_step)
     assert stats.max_unique_ids_per_partition <= stats.max_ids_per_partition
 
@@ -277,9 +275,7 @@ def test_tensorflow_and_keras_rs_configs_give_the_same_stats(rng):
   }
   ours = {k: tpe.FeatureConfig(t) for k, t in ours_tables.items()}
   theirs = {
-    k: TFE.FeatureConfig(
-      TFE.TableConfig(t.vocabulary_size, t.dim, name=t.name)
-    )
+    k: TFE.FeatureConfig(TFE.TableConfig(t.vocabulary_size, t.dim, name=t.name))
     for k, t in ours_tables.items()
   }
   a = fdo.compute_stats(ours, data, "v5p-8", optimizer=tpe.Adagrad(0.1))
@@ -394,7 +390,7 @@ def test_batch_must_split_over_chips_and_sparse_cores():
     collector.update({"f": np.zeros([8], np.int64)})
 
 
-# --- jax-tpu-embedding ----------------------------------------------------------
+# --- jax-tpu-embedding -------------------------------------------------------
 
 
 def _jax():
@@ -539,8 +535,12 @@ def test_keras_callback_taps_the_dataset(rng, tmp_path):
   callback = fdo.keras_callback(
     {"f": tpe.FeatureConfig(table)}, (2, 4), str(tmp_path), every_n_steps=4
   )
-  model = keras.Sequential([keras.layers.Lambda(
-    lambda f: tf.cast(f["f"][:, None], tf.float32)), keras.layers.Dense(1)])
+  model = keras.Sequential(
+    [
+      keras.layers.Lambda(lambda f: tf.cast(f["f"][:, None], tf.float32)),
+      keras.layers.Dense(1),
+    ]
+  )
   model.compile("sgd", "mse")
   model.fit(callback.tap(data), epochs=1, callbacks=[callback], verbose=0)
   saved = fdo.load(tmp_path)

@@ -133,8 +133,7 @@ def parse_limits(text: str):
       max_ids, max_unique = (int(v) for v in text.split(","))
     except ValueError:
       raise cli.UsageError(
-        f"--limits {text!r}: expected MAX_IDS,MAX_UNIQUE, 'default' or a "
-        "file."
+        f"--limits {text!r}: expected MAX_IDS,MAX_UNIQUE, 'default' or a file."
       ) from None
     return (max_ids, max_unique)
   return fdo.load_sparse_core_config(text)

@@ -437,7 +437,7 @@ class Layout:
     tables = list({id(f.table): f.table for _, f in flat}.values())
     vocab = {t.name: t.vocabulary_size for t in tables}
     self.topology = topo
-    for path, feature in flat:
+    for path, _ in flat:
       count = math.prod(output_shapes[path])
       if count % topo.num_sc_per_chip:
         raise ValueError(
@@ -698,8 +698,9 @@ class FdoStats:
   @property
   def max_ids_per_chip_per_sample(self) -> int:
     """TensorFlow's one ``max_ids_per_chip_per_sample`` for all tables."""
-    return max((t.max_ids_per_chip_per_sample for t in self.tables.values()),
-               default=1)
+    return max(
+      (t.max_ids_per_chip_per_sample for t in self.tables.values()), default=1
+    )
 
   def sparse_core_config(self, which: str = "max", **kwargs: Any) -> Any:
     """``tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig`` with the
@@ -767,9 +768,7 @@ class FdoStats:
         for name, t in self.tables.items()
       },
       "sparse_core_embedding_config": {
-        "max_ids_per_table": {
-          k: v.limit()[0] for k, v in self.tables.items()
-        },
+        "max_ids_per_table": {k: v.limit()[0] for k, v in self.tables.items()},
         "max_unique_ids_per_table": {
           k: v.limit()[1] for k, v in self.tables.items()
         },
@@ -898,9 +897,9 @@ class FdoCollector:
     self._sparse_core_config = sparse_core_config
     from tensorflow.python.util import nest
 
-    self._paths = [p for p, _ in nest.flatten_with_joined_string_paths(
-      self._tf_config
-    )]
+    self._paths = [
+      p for p, _ in nest.flatten_with_joined_string_paths(self._tf_config)
+    ]
     self._structure = self._tf_config
     self.layout: Layout | None = None
     self._steps: dict[str, list[StepCounts]] = collections.defaultdict(list)
