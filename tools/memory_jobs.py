@@ -8,7 +8,8 @@ their stdout, where they report in lines ``@memory {json}``:
   (``/proc/self/status``, ``proc_memory.Meter``): the baseline after
   TensorFlow and the strategy are set up (one collective run), then each
   phase's peak growth. ``--stage train``: build, train, save (and export);
-  ``--stage restore``: a fresh job restores the checkpoint.
+  ``--stage restore``: a fresh job restores the checkpoint (with
+  ``--restore_again``, once more into the built tables).
 ``ps``
   The coordinator of a ``ParameterServerStrategy`` job. It announces each
   phase's beginning and end and waits for a line on stdin in between, so
@@ -50,6 +51,7 @@ from memory_workload import ParameterServerSteps  # noqa: E402
 from memory_workload import checkpoint_method  # noqa: E402
 from memory_workload import create_embedding  # noqa: E402
 from memory_workload import full_state_bytes  # noqa: E402
+from memory_workload import restore_checkpoint  # noqa: E402
 from memory_workload import save_checkpoint  # noqa: E402
 from memory_workload import vocabulary_bytes  # noqa: E402
 
@@ -124,6 +126,11 @@ def export_subset(strategy, embedding, export_dir: str) -> None:
     )
 
 
+def restore_again(embedding, checkpoint: str) -> None:
+  """Restores ``checkpoint`` into the built (and restored) tables."""
+  restore_checkpoint(embedding, checkpoint).assert_nontrivial_match()
+
+
 def _restore_from(args: argparse.Namespace) -> tuple[str, bool]:
   """``create_embedding``'s checkpoint and order for this stage."""
   if args.stage == "restore":
@@ -142,6 +149,9 @@ def run_mwms(args: argparse.Namespace, workload: Workload) -> None:
   build_phase = "build" if args.stage == "train" else "restore"
   with measured.phase(build_phase):
     embedding = create_embedding(strategy, workload, *_restore_from(args))
+  if args.stage == "restore" and args.restore_again:
+    with measured.phase("restore into built"):
+      restore_again(embedding, args.checkpoint)
   replicas = list(range(task * local, (task + 1) * local))
   emit_plan(embedding, {measured.process: replicas})
   steps = MirroredSteps(strategy, embedding, workload)
@@ -200,6 +210,9 @@ def run_ps(args: argparse.Namespace, workload: Workload) -> None:
   build_phase = "build" if args.stage == "train" else "restore"
   with announced.phase(build_phase):
     embedding = create_embedding(strategy, workload, *_restore_from(args))
+  if args.stage == "restore" and args.restore_again:
+    with announced.phase("restore into built"):
+      restore_again(embedding, args.checkpoint)
   num_ps = resolver.cluster_spec().num_tasks("ps")
   emit_plan(embedding, {f"ps{i}": [i] for i in range(num_ps)})
   steps = ParameterServerSteps(strategy, coordinator, embedding, workload)
@@ -237,6 +250,11 @@ def main() -> None:
     "--restore_first",
     action="store_true",
     help="restore before build() (default: after)",
+  )
+  parser.add_argument(
+    "--restore_again",
+    action="store_true",
+    help="then restore again, into the built tables (stage restore)",
   )
   args = parser.parse_args()
   if args.role == "server":

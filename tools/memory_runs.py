@@ -95,7 +95,11 @@ def _finish_rows(rows: list[Row], plan: dict[str, Any]) -> None:
 
 
 def _restore_order(args) -> list[str]:
-  return ["--restore_first"] if args.restore_order == "restore_first" else []
+  return {
+    "build_first": [],
+    "restore_first": ["--restore_first"],
+    "both": ["--restore_first", "--restore_again"],
+  }[args.restore_order]
 
 
 def run_mirrored(
@@ -260,7 +264,8 @@ def run_initializer(
 ) -> None:
   """Every job of one initializer, one after another.
 
-  Each saving job is followed by a fresh job restoring its checkpoint.
+  Each saving job is followed by a fresh job restoring its checkpoint
+  (unless ``--no-restore``).
   Appends their rows to ``rows`` as the jobs finish; a failed job (or a
   restore that did not reproduce the saved probes) appends to ``errors``
   and the next pair of jobs still runs.
@@ -305,11 +310,13 @@ def run_initializer(
     try:
       saved = save(args, workload, f"{name}-save", "train", checkpoint)
       rows += saved.rows
+      if not args.restore:
+        continue
       restored = restore(
         args, workload, f"{name}-restore", "restore", checkpoint
       )
-      for row in restored.rows:
-        row.phase = phase
+      for row in restored.rows:  # restore (into built): restore 1->N ...
+        row.phase = row.phase.replace("restore", phase, 1)
       rows += restored.rows
       check_restored(saved, restored, f"{what} {phase}")
     except JobError as e:

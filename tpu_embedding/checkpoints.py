@@ -24,10 +24,14 @@ filesystem they share, and keep each worker at its own rows:
 
 The result is an ordinary TensorFlow checkpoint: each table under its usual
 key with its full value, readable by one device, any replica or worker
-count and TensorFlow's ``TPUEmbeddingForServing``. Restoring through
-``restore`` reads only this worker's rows. Elsewhere (one worker, parameter
-servers, one device) these functions are ``Checkpoint.write``/``restore``:
+count and TensorFlow's ``TPUEmbeddingForServing``. Elsewhere (one worker,
+parameter servers, one device) ``write`` is ``Checkpoint.write``:
 TensorFlow already writes each parameter server's rows on that server.
+
+``restore`` reads only this process's rows of each row-sharded table
+(multi-worker, parameter servers, ``MirroredStrategy``), whoever wrote the
+checkpoint: a table saved whole by one process, or in slices, is read by
+parts of at most a chunk (``tables/saved_rows.py``), never whole.
 
 Example:
   >>> import tempfile
@@ -54,17 +58,18 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables import slicing
-from tpu_embedding.tables.multi_worker import WorkerShardedVariable
 
 __all__ = ["CheckpointManager", "restore", "write"]
 
 
-def _worker_sharded(checkpoint: Any) -> list[WorkerShardedVariable]:
+def _row_blocks(checkpoint: Any) -> list[saved_rows.RowBlocks]:
+  """The row-sharded tables' variables: a restore fills them in place."""
   return [
     obj
     for obj in tf.train.TrackableView(checkpoint).descendants()
-    if isinstance(obj, WorkerShardedVariable)
+    if isinstance(obj, saved_rows.RowBlocks)
   ]
 
 
@@ -109,7 +114,7 @@ def key_id(key: str) -> str:
 
 
 def _checkpoint_keys(
-  checkpoint: Any, variables: Sequence[slicing.WorkerParts]
+  checkpoint: Any, variables: Sequence[Any]
 ) -> list[list[str]]:
   """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
   # TensorFlow's own serialization names them (no value is read: the
@@ -259,21 +264,26 @@ def restore(
   *,
   chunk_bytes: int | None = None,
 ) -> Any:
-  """``checkpoint.restore(save_path)``, each worker reading its own rows.
+  """``checkpoint.restore(save_path)``, each process reading its own rows.
 
-  Tables built after the restore read their rows when created
-  (restore-on-create: each row is read once, straight into its block).
-  Multi-worker tables that exist already are read chunk by chunk into
-  their rows, beside them, instead of by TensorFlow's restore (which would
-  hold a second copy of every block at once).
+  Row-sharded tables built after the restore read their rows when created
+  (restore-on-create: each row is read once, part by part, into its
+  block). Row-sharded tables that exist already (on workers, parameter
+  servers or this process's devices) are read part by part into their
+  rows, beside them, instead of by TensorFlow's restore (which would hold
+  a second copy of every block at once). A part is a stored piece of at
+  most a chunk, read whole, or a range of a larger piece's rows
+  (``tables/saved_rows.py``): a table saved whole by one process is never
+  read whole.
 
   Args:
     checkpoint: a ``tf.train.Checkpoint``.
     save_path: the checkpoint prefix (any chunk size wrote it).
     options: optional ``tf.train.CheckpointOptions``.
-    chunk_bytes: the most bytes of a built table's rows a worker reads at
-      once (at least one row); None (default): a sixteenth of its block,
-      between 8 and 64 MiB.
+    chunk_bytes: the most bytes of a built table's rows a process reads at
+      once (at least one row); None (default): stored pieces up to a
+      sixteenth of its block (between 8 and 64 MiB) whole, other rows by
+      ranges of a 64th of it (between 1 and 16 MiB).
 
   Returns:
     TensorFlow's restore status.
@@ -282,12 +292,10 @@ def restore(
     ValueError: ``chunk_bytes`` is not positive.
   """
   _checked(chunk_bytes)
-  variables = _worker_sharded(checkpoint)
-  keys = []
-  if variables:  # A table's one key each.
-    keys = [key for (key,) in _checkpoint_keys(checkpoint, variables)]
-  previous = [compat.update_uid(v) for v in variables]
-  for variable in variables:  # TensorFlow's restore leaves them alone.
+  saved = saved_rows.SavedRows(save_path)
+  tables = _held(checkpoint, saved) if save_path else []
+  previous = [compat.update_uid(v) for _, v in tables]
+  for _, variable in tables:  # TensorFlow's restore leaves them alone.
     compat.set_update_uid(variable, sys.maxsize)
   status = None
   try:
@@ -297,11 +305,29 @@ def restore(
     # Restored by this restore (once read below), as TensorFlow records it:
     # the status's assertions then count them as matched.
     uid = compat.restore_uid(status)
-    for variable, old in zip(variables, previous, strict=True):
+    for (_, variable), old in zip(tables, previous, strict=True):
       compat.set_update_uid(variable, old if uid is None else uid)
-  for key, variable in zip(keys, variables, strict=True):
-    variable.read_rows(key, save_path, chunk_bytes)
+  for key, variable in tables:
+    saved_rows.restore_blocks(
+      variable.row_blocks(), saved, key, variable.shape, chunk_bytes
+    )
   return status
+
+
+def _held(
+  checkpoint: Any, saved: saved_rows.SavedRows
+) -> list[tuple[str, saved_rows.RowBlocks]]:
+  """``(key, variable)`` of the row-sharded tables' variables that
+  ``saved`` holds (``restore`` reads them)."""
+  variables = _row_blocks(checkpoint)
+  if not variables:
+    return []
+  keys = [key for (key,) in _checkpoint_keys(checkpoint, variables)]
+  return [
+    (key, variable)
+    for key, variable in zip(keys, variables, strict=True)
+    if saved.holds(key)
+  ]
 
 
 class _SlicedWriter:

@@ -20,6 +20,12 @@ from typing import Any
 
 import tensorflow as tf
 
+# A checkpoint index's entries: where each saved tensor's bytes are, so
+# that a restore reads some rows of a saved tensor alone
+# (``tables/checkpoint_index.py``).
+from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleEntryProto
+from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleHeaderProto
+
 # TensorFlow's own checkpoint keys of a checkpoint's objects, without
 # reading a value (``checkpoints.py``: the keys multi-worker tables' parts
 # are written under).
@@ -60,10 +66,6 @@ from tensorflow.python.saved_model.registration import register_checkpoint_saver
 # stay out of it: TF Serving loads TensorFlow's ops only).
 from tensorflow.python.saved_model.save_context import in_save_context
 
-# Restore-on-create of one row block: which rows of a checkpointed value
-# a new variable reads (TensorFlow's own partitioned variables use it).
-from tensorflow.python.trackable.base import ShardInfo as CheckpointShardInfo
-
 # A lazily read checkpoint value (multi-worker slices: read only on save).
 from tensorflow.python.training.saving.saveable_object import SaveSpec
 
@@ -76,7 +78,8 @@ Trackable = tf.__internal__.tracking.Trackable
 
 __all__ = [
   "BaseResourceVariable",
-  "CheckpointShardInfo",
+  "BundleEntryProto",
+  "BundleHeaderProto",
   "ResourceVariable",
   "SaveSpec",
   "ShardedVariable",
@@ -91,6 +94,7 @@ __all__ = [
   "keras_tensorflow_trainer",
   "parameter_server_resolver",
   "register_checkpoint_saver",
+  "restore_source",
   "restore_uid",
   "set_update_uid",
   "tf_tpu_variables",
@@ -103,12 +107,17 @@ def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
   """``{id(object): [its checkpoint keys]}`` of a checkpoint's objects.
 
   TensorFlow's own serialization of the object graph names them
-  (``save_util.serialize_graph_view``); nothing is read or written.
+  (``save_util.serialize_graph_view``); nothing is read or written. An
+  object saved through legacy ``SaveableObject``s (a ``ShardedVariable``)
+  is serialized as a converter holding it (``.obj``).
   """
   serialized = _save_util.serialize_graph_view(
     _graph_view.ObjectGraphView(checkpoint)
   )[0]
-  return {id(obj): list(by_key) for obj, by_key in serialized.items()}
+  return {
+    id(getattr(obj, "obj", obj)): list(by_key)
+    for obj, by_key in serialized.items()
+  }
 
 
 # A trackable's ``_update_uid``: TensorFlow's restore assigns a checkpointed
@@ -130,6 +139,23 @@ def set_update_uid(
 def restore_uid(status: object) -> int | None:
   """The uid of the restore behind a ``Checkpoint.restore`` status, or None."""
   return getattr(getattr(status, "_checkpoint", None), "restore_uid", None)
+
+
+def restore_source(restore: Any) -> tuple[str, str]:
+  """``(save_path, checkpoint key)`` of a pending restore-on-create value.
+
+  ``restore`` is TensorFlow's restore-on-create callable (what
+  ``VariableTracker.pending_restore`` returns); a row-sharded table reads
+  its blocks' rows of that key itself (``tables/saved_rows.py``) instead
+  of calling it (which reads every stored piece its rows overlap whole).
+  """
+  position = restore.checkpoint_position
+  (key,) = [
+    attribute.checkpoint_key
+    for attribute in position.object_proto.attributes
+    if attribute.name == "VARIABLE_VALUE"
+  ]
+  return position.checkpoint.save_path_string, key
 
 
 def host_address_space() -> str:

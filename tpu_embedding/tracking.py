@@ -68,8 +68,9 @@ class VariableTracker:
   def pending_restore(self, name: str) -> Any:
     """A pending checkpoint value of variable ``name``, or None.
 
-    The result is TensorFlow's restore-on-create callable: called with
-    ``shape``, ``dtype`` and a ``shard_info`` it reads only those rows.
+    The result is TensorFlow's restore-on-create callable (called, it
+    reads the value; ``compat.restore_source`` says where it is, for
+    reading only some rows: ``tables/saved_rows.py``).
     """
     # pylint: disable=protected-access
     self._owner._maybe_initialize_trackable()

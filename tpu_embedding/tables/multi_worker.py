@@ -28,14 +28,18 @@ from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tables.saved_rows import chunk_rows
 
 
-class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
+class WorkerShardedVariable(
+  WholeValueVariable, slicing.WorkerParts, saved_rows.RowBlocks
+):
   """A row-sharded variable whose blocks live on several workers."""
 
   def __init__(
@@ -158,32 +162,10 @@ class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
         count = min(chunk, rows - first)
         yield local, first, count, self._rows_spec(start + first, count)
 
-  def read_rows(
-    self, key: str, save_path: str, chunk_bytes: int | None = None
-  ) -> None:
-    """Reads this worker's rows of checkpoint ``key``, chunk by chunk.
-
-    Each chunk is read as a slice (only the stored slices it overlaps)
-    and scattered into its rows in place, so a restore into built tables
-    holds one chunk beside them, not a second copy. ``chunk_bytes``: see
-    ``chunk_rows``.
-    """
-    for local, first, count, spec in self._chunks(chunk_bytes):
-      shard = self._shards[local]
-      with tf.device("CPU"):
-        (value,) = tf.raw_ops.RestoreV2(
-          prefix=save_path,
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          dtypes=[self.dtype],
-        )
-      with tf.device(shard.device):
-        tf.raw_ops.ResourceScatterUpdate(
-          resource=shard.handle,
-          indices=tf.range(first, first + count, dtype=tf.int64),
-          updates=value,
-        )
-      del value
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    return [
+      (shard, self._rows(local)[0]) for local, shard in enumerate(self._shards)
+    ]
 
   def write_parts(
     self, keys: list[str], prefix: str, chunk_bytes: int | None = None
@@ -218,31 +200,6 @@ class WorkerShardedVariable(WholeValueVariable, slicing.WorkerParts):
           tensors=[value],
         )
       del value
-
-
-#: Chunks of rows ``write_rows`` and ``read_rows`` copy at once, by
-#: default: at least 8 MiB (a small block is one chunk), a sixteenth of a
-#: block, at most 64 MiB.
-MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
-
-
-def chunk_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
-  """Rows per chunk written or read of a block of ``rows`` rows.
-
-  Args:
-    rows: the block's rows.
-    width: the table's dim (float32 rows).
-    chunk_bytes: None for the default (a sixteenth of the block, between
-      ``MIN_CHUNK_BYTES`` and ``MAX_CHUNK_BYTES``), or the most bytes a
-      chunk holds (at least one row).
-
-  Returns:
-    Rows per chunk.
-  """
-  if chunk_bytes is not None:
-    return max(1, chunk_bytes // (4 * width))
-  sixteenth = max(-(-rows // 16), MIN_CHUNK_BYTES // (4 * width))
-  return min(sixteenth, MAX_CHUNK_BYTES // (4 * width))
 
 
 class MultiWorkerShardedTable(RowShardedTable):

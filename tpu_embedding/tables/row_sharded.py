@@ -43,6 +43,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
@@ -63,8 +64,9 @@ def create_blocks(
   """Creates this process's row blocks of a table and its slots.
 
   Each block holds only its own rows from the start: from a checkpoint
-  restored before the table existed (reading just those rows), or filled
-  grid block by grid block (``initial_values``), never from a whole table.
+  restored before the table existed (reading just those rows, part by
+  part: ``saved_rows``), or filled grid block by grid block
+  (``initial_values``), never from a whole table.
 
   Args:
     table: the resolved table.
@@ -84,6 +86,7 @@ def create_blocks(
     name = checkpoint_name(table_name(table), key)
     restore = tracker.pending_restore(name)
     values = row_values(initializer, full_shape, name)
+    made = []
     for local, device in enumerate(devices):
       replica = first + local
       start = placement.shard_offsets[replica]
@@ -92,26 +95,33 @@ def create_blocks(
       # A plain per-device variable, even inside a strategy scope.
       with tf.device(device):
         if restore is None:
-          blocks[local][key] = create_variable(
-            values, start, rows, part, trainable
+          variable = create_variable(values, start, rows, part, trainable)
+        else:  # Zeros, for the checkpoint's rows read below.
+          variable = compat.ResourceVariable(
+            tf.zeros([rows, table.dim]), name=part, trainable=trainable
           )
-          continue
-        blocks[local][key] = compat.ResourceVariable(
-          restore(
-            shape=full_shape,
-            dtype=tf.float32,
-            shard_info=compat.CheckpointShardInfo(
-              shape=(rows, table.dim), offset=(start, 0)
-            ),
-          ),
-          name=part,
-          trainable=trainable,
-        )
+      blocks[local][key] = variable
+      made.append((variable, start))
     if restore is not None:
+      save_path, checkpoint_key = compat.restore_source(restore)
+      saved = saved_rows.SavedRows(save_path)
+      saved_rows.restore_blocks(made, saved, checkpoint_key, full_shape)
       restored[key] = restore
   for block in blocks:
     user_slots(table, block)
   return blocks, restored
+
+
+class BlockVariable(compat.ShardedVariable, saved_rows.RowBlocks):  # type: ignore[misc]  # TF is untyped
+  """TensorFlow's ``ShardedVariable`` of a table's row blocks, which
+  ``tpu_embedding.checkpoints.restore`` fills part by part."""
+
+  def __init__(self, blocks: list[Any], first_rows: list[int], name: str):
+    super().__init__(blocks, name=name)
+    self._first_rows = first_rows
+
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    return list(zip(self.variables, self._first_rows, strict=True))
 
 
 class RowShardedTable(TableStore):
@@ -164,8 +174,10 @@ class RowShardedTable(TableStore):
     return store
 
   def _user_variable(self, key: str, shards: list[Any]) -> Any:
-    return compat.ShardedVariable(
-      shards, name=checkpoint_name(table_name(self.table), key)
+    return BlockVariable(
+      shards,
+      [self.block_rows(block)[0] for block in range(len(shards))],
+      name=checkpoint_name(table_name(self.table), key),
     )
 
   def block_rows(self, block: int) -> tuple[int, int]:

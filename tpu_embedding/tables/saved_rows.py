@@ -1,0 +1,324 @@
+"""Rows of a table saved in a TensorFlow checkpoint, read without the rest.
+
+TensorFlow's ``RestoreV2`` reads a slice of a saved tensor by reading every
+stored piece it overlaps whole. A table saved by one process is one piece:
+each worker restoring its rows from it would hold the whole table for a
+while, and a parameter server restoring its block in chunks would read its
+whole stored block once per chunk. ``SavedRows.read_rows`` reads rows
+``[start, start + count)`` of a saved ``[rows, dim]`` tensor, part by
+part, holding no more than one part at a time:
+
+* a stored piece (the whole tensor, or one slice of it) that lies wholly
+  within those rows and holds at most a chunk (``chunk_rows``: what
+  ``tpu_embedding.checkpoints.write`` writes at once) is read whole by
+  ``RestoreV2``, which checks its checksum;
+* of a larger piece, or one only partly within those rows, the rows are
+  read by byte ranges of at most ``range_rows`` from its data file
+  (``checkpoint_index`` says where a piece's bytes lie; a piece split by
+  rows alone keeps each row's bytes together). Their checksum, which
+  covers the whole piece, is not checked.
+
+A checkpoint not stored so (a piece split along its columns, another
+dtype, a big-endian checkpoint) is read by ``RestoreV2`` a chunk at a
+time, as TensorFlow would. ``restore_blocks`` fills a table's row blocks
+(``RowBlocks``) so, in place: a restore holds one part beside the tables.
+
+Example:
+  >>> import tempfile
+  >>> prefix = tempfile.mkdtemp() + "/ckpt"
+  >>> whole = tf.reshape(tf.range(12.0), [6, 2])
+  >>> _ = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["t"],
+  ...                       shape_and_slices=[""], tensors=[whole])
+  >>> parts = SavedRows(prefix).read_rows("t", (6, 2), 2, 3, tf.float32,
+  ...                                     whole_rows=6, range_rows=2)
+  >>> [(first, part.numpy().tolist()) for first, part in parts]
+  [(2, [[4.0, 5.0], [6.0, 7.0]]), (4, [[8.0, 9.0]])]
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import sys
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.tables.checkpoint_index import CheckpointIndex
+from tpu_embedding.tables.checkpoint_index import UnreadableIndexError
+from tpu_embedding.tables.checkpoint_index import slice_key
+
+#: Chunks of rows ``tpu_embedding.checkpoints.write`` copies at once (and
+#: the largest stored piece a restore reads whole), by default: at least
+#: 8 MiB (a small block is one chunk), a sixteenth of a block, at most
+#: 64 MiB.
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
+
+#: Rows a restore reads at once by byte range, by default: a 64th of a
+#: block, between 1 and 16 MiB (a part sent to a parameter server is held
+#: there in a few copies while it arrives).
+MIN_RANGE_BYTES, MAX_RANGE_BYTES = 2**20, 16 * 2**20
+
+
+def _rows_per_part(
+  rows: int,
+  width: int,
+  chunk_bytes: int | None,
+  parts: int,
+  bounds: tuple[int, int],
+) -> int:
+  """``chunk_bytes`` of rows (at least one), or ``rows / parts`` within
+  ``bounds`` (bytes of float32 rows of ``width``)."""
+  if chunk_bytes is not None:
+    return max(1, chunk_bytes // (4 * width))
+  least, most = bounds
+  share = max(-(-rows // parts), least // (4 * width))
+  return max(1, min(share, most // (4 * width)))
+
+
+def chunk_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
+  """Rows per chunk written of a block of ``rows`` rows (and the most rows
+  of a stored piece read whole).
+
+  Args:
+    rows: the block's rows.
+    width: the table's dim (float32 rows).
+    chunk_bytes: None for the default (a sixteenth of the block, between
+      ``MIN_CHUNK_BYTES`` and ``MAX_CHUNK_BYTES``), or the most bytes a
+      chunk holds (at least one row).
+
+  Returns:
+    Rows per chunk.
+  """
+  bounds = (MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+  return _rows_per_part(rows, width, chunk_bytes, 16, bounds)
+
+
+def range_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
+  """Rows per byte range read into a block of ``rows`` rows: as
+  ``chunk_rows``, with a default of a 64th of the block, between
+  ``MIN_RANGE_BYTES`` and ``MAX_RANGE_BYTES``."""
+  bounds = (MIN_RANGE_BYTES, MAX_RANGE_BYTES)
+  return _rows_per_part(rows, width, chunk_bytes, 64, bounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+  """A stored piece of a saved tensor: rows ``[first, first + rows)``."""
+
+  first: int
+  rows: int
+  spec: str  # RestoreV2's ``shape_and_slice`` reading it whole
+  entry: compat.BundleEntryProto  # where its bytes lie
+
+
+def _extent(extent: Any) -> tuple[int, int]:  # a protobuf message
+  """``(start, length)`` of a ``TensorSliceProto.Extent`` (all: -1)."""
+  return (extent.start, extent.length if extent.HasField("length") else -1)
+
+
+def _spec(full_shape: Sequence[int], extents: Sequence[tuple[int, int]]) -> str:
+  """A ``shape_and_slice`` string (``"6 2 0,3:-"``)."""
+  slices = ":".join("-" if n < 0 else f"{s},{n}" for s, n in extents)
+  return " ".join(str(d) for d in full_shape) + " " + slices
+
+
+class SavedRows:
+  """Reads rows of the tensors of one checkpoint.
+
+  Args:
+    prefix: the checkpoint's prefix (``save_path``); its index is read
+      when first needed, once.
+  """
+
+  def __init__(self, prefix: str):
+    self.prefix = prefix
+
+  @functools.cached_property
+  def _index(self) -> CheckpointIndex | None:
+    """The checkpoint's index, if this reads it (read when first used)."""
+    try:
+      index = CheckpointIndex(self.prefix)
+    except (UnreadableIndexError, tf.errors.OpError):
+      return None  # RestoreV2 reads it (and says what is wrong with it).
+    little = compat.BundleHeaderProto.LITTLE
+    if index.header.endianness != little or sys.byteorder != "little":
+      return None
+    return index
+
+  def holds(self, key: str) -> bool:
+    """Whether the checkpoint holds ``key`` (True where its index cannot
+    be read here: ``read_rows`` then says what is wrong)."""
+    return self._index is None or self._index.entry(key.encode()) is not None
+
+  def read_rows(
+    self,
+    key: str,
+    full_shape: Sequence[int],
+    start: int,
+    count: int,
+    dtype: tf.DType,
+    *,
+    whole_rows: int,
+    range_rows: int,
+  ) -> Iterator[tuple[int, tf.Tensor]]:
+    """Rows ``[start, start + count)`` of checkpoint ``key``, part by part.
+
+    Args:
+      key: the tensor's checkpoint key.
+      full_shape: its ``[rows, dim]``.
+      start: the first row read.
+      count: rows read.
+      dtype: its dtype.
+      whole_rows: the most rows of a stored piece read whole.
+      range_rows: the most rows read at once by byte range.
+
+    Yields:
+      ``(first row, value)`` of each part, on this process's CPU, in order.
+    """
+    end = start + count
+    pieces = [
+      piece
+      for piece in self._pieces(key, full_shape, dtype) or ()
+      if piece.first < end and start < piece.first + piece.rows
+    ]
+    held = sum(min(end, p.first + p.rows) - max(start, p.first) for p in pieces)
+    if held != count:
+      # Not stored by rows: TensorFlow reads it (or says why it cannot).
+      for first in range(start, end, whole_rows):
+        rows = min(whole_rows, end - first)
+        spec = _spec(full_shape, [(first, rows), (0, -1)])
+        yield first, self._restore(key, spec, dtype)
+      return
+    for piece in sorted(pieces, key=lambda p: p.first):
+      low, high = max(start, piece.first), min(end, piece.first + piece.rows)
+      whole = (low, high) == (piece.first, piece.first + piece.rows)
+      if whole and piece.rows <= whole_rows:
+        yield low, self._restore(key, piece.spec, dtype)
+        continue
+      for first in range(low, high, range_rows):
+        rows = min(range_rows, high - first)
+        yield first, self._read_bytes(key, piece, first, rows, dtype)
+
+  def _restore(self, key: str, spec: str, dtype: tf.DType) -> tf.Tensor:
+    """TensorFlow's read of ``spec`` of ``key``."""
+    with tf.device("CPU"):
+      (value,) = tf.raw_ops.RestoreV2(
+        prefix=self.prefix,
+        tensor_names=[key],
+        shape_and_slices=[spec],
+        dtypes=[dtype],
+      )
+    return value
+
+  def _read_bytes(
+    self, key: str, piece: _Piece, first: int, rows: int, dtype: tf.DType
+  ) -> tf.Tensor:
+    """Rows ``[first, first + rows)`` of ``piece``, from its data file."""
+    assert self._index is not None  # (pieces come from the index)
+    width = int(piece.entry.shape.dim[1].size)
+    size = rows * width * dtype.size
+    offset = piece.entry.offset + (first - piece.first) * width * dtype.size
+    try:
+      with tf.io.gfile.GFile(self._index.data_file(piece.entry), "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    except tf.errors.OutOfRangeError:  # (past the end of the file)
+      data = b""
+    if len(data) != size:
+      raise tf.errors.DataLossError(
+        None, None, f"{self.prefix}: the data file of '{key}' is truncated."
+      )
+    with tf.device("CPU"):
+      return tf.constant(
+        np.frombuffer(data, dtype.as_numpy_dtype).reshape(rows, width)
+      )
+
+  def _pieces(
+    self, key: str, full_shape: Sequence[int], dtype: tf.DType
+  ) -> list[_Piece] | None:
+    """The stored pieces of ``key``, or None where they are not stored by
+    rows as this reads them."""
+    index = self._index
+    entry = None if index is None else index.entry(key.encode())
+    if index is None or entry is None or entry.dtype != dtype.as_datatype_enum:
+      return None
+    shape = [int(d.size) for d in entry.shape.dim]
+    if len(shape) != 2 or shape != [int(d) for d in full_shape]:
+      return None
+    if not entry.slices:
+      return [_Piece(0, shape[0], "", entry)]
+    pieces = []
+    for stored in entry.slices:
+      extents = [_extent(e) for e in stored.extent]
+      if len(extents) != 2 or extents[1] not in ((0, -1), (0, shape[1])):
+        return None  # Split along the columns.
+      first, rows = extents[0]
+      rows = shape[0] if rows < 0 else rows
+      found = index.entry(slice_key(key, extents))
+      if found is None or found.size != rows * shape[1] * dtype.size:
+        return None
+      pieces.append(_Piece(first, rows, _spec(shape, extents), found))
+    return pieces
+
+
+class RowBlocks(abc.ABC):
+  """A table variable held as row blocks, which a restore fills in place
+  (``tpu_embedding.checkpoints.restore``)."""
+
+  @property
+  @abc.abstractmethod
+  def shape(self) -> tf.TensorShape:
+    """The whole ``[vocabulary_size, dim]``."""
+
+  @abc.abstractmethod
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    """This process's blocks, each with its first row."""
+
+
+def restore_blocks(
+  blocks: Sequence[tuple[tf.Variable, int]],
+  saved: SavedRows,
+  key: str,
+  full_shape: Sequence[int],
+  chunk_bytes: int | None = None,
+) -> None:
+  """Reads each block's rows of checkpoint ``key`` into it, part by part.
+
+  Each part is read alone (``SavedRows.read_rows``) and scattered into its
+  rows in place, so the restore holds one part beside the blocks.
+
+  Args:
+    blocks: ``(variable, its first row)`` per block.
+    saved: the checkpoint.
+    key: the tensor's checkpoint key.
+    full_shape: the tensor's ``[rows, dim]``.
+    chunk_bytes: the most bytes read at once (at least one row); None:
+      ``chunk_rows`` for stored pieces read whole, ``range_rows`` for byte
+      ranges.
+  """
+  rows, width = int(blocks[0][0].shape[0]), int(full_shape[1])
+  sizes = {
+    "whole_rows": chunk_rows(rows, width, chunk_bytes),
+    "range_rows": range_rows(rows, width, chunk_bytes),
+  }
+  for variable, start in blocks:
+    count = int(variable.shape[0])
+    parts = saved.read_rows(
+      key, full_shape, start, count, variable.dtype, **sizes
+    )
+    for first, value in parts:
+      with tf.device(variable.device):
+        tf.raw_ops.ResourceScatterUpdate(
+          resource=variable.handle,
+          indices=tf.range(
+            first - start, first - start + value.shape[0], dtype=tf.int64
+          ),
+          updates=value,
+        )
+      del value
