@@ -46,6 +46,10 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 # variables live in this process's memory (``kernels/ops.py``).
 from tensorflow.python.eager.context import context as _eager_context
 
+# Whether a graph is traced for XLA (``tf.function(jit_compile=True)``,
+# Keras ``jit_compile``): the step's ops must then be ones XLA compiles.
+from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+
 # A plain variable on one device even inside a strategy scope (the scope's
 # variable creator would mirror it), and one whose first dimension may
 # change at each assign (pipelining's held updates). Their base class:
@@ -156,6 +160,11 @@ def restore_source(restore: Any) -> tuple[str, str]:
     if attribute.name == "VARIABLE_VALUE"
   ]
   return position.checkpoint.save_path_string, key
+
+
+def in_xla_context() -> bool:
+  """Whether the function being traced will be compiled by XLA."""
+  return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def host_address_space() -> str:

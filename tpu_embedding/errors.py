@@ -104,6 +104,11 @@ WRONG_STRATEGY = (
   "Create it under the strategy that runs it: `with strategy.scope(): "
   "embedding = tpe.TPUEmbedding(...)`."
 )
+XLA_LAYOUT = (
+  "XLA (jit_compile=True) compiles embedding steps on one replica whose "
+  "tables are its own; this step runs under {strategy}{dynamic}. Compile "
+  "with jit_compile=False (the Keras layers tell Keras so themselves)."
+)
 DEQUEUE_WITHOUT_ENQUEUE = (
   "dequeue called without a preceding enqueue in the same function. Call "
   "`enqueue(features, ...)` before `dequeue()` inside the same "

@@ -45,11 +45,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding import errors
 from tpu_embedding.config import FeatureConfig
+from tpu_embedding.kernels.static_unique import PADDING_ID
 from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import table_name
 from tpu_embedding.types import FeatureInput
@@ -287,6 +290,23 @@ def _sequence_segments(
   return keep, rows * length + positions
 
 
+def _truncated(
+  ids: tf.Tensor, segments: tf.Tensor, keep: tf.Tensor, num_segments: Any
+) -> tuple[tf.Tensor, tf.Tensor]:
+  """``ids`` and ``segments`` without the ids past the sequence length.
+
+  Traced for XLA, shapes stay static: those ids stay, as padding
+  (``kernels/static_unique.py``) in an output row past the last, both of
+  which XLA's segment sums and scatters drop.
+  """
+  if compat.in_xla_context():
+    return (
+      tf.where(keep, ids, tf.constant(PADDING_ID, tf.int64)),
+      tf.where(keep, segments, tf.cast(num_segments, tf.int64)),
+    )
+  return tf.boolean_mask(ids, keep), tf.boolean_mask(segments, keep)
+
+
 def prepare_feature(
   inp: FeatureInput,
   weight: FeatureInput | None,
@@ -382,7 +402,7 @@ def _flatten_sparse(
   if is_sequence(feature, inp):
     length = feature.max_sequence_length
     keep, segments = _sequence_segments(indices[:, 0], indices[:, 1], length)
-    ids, segments = tf.boolean_mask(ids, keep), tf.boolean_mask(segments, keep)
+    ids, segments = _truncated(ids, segments, keep, dense_shape[0] * length)
     output_shape = tf.stack([dense_shape[0], tf.constant(length, tf.int64)])
     return ids, segments, weights, output_shape
   output_shape = dense_shape[:-1]
@@ -416,7 +436,7 @@ def _flatten_ragged(
   )
   keep, segments = _sequence_segments(rows, positions, length)
   # Sequence features take no weights (checked in prepare_feature).
-  ids, segments = tf.boolean_mask(ids, keep), tf.boolean_mask(segments, keep)
+  ids, segments = _truncated(ids, segments, keep, nrows * length)
   return ids, segments, None, tf.stack([nrows, tf.constant(length, tf.int64)])
 
 

@@ -51,6 +51,24 @@ def local_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
     return ()
 
 
+def compiles_with_xla(strategy: tf.distribute.Strategy) -> bool:
+  """Whether embedding steps under ``strategy`` compile with XLA.
+
+  One replica whose tables are its own: the default strategy, a
+  ``OneDeviceStrategy`` or a one-replica ``MirroredStrategy``. Not several
+  replicas (XLA compiles each replica's step alone, and their steps write
+  each other's table copies and shards) nor parameter servers (rows on
+  other tasks).
+
+  Example:
+    >>> compiles_with_xla(tf.distribute.get_strategy())
+    True
+  """
+  if strategy.num_replicas_in_sync != 1:
+    return False
+  return "ParameterServer" not in type(strategy).__name__
+
+
 def local_replica(strategy: tf.distribute.Strategy) -> int:
   """This replica's index among this worker's replicas (0 outside run)."""
   replica = current_replica(strategy)

@@ -47,7 +47,7 @@ from tpu_embedding.inputs import check_input_type
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
-from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.keys import KeysToRows
 from tpu_embedding.lookup import expand_rows
 from tpu_embedding.optimizers.base import Optimizer
@@ -186,13 +186,12 @@ def _lookup_one(
   (prepared,) = gate_on_all_checks(
     [prepare_feature(inp, weight, feature.replace(table=named), path)]
   )
+  ops = lookup_ops()  # Serving: TensorFlow's ops alone.
   (activations,), _ = look_up_groups(
     [(named, [0])],
     [prepared],
-    lambda requests: [
-      expand_rows(read(requests[0][1]), requests[0][2], TENSORFLOW_OPS)
-    ],
-    ops=TENSORFLOW_OPS,  # Serving: TensorFlow's ops alone.
+    lambda requests: [expand_rows(read(requests[0][1]), requests[0][2], ops)],
+    ops=ops,
   )
   return activations
 

@@ -529,3 +529,27 @@ def test_tpu_strategy_hands_over_to_keras_rs(monkeypatch):
   monkeypatch.setitem(sys.modules, "keras_rs", None)  # not installed
   with pytest.raises(ImportError, match="pip install keras-rs"):
     DistributedEmbedding(features)
+
+
+def test_weights_follow_the_tfrs_convention(tmp_path):
+  """README "Differences from keras-rs": tables are not Keras weights."""
+  table = krs_table("t", 10, "default_device", optimizer="adagrad")
+  layer = DistributedEmbedding({"f": krs_feature("f", table)})
+  inputs = {"f": keras.Input(shape=(), dtype="int32", name="f")}
+  model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)["f"]))
+  model.compile(optimizer="adam", loss="mse")
+  x, y = {"f": np.arange(B) % 10}, np.ones((B, 1))
+  model.fit(x, y, verbose=0)
+  # One scalar stands for the tables in Keras' lists (tfrs' dummy).
+  assert [tuple(w.shape) for w in layer.trainable_variables] == [()]
+  assert [a.shape for a in layer.get_weights()] == [()]
+  saved = np.array(layer.get_embedding_tables()["t"])
+  weights = model.get_weights()
+  model.save_weights(str(tmp_path / "m.weights.h5"))
+  model.fit(x, -y, verbose=0)
+  moved = np.array(layer.get_embedding_tables()["t"])
+  assert not np.allclose(moved, saved)
+  model.set_weights(weights)  # Keras weights only: tables stay trained.
+  np.testing.assert_array_equal(layer.get_embedding_tables()["t"], moved)
+  model.load_weights(str(tmp_path / "m.weights.h5"))  # Tables too.
+  np.testing.assert_array_equal(layer.get_embedding_tables()["t"], saved)

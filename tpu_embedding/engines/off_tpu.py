@@ -41,7 +41,9 @@ from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import XLA_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.kernels.ops import select_ops
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import occurrence_gradients
@@ -49,6 +51,7 @@ from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
 from tpu_embedding.pipelining import PipelinedBackend
+from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
@@ -348,12 +351,12 @@ class OffTPUEngine(Engine, Trackable):
     if not training:  # TensorFlow's ops only: servable as it is.
       prepared = self._dynamic.rows(prepared, replica)
 
-      def rows(requests: Any) -> list[tf.Tensor]:
-        return self._backend.gather_tables(requests, TENSORFLOW_OPS)
+      ops = lookup_ops()
 
-      return look_up(
-        self.config, prepared, rows, self._stacks, ops=TENSORFLOW_OPS
-      )
+      def rows(requests: Any) -> list[tf.Tensor]:
+        return self._backend.gather_tables(requests, ops)
+
+      return look_up(self.config, prepared, rows, self._stacks, ops=ops)
     ops = self._step_ops()
     prepared, new_rows = self._dynamic.rows_for_training(
       prepared, replica, self._stores, ops
@@ -435,10 +438,14 @@ class OffTPUEngine(Engine, Trackable):
     """``step_ops``, decided once from the devices holding the tables.
 
     A function traced for a SavedModel gets TensorFlow's ops (TF Serving
-    loads no kernel library).
+    loads no kernel library); one traced for XLA gets ``XLA_OPS`` (the
+    kernels have no XLA lowering, and XLA needs static shapes).
     """
     if compat.in_save_context():
       return TENSORFLOW_OPS
+    if compat.in_xla_context():
+      self._check_xla()
+      return XLA_OPS
     if self._ops is None:
       devices = [
         str(getattr(variable, "device", ""))
@@ -450,6 +457,24 @@ class OffTPUEngine(Engine, Trackable):
       replicas = len(self._backend.local_devices)
       self._ops = select_ops(devices, concurrent=replicas * len(self._stacks))
     return self._ops
+
+  def _check_xla(self) -> None:
+    """Raises unless this engine's steps compile with XLA (one replica,
+    its own tables, no dynamic vocabulary: its step has data-sized
+    shapes)."""
+    dynamic = sorted(self._dynamic.states)
+    if compiles_with_xla(self._strategy) and not dynamic:
+      return
+    raise ValueError(
+      errors.XLA_LAYOUT.format(
+        strategy=strategy_name(self._strategy),
+        dynamic=(
+          f" with dynamic vocabularies ({', '.join(dynamic)})"
+          if dynamic
+          else ""
+        ),
+      )
+    )
 
   def _current_step(self, for_dequeue: bool) -> Step | None:
     """This replica's enqueued step (prepared from per-replica values)."""

@@ -9,6 +9,8 @@ the table stores:
 * ``TENSORFLOW_OPS`` (``StepOps``): TensorFlow's own ops. Always right;
   what lookups for serving, SavedModels, tables on a GPU, on parameter
   servers or on other workers get.
+* ``XLA_OPS`` (``XlaOps``): TensorFlow's ops with static shapes, for
+  functions compiled by XLA (``jit_compile=True``).
 * ``KernelOps``: this package's C++ kernels (CPU kernels, loaded into this
   process), the same outputs bit for bit. Each method falls back to
   TensorFlow's ops for inputs its kernel does not take.
@@ -52,6 +54,7 @@ from tpu_embedding.kernels.segment_sum import segment_sum_with_tensorflow
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.kernels.split_by_owner import split_with_kernel
 from tpu_embedding.kernels.split_by_owner import split_with_tensorflow
+from tpu_embedding.kernels.static_unique import unique_static
 from tpu_embedding.kernels.unique import Ids
 from tpu_embedding.kernels.unique import unique_with_kernel
 from tpu_embedding.kernels.unique import unique_with_tensorflow
@@ -144,6 +147,34 @@ class StepOps:
 #: TensorFlow's ops: serving, SavedModels, and tables this process's CPU
 #: kernels must not touch.
 TENSORFLOW_OPS = StepOps()
+
+
+class XlaOps(StepOps):
+  """A step's row ops for XLA (``XLA_OPS``): static shapes throughout.
+
+  TensorFlow's ops, but deduplication returns a buffer as long as its
+  input, padded with ``static_unique.PADDING_ID`` (rows past every table,
+  which XLA's gathers clamp and its scatters and segment sums drop), so
+  nothing in the step has a shape only the data knows.
+  """
+
+  def unique(
+    self, ids: Ids, offsets: Sequence[int] | None = None
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    return unique_static(ids, offsets)
+
+  def __repr__(self) -> str:
+    return "XLA_OPS"
+
+
+#: The ops of steps and lookups traced for XLA (``jit_compile=True``).
+XLA_OPS = XlaOps()
+
+
+def lookup_ops() -> StepOps:
+  """The ops of a lookup outside training (serving, SavedModels):
+  TensorFlow's, servable as they are; ``XLA_OPS`` when traced for XLA."""
+  return XLA_OPS if compat.in_xla_context() else TENSORFLOW_OPS
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

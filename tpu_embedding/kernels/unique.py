@@ -41,6 +41,14 @@ def _parts(ids: Ids) -> list[tf.Tensor]:
   ]
 
 
+def concatenated(ids: Ids, offsets: Sequence[int] | None = None) -> tf.Tensor:
+  """The ids as one vector, each part's offset added."""
+  parts = _parts(ids)
+  if offsets is not None:
+    parts = [p + o if o else p for p, o in zip(parts, offsets, strict=True)]
+  return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+
 def unique_with_tensorflow(
   ids: Ids, offsets: Sequence[int] | None = None
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -51,11 +59,7 @@ def unique_with_tensorflow(
     offsets: None, or per part a number added to its ids (a stack's row
       offset of each member table).
   """
-  parts = _parts(ids)
-  if offsets is not None:
-    parts = [p + o if o else p for p, o in zip(parts, offsets, strict=True)]
-  whole = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-  return tf.unique(whole, out_idx=tf.int32)
+  return tf.unique(concatenated(ids, offsets), out_idx=tf.int32)
 
 
 def unique_with_kernel(

@@ -37,6 +37,7 @@ from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
+from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import PlacementPolicy
@@ -144,7 +145,8 @@ class PartialTPUEmbedding(Layer):
         "Argument `size_threshold` must be None or an int >= 0. "
         f"Received: {size_threshold!r}"
       )
-    self.supports_jit = False
+    # Keras compiles with XLA where our steps do (replicas.py).
+    self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._optimizer = common.embedding_optimizer(optimizer)
     self._tf_configs = tf_configs.TFConfigs()
     self._config = resolve(

@@ -32,7 +32,7 @@ import tensorflow as tf
 from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.config import serialize_feature_config
-from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.layers import common
 from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
@@ -40,6 +40,7 @@ from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.lookup import expand_rows
+from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
@@ -86,7 +87,8 @@ class ReplicatedEmbedding(Layer):
       ValueError: for an invalid feature config.
     """
     super().__init__(**kwargs)
-    self.supports_jit = False
+    # Keras compiles with XLA where our steps do (replicas.py).
+    self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._config = resolve(feature_config, None)
     self._strategy = common.creation_strategy()
     self._input_kinds = common.InputKinds()
@@ -164,7 +166,7 @@ class ReplicatedEmbedding(Layer):
       )
     }
 
-    ops = TENSORFLOW_OPS  # Keras weights, maybe on a GPU.
+    ops = lookup_ops()  # Keras weights, maybe on a GPU: TensorFlow's ops.
 
     def rows(requests):
       return [

@@ -50,6 +50,7 @@ from tpu_embedding.layers import tf_configs
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
+from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import PlacementPolicy
@@ -166,7 +167,8 @@ class TPUEmbedding(Layer):
     """
     del embedding_feature
     super().__init__(**kwargs)
-    self.supports_jit = False  # Dynamic shapes, collectives: never XLA.
+    # Keras compiles with XLA where our steps do (replicas.py).
+    self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._optimizer = common.embedding_optimizer(optimizer)
     self._tf_configs = tf_configs.TFConfigs()
     feature_config = self._tf_configs.feature_config(feature_config)
