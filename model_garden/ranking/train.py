@@ -181,8 +181,7 @@ def define_flags() -> None:
   flags.DEFINE_string(
     "fdo_topology",
     "v5p-8",
-    "With --fdo_stats_dir: the TPU the limits are for (v5p-N, v6e-N, "
-    "v7x-N).",
+    "With --fdo_stats_dir: the TPU the limits are for (v5p-N, v6e-N, v7x-N).",
   )
   flags.DEFINE_integer(
     "fdo_every_n_steps", 100, "With --fdo_stats_dir: write every N steps."
