@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.fdo.configs import to_tf_feature_config
 from tpu_embedding.fdo.layout import Layout
 from tpu_embedding.fdo.partitioning import PAD
@@ -124,10 +125,8 @@ class FdoCollector:
     self.limits = _limits_dict(limits)
     self._tf_config = to_tf_feature_config(feature_config, optimizer)
     self._sparse_core_config = sparse_core_config
-    from tensorflow.python.util import nest
-
     self._paths = [
-      p for p, _ in nest.flatten_with_joined_string_paths(self._tf_config)
+      p for p, _ in compat.flatten_with_joined_string_paths(self._tf_config)
     ]
     self._structure = self._tf_config
     self.layout: Layout | None = None

@@ -21,6 +21,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
+
 TFE = tf.tpu.experimental.embedding
 
 
@@ -50,9 +52,7 @@ def to_tf_feature_config(feature_config: Any, optimizer: Any = None) -> Any:
 
   leaves = tf.nest.flatten(feature_config)
   if leaves and all(isinstance(leaf, TFE.FeatureConfig) for leaf in leaves):
-    from tensorflow.python.tpu import tpu_embedding_v3
-
-    clone = tpu_embedding_v3._clone_feature_config(feature_config)  # noqa: SLF001
+    clone = compat.clone_tf_feature_config(feature_config)
     if optimizer is not None and not _is_tf_optimizer(optimizer):
       optimizer = tpu_conversion.to_tf_optimizer(optimizer)
     for leaf in tf.nest.flatten(clone):

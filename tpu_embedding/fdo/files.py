@@ -13,13 +13,13 @@ Example:
   >>> from tpu_embedding import fdo
   >>> table = tpe.TableConfig(64, 8, name="t")
   >>> stats = fdo.compute_stats(
-  ...     {"f": tpe.FeatureConfig(table)}, [{"f": np.arange(16) % 8}],
+  ...     {"f": tpe.FeatureConfig(table)}, [{"f": np.zeros(16, np.int64)}],
   ...     (1, 4), optimizer=tpe.SGD(0.1))
   >>> path = stats.save(tempfile.mkdtemp())
   >>> os.path.basename(path), load(path)["steps"]
   ('fdo_stats.json', 1)
   >>> load_sparse_core_config(path).max_unique_ids_per_table
-  {'t': 2}
+  {'t': 1}
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.fdo.topologies import Topology
 
 
@@ -89,11 +90,8 @@ class Layout:
     output_shapes: Mapping[str, tuple[int, ...]],
     sparse_core_config: Any = None,
   ):
-    from tensorflow.python.tpu import tpu_embedding_v3
-    from tensorflow.python.util import nest
-
-    config = tpu_embedding_v3._clone_feature_config(tf_feature_config)  # noqa: SLF001
-    flat = nest.flatten_with_joined_string_paths(config)
+    config = compat.clone_tf_feature_config(tf_feature_config)
+    flat = compat.flatten_with_joined_string_paths(config)
     for path, feature in flat:
       feature.output_shape = tf.TensorShape(output_shapes[path])
       if feature.table.optimizer is None:
@@ -114,7 +112,7 @@ class Layout:
           "needs the per-chip batch (times the sequence length of a dense "
           "input) divisible by the SparseCores per chip."
         )
-    s = tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(  # noqa: SLF001
+    s = compat.stack_sparse_core_tables(
       tables,
       flat,
       topo.num_chips,

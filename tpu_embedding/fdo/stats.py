@@ -14,12 +14,12 @@ Example:
   >>> table = tpe.TableConfig(64, 8, name="t")
   >>> collector = fdo.FdoCollector(
   ...     {"f": tpe.FeatureConfig(table)}, (1, 4), optimizer=tpe.SGD(0.1))
-  >>> _ = collector.update({"f": np.arange(16) % 8})
+  >>> _ = collector.update({"f": np.zeros(16, np.int64)})
   >>> stats = collector.result()
   >>> stats.tables["t"].limit(), stats.keras_rs_limits()["t"]
-  ((2, 2), {'max_ids_per_partition': 2, 'max_unique_ids_per_partition': 2})
+  ((4, 1), {'max_ids_per_partition': 4, 'max_unique_ids_per_partition': 1})
   >>> stats.sparse_core_config().max_ids_per_table
-  {'t': 2}
+  {'t': 4}
 """
 
 from __future__ import annotations
