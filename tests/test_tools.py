@@ -38,6 +38,7 @@ ARGPARSE_TOOLS = (
   "benchmark.py",
   "dynamic_benchmark.py",
   "export.py",
+  "fdo_report.py",  # run by tests/test_fdo.py
   "gpu_check.py",
   "pipelining_benchmark.py",
   "sharding_report.py",

@@ -70,6 +70,16 @@ from tensorflow.python.saved_model.registration import register_checkpoint_saver
 # stay out of it: TF Serving loads TensorFlow's ops only).
 from tensorflow.python.saved_model.save_context import in_save_context
 
+# TensorFlow's SparseCore stacking (``TPUEmbeddingV2``'s, its C++
+# ``SparseCoreLayoutStacker`` runs on CPU) and its copy of a feature config:
+# FDO off TPU stacks tables exactly as the TPU will (``fdo/layout.py``).
+from tensorflow.python.tpu.tpu_embedding_v3 import (
+  _clone_feature_config as clone_tf_feature_config,
+)
+from tensorflow.python.tpu.tpu_embedding_v3 import (
+  _stack_tables_with_same_table_dim_and_optimizer as stack_sparse_core_tables,
+)
+
 # A lazily read checkpoint value (multi-worker slices: read only on save).
 from tensorflow.python.training.saving.saveable_object import SaveSpec
 
@@ -89,6 +99,7 @@ __all__ = [
   "ShardedVariable",
   "Trackable",
   "checkpoint_keys",
+  "clone_tf_feature_config",
   "flatten_with_joined_string_paths",
   "host_address_space",
   "id_in_cluster",
@@ -102,6 +113,7 @@ __all__ = [
   "restore_uid",
   "serialized_tensors",
   "set_update_uid",
+  "stack_sparse_core_tables",
   "tf_tpu_variables",
   "update_uid",
   "variable_accessed",

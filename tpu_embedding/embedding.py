@@ -108,7 +108,9 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
         (see ``pipelining.py`` and ``flush_pipeline``). Not available
         under ParameterServerStrategy.
       sparse_core_embedding_config: TPU SparseCore options, passed on to
-        TensorFlow under ``TPUStrategy``.
+        TensorFlow under ``TPUStrategy``: a ``SparseCoreEmbeddingConfig``
+        or the path of an FDO file with measured limits
+        (``tpu_embedding.fdo``).
       row_sharding_threshold: off TPU with several replicas, tables with
         more rows than this are row-sharded across the replicas; smaller
         ones are replicated (0 shards every table). A

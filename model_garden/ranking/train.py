@@ -171,6 +171,21 @@ def define_flags() -> None:
   flags.DEFINE_enum(
     "progress_bar", "auto", ["auto", "on", "off"], "Show a progress bar."
   )
+  flags.DEFINE_string(
+    "fdo_stats_dir",
+    None,
+    "Keep SparseCore statistics (FDO: the ids per partition that TPU "
+    "limits must hold, tpu_embedding.fdo) of the training batches and write "
+    "them to DIR/fdo_stats.json every --fdo_every_n_steps steps.",
+  )
+  flags.DEFINE_string(
+    "fdo_topology",
+    "v5p-8",
+    "With --fdo_stats_dir: the TPU the limits are for (v5p-N, v6e-N, v7x-N).",
+  )
+  flags.DEFINE_integer(
+    "fdo_every_n_steps", 100, "With --fdo_stats_dir: write every N steps."
+  )
   if "debug" not in FLAGS:
     flags.DEFINE_boolean(
       "debug",
@@ -453,6 +468,9 @@ def main(argv: list[str]) -> None:
     kill_at_step=FLAGS.kill_at_step,
     progress_bar={"on": True, "off": False}.get(FLAGS.progress_bar),
     eval_timeout=FLAGS.eval_timeout,
+    fdo_stats_dir=FLAGS.fdo_stats_dir,
+    fdo_topology=FLAGS.fdo_topology,
+    fdo_every_n_steps=FLAGS.fdo_every_n_steps,
   )
 
 
@@ -467,6 +485,9 @@ def run(
   kill_at_step: int | None = None,
   progress_bar: bool | None = None,
   eval_timeout: float | None = None,
+  fdo_stats_dir: str | None = None,
+  fdo_topology: str = "v5p-8",
+  fdo_every_n_steps: int = 100,
 ) -> dict[str, Any]:
   """Runs an experiment; returns a summary (metrics, paths, timings).
 
@@ -482,6 +503,9 @@ def run(
     kill_at_step: see ``trainer.Trainer``.
     progress_bar: see ``progress.Progress``.
     eval_timeout: see ``trainer.Trainer.continuous_evaluate``.
+    fdo_stats_dir: keep SparseCore statistics of the training batches
+      (``tpu_embedding.fdo``) for ``fdo_topology`` and write them here every
+      ``fdo_every_n_steps`` steps and at the end of training.
 
   Returns:
     ``{"validation": metrics, "examples_per_second", "skipped_steps",
@@ -493,6 +517,7 @@ def run(
   """
   import keras  # noqa: PLC0415
 
+  from model_garden.ranking import embedding as ranking_embedding  # noqa: PLC0415
   from model_garden.ranking import saved_model  # noqa: PLC0415
   from model_garden.ranking import strategies  # noqa: PLC0415
   from model_garden.ranking.inputs import RankingInputs  # noqa: PLC0415
@@ -516,12 +541,26 @@ def run(
   chief = strategies.is_chief(strategy)
   task = RankingTask(config, strategy, seed=seed)
   inputs = RankingInputs(config.task, strategy)
+  tracker = None
+  if fdo_stats_dir:
+    from tpu_embedding import fdo  # noqa: PLC0415
+
+    tracker = fdo.FdoTracker(
+      fdo.FdoCollector(
+        ranking_embedding.feature_config(config.task.model),
+        fdo_topology,
+        optimizer=task.embedding_optimizer,
+      ),
+      fdo_stats_dir,
+      fdo_every_n_steps,
+    )
   loop = Trainer(
     task,
     inputs,
     model_dir,
     kill_at_step=kill_at_step,
     progress_bar=progress_bar,
+    fdo=tracker,
   )
   if chief and mode in TRAINING_MODES:
     # After the restore: a checkpoint of another experiment stops the run

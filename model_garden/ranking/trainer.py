@@ -143,6 +143,9 @@ class Trainer:
       right after this global step, as a crash or preemption would.
     progress_bar: show a progress bar (None: on a terminal only).
     log_stream: where log lines go (default stdout).
+    fdo: a ``tpu_embedding.fdo.FdoTracker``: SparseCore statistics of the
+      training batches, written every N steps (not under parameter
+      servers, whose batches the workers read).
 
   The latest checkpoint of ``model_dir`` (else ``task.init_checkpoint``)
   is restored on construction.
@@ -168,8 +171,10 @@ class Trainer:
     kill_at_step: int | None = None,
     progress_bar: bool | None = None,
     log_stream: TextIO | None = None,
+    fdo: Any = None,
   ):
     self.task = task
+    self.fdo = fdo
     self.inputs = inputs
     self.model_dir = model_dir
     self.config = task.config
@@ -311,9 +316,14 @@ class Trainer:
     metrics = RankingMetrics()
     loss = None
     pending: list[Any] = []
+    loop_start = time.perf_counter()
     for step in range(start + 1, target + 1):
       if self._is_ps:
         pending.append(self._schedule(step_fn, iterator))
+      elif self.fdo is not None:
+        element = next(iterator)
+        self._observe_fdo(element[0]["sparse_features"])
+        pending.append(step_fn(*element))
       else:
         pending.append(step_fn(*next(iterator)))
       if not self._is_boundary(step, target):
@@ -341,8 +351,30 @@ class Trainer:
         self.log(f"Killing this process after step {step} (--kill_at_step).")
         os.kill(os.getpid(), signal.SIGKILL)
     self.train_examples_per_second = progress.throughput.examples_per_second()
+    if self.fdo is not None and not self._is_ps:
+      self._finish_fdo(time.perf_counter() - loop_start)
     self._next_batches = (target, step_fn, iterator)
     return loss
+
+  def _observe_fdo(self, sparse_features: Any) -> None:
+    from tpu_embedding import fdo  # noqa: PLC0415
+
+    self.fdo.observe(fdo.local_batch(self.strategy, sparse_features))
+
+  def _finish_fdo(self, elapsed: float) -> None:
+    """Writes the statistics with their cost next to the training's (the
+    loop's time without the statistics' own; the first step's trace
+    included, so the ratio errs low only on very short runs)."""
+    self.fdo.train_seconds = max(elapsed - self.fdo.seconds, 1e-9)
+    path = self.fdo.save()
+    if path:
+      cost = self.fdo.cost()
+      ratio = cost["fdo_over_train_step"]
+      self.log(
+        f"FDO statistics: {path} ({self.fdo.collector.steps} batches, "
+        f"{cost['fdo_seconds_per_batch'] * 1e3:.1f} ms each"
+        + (f", {ratio:.2f}x a training step)" if ratio else ")")
+      )
 
   def _train_data(self, start: int) -> tuple[Any, Any]:
     """The training step and an iterator at ``start``'s batches.

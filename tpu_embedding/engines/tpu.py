@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -141,7 +142,9 @@ class _TensorFlowEngine(Engine):
       pipeline_execution_with_tensor_core: passed to TensorFlow.
       sparse_core_embedding_config: a
         ``tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig`` for
-        ``TPUEmbeddingV2``; must be None for ``TPUEmbedding``.
+        ``TPUEmbeddingV2``, or the path of an FDO file
+        (``tpu_embedding.fdo``: ``FdoStats.save``) whose measured limits
+        it is built from; must be None for ``TPUEmbedding``.
 
     Raises:
       ValueError: if a table has no optimizer, an optimizer cannot be
@@ -297,6 +300,12 @@ class SparseCoreEngine(_TensorFlowEngine):
 
   def _create(self, tf_class, pipelining, sparse_core_config):
     self._step: _SparseCoreStep | None = None
+    if isinstance(sparse_core_config, (str, os.PathLike)):
+      # An FDO file (``tpu_embedding.fdo``): the measured limits.
+      from tpu_embedding import fdo
+
+      sparse_core_config = fdo.load_sparse_core_config(sparse_core_config)
+    self.sparse_core_embedding_config = sparse_core_config
     return tf_class(
       self._tf_configs.feature_config,
       self._tf_configs.optimizer,

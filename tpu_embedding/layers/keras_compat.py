@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from typing import TypeAlias
 
 import tensorflow as tf
 
@@ -33,8 +34,10 @@ if IS_KERAS_3:
 else:
   import tf_keras as keras  # noqa: F401 (installed with TF_USE_LEGACY_KERAS)
 
-#: The base class of every layer in ``tpu_embedding.layers``.
-Layer = keras.layers.Layer
+#: The base class of every layer in ``tpu_embedding.layers`` (an explicit
+#: alias: mypy, meeting it inside the package's import cycle, would take it
+#: for a variable).
+Layer: TypeAlias = keras.layers.Layer
 
 
 def in_symbolic_call() -> bool:
