@@ -235,13 +235,39 @@ def _state_bytes(replicas: int, sharded: bool, min_count: int) -> int:
   return max(sizes)
 
 
-@pytest.mark.parametrize(
-  "replicas, sharded",
-  [(1, False), (2, False), (2, True), (4, False), (4, True)],
-  ids=["1", "2", "2-sharded", "4", "4-sharded"],
+def _cases(cases: str) -> list:
+  """``"replicas[s]-min_count-eviction-optimizer"`` strings as parameters
+  (``s``: sharded)."""
+  params = []
+  for case in cases.split():
+    layout, min_count, eviction, name = case.split("-")
+    params.append(
+      pytest.param(
+        int(layout.rstrip("s")),
+        layout.endswith("s"),
+        name,
+        int(min_count),
+        eviction,
+        id=case,
+      )
+    )
+  return params
+
+
+# Every (optimizer, vocabulary) pair and every (layout, vocabulary) pair
+# once; every optimizer on a sharded and on a replicated layout. The
+# optimizers' per-row rules on sharded layouts are also checked for every
+# optimizer (on 2 or 4 replicas) by tests/test_sharded.py.
+TRAINING_CASES = _cases(
+  "1-1-lru-sgd 2-1-lru-adagrad 2s-1-lru-adagrad_momentum 4-1-lru-adam "
+  "4s-1-lru-ftrl 4s-2-lfu-sgd 2s-2-lfu-adagrad 4-2-lfu-adagrad_momentum "
+  "1-2-lfu-adam 2-2-lfu-ftrl 4s-2-lfu-adam"
 )
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("min_count, eviction", [(1, "lru"), (2, "lfu")])
+
+
+@pytest.mark.parametrize(
+  "replicas, sharded, name, min_count, eviction", TRAINING_CASES
+)
 def test_training_matches_the_oracles(
   replicas, sharded, name, min_count, eviction
 ):
@@ -379,13 +405,15 @@ def test_checkpoint_moves_between_replica_counts(tmp_path, sharded):
         np.testing.assert_allclose(g[k], w[k], rtol=1e-6, atol=1e-6)
 
 
+# Every layout, both optimizers, both vocabularies, each optimizer with
+# each vocabulary, and the sharded layout with both vocabularies.
 @pytest.mark.parametrize(
-  "replicas, sharded",
-  [(1, False), (2, False), (4, False), (4, True)],
-  ids=["1", "2", "4", "4-sharded"],
+  "replicas, sharded, name, min_count, eviction",
+  _cases(
+    "1-1-lru-adagrad 2-2-lfu-adam 4-2-lfu-adagrad 4s-1-lru-adam "
+    "4s-2-lfu-adagrad"
+  ),
 )
-@pytest.mark.parametrize("name", ["adagrad", "adam"])
-@pytest.mark.parametrize("min_count, eviction", [(1, "lru"), (2, "lfu")])
 def test_pipelined_training_matches_the_oracles(
   replicas, sharded, name, min_count, eviction
 ):

@@ -131,13 +131,34 @@ def full_values(embedding):
   }
 
 
-@pytest.mark.parametrize("kind", ["one_id", "weighted_ids"])
-@pytest.mark.parametrize("stacking", ["auto", None], ids=["stacked", "alone"])
-@pytest.mark.parametrize("replicas", [2, 4])
+_OPTIMIZERS = {"sgd": lambda: tpe.SGD(0.3), "adagrad": lambda: tpe.Adagrad(0.2)}
+_STACKING = {"stacked": "auto", "alone": None}
+
+
+def _exchange_cases(cases: str) -> list:
+  """``"optimizer-replicas-stacking-kind"`` strings as parameters."""
+  params = []
+  for case in cases.split():
+    optimizer, replicas, stacking, kind = case.split("-")
+    params.append(
+      pytest.param(
+        _OPTIMIZERS[optimizer], int(replicas), _STACKING[stacking], kind,
+        id=case,
+      )
+    )  # fmt: skip
+  return params
+
+
+# Every pair of (optimizer, replicas, stacking, kind) values at least once
+# (a covering array of the 16 combinations), plus the widest exchange: 4
+# replicas, stacked, weighted ids.
 @pytest.mark.parametrize(
-  "optimizer",
-  [lambda: tpe.SGD(0.3), lambda: tpe.Adagrad(0.2)],
-  ids=["sgd", "adagrad"],
+  "optimizer, replicas, stacking, kind",
+  _exchange_cases(
+    "sgd-2-stacked-one_id sgd-4-alone-weighted_ids "
+    "adagrad-2-alone-weighted_ids adagrad-4-stacked-weighted_ids "
+    "adagrad-4-alone-one_id sgd-4-stacked-weighted_ids"
+  ),
 )
 def test_sharded_training_equals_one_device_bit_for_bit(
   optimizer, replicas, stacking, kind, rng

@@ -258,7 +258,7 @@ def test_input_benchmark(tmp_path):
   )
 
 
-def test_sharding_report_of_a_named_experiment():
+def test_sharding_report_of_a_named_experiment(tmp_path):
   out = run_tool(
     "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=1,8",
     "--table_stacking=none",
@@ -275,7 +275,7 @@ def test_sharding_report_of_a_named_experiment():
   assert "more than 50,000 rows are row-sharded" in out
   stacked = run_tool(
     "sharding_report.py", "--tables=4", "--rows=100000", "--replicas=2",
-    "--table_stacking=t0+t1+t2,t3",
+    "--table_stacking=t0+t1+t2,t3", f"--json={tmp_path / 's.json'}",
   ).stdout  # fmt: skip
   assert "1 stack(s) hold 3 of the 4 tables" in stacked
   # The stack's 300,000 rows split in two: t0 on replica 0, t1 halved,
@@ -285,6 +285,14 @@ def test_sharding_report_of_a_named_experiment():
   ), stacked
   assert re.search(r"t1\s+row_sharded .* 50,000 \| 50,000\n", stacked)
   assert re.search(r"t2\s+row_sharded .* 0 \| 100,000\n", stacked)
+  # --json: the same rows of each table on each replica.
+  (plan,) = _json(tmp_path / "s.json")["plans"]
+  rows = {t["table"]: t["rows_per_replica"] for t in plan["tables"]}
+  assert {t: rows[t] for t in ("t0", "t1", "t2")} == {
+    "t0": [100_000, 0],
+    "t1": [50_000, 50_000],
+    "t2": [0, 100_000],
+  }
   bad = run_tool("sharding_report.py", "--experiment=dlrm", returncode=2)
   assert "Traceback" not in bad.stderr
   assert (
@@ -292,17 +300,6 @@ def test_sharding_report_of_a_named_experiment():
     .splitlines()[-1]
     .startswith("--experiment 'dlrm': not an experiment; one of dcn_criteo")
   )
-
-
-def test_sharding_report_json_holds_each_replicas_rows(tmp_path):
-  run_tool(
-    "sharding_report.py", "--tables=3", "--rows=1000", "--replicas=2",
-    "--row_threshold=0", "--table_stacking=t0+t1+t2",
-    f"--json={tmp_path / 's.json'}",
-  )  # fmt: skip
-  (plan,) = _json(tmp_path / "s.json")["plans"]
-  rows = {t["table"]: t["rows_per_replica"] for t in plan["tables"]}
-  assert rows == {"t0": [1000, 0], "t1": [500, 500], "t2": [0, 1000]}
 
 
 def test_sharding_report_builds_and_measures():

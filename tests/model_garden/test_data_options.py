@@ -74,14 +74,16 @@ def scalars(directory, tag: str) -> list[float]:
 # --- on_bad_record ---------------------------------------------------------
 
 
-def test_bad_record_policies_from_the_config_are_applied_and_reported(
+def test_count_policies_from_the_config_are_applied_and_reported(
   tmp_path, capsys
 ):
+  """One run counting both splits' bad records: the training file's at
+  the log steps, the validation file's after its one pass."""
   good = [tsv_line(label=str(i % 2), dense=str(i)) for i in range(40)]
   bad_label = tsv_line(label="2")
   bad_dense = tsv_line(dense="x")
   train_file = write_lines(
-    tmp_path / "train.tsv", good[:10] + [bad_label] + good[10:]
+    tmp_path / "train.tsv", good[:3] + [tsv_line(cat="z")] + good[3:16]
   )
   validation_file = write_lines(
     tmp_path / "validation.tsv",
@@ -95,37 +97,13 @@ def test_bad_record_policies_from_the_config_are_applied_and_reported(
       "--params_override="
       + SMALL
       + f",task.validation_data.input_path={validation_file},"
-      "task.train_data.on_bad_record=skip,"
+      "task.train_data.on_bad_record=count,"
       "task.validation_data.on_bad_record=count",
     ],
     capsys,
   )
-  assert "train_data: bad records are dropped, uncounted." in out
+  assert "train_data: bad records are dropped and counted." in out
   assert "validation_data: bad records are dropped and counted." in out
-  assert "from train_data" not in out  # skip: nothing counted
-  # One pass over the validation file: exactly its three bad lines.
-  assert (
-    "bad records dropped from validation_data so far: 3 (label 1, dense 2)"
-  ) in out
-  assert "(16 examples" in out  # its 16 good lines, 2 batches of 8
-  assert scalars(model_dir / "validation", "bad_records/total") == [3.0]
-  assert scalars(model_dir / "validation", "bad_records/dense") == [2.0]
-  assert not scalars(model_dir / "train", "bad_records/total")
-
-
-def test_count_policy_reports_training_counts(tmp_path, capsys):
-  good = [tsv_line(label=str(i % 2)) for i in range(16)]
-  path = write_lines(tmp_path / "t.tsv", good[:3] + [tsv_line(cat="z")] + good)
-  model_dir = tmp_path / "run"
-  out = run_main(
-    [
-      f"--model_dir={model_dir}",
-      f"--data={path}",
-      "--mode=train",
-      "--params_override=" + SMALL + ",task.train_data.on_bad_record=count",
-    ],
-    capsys,
-  )
   # The training files repeat (and are read ahead): one bad line a pass.
   lines = [x for x in out.splitlines() if "from train_data" in x]
   assert len(lines) == 2, out  # at the log steps 3 and 6
@@ -134,6 +112,45 @@ def test_count_policy_reports_training_counts(tmp_path, capsys):
     assert count >= 1 and line.endswith(f"(categorical {count})")
   totals = scalars(model_dir / "train", "bad_records/categorical")
   assert len(totals) == 2 and totals[0] >= 1 and totals[1] >= totals[0]
+  # One pass over the validation file: exactly its three bad lines.
+  assert (
+    "bad records dropped from validation_data so far: 3 (label 1, dense 2)"
+  ) in out
+  assert "(16 examples" in out  # its 16 good lines, 2 batches of 8
+  assert scalars(model_dir / "validation", "bad_records/total") == [3.0]
+  assert scalars(model_dir / "validation", "bad_records/dense") == [2.0]
+  # Each split has its own counter: the training file's bad line is not
+  # the validation file's.
+  assert scalars(model_dir / "validation", "bad_records/categorical") == [0.0]
+
+
+def test_skip_policy_drops_bad_records_uncounted(tmp_path):
+  """``skip`` from the config: the inputs drop the bad lines and keep no
+  count, so the trainer (which reports ``policy_notes``,
+  ``bad_record_note`` and ``bad_record_scalars``, as the run above
+  shows) notes the policy and reports nothing."""
+  good = [tsv_line(label=str(i % 2), dense=str(i)) for i in range(16)]
+  path = write_lines(
+    tmp_path / "t.tsv",
+    good[:5] + [tsv_line(label="2"), tsv_line(dense="x")] + good[5:],
+  )
+  config = train.build_config(
+    "dlrm_criteo_cpu_small",
+    params_override=SMALL + ",task.train_data.on_bad_record=skip",
+    data=path,
+  )
+  pipelines = inputs.RankingInputs(config.task)
+  assert pipelines.policy_notes() == [
+    "train_data: bad records are dropped, uncounted."
+  ]
+  dataset = pipelines.train_dataset_fn()(None)
+  dense = np.concatenate(
+    [f["dense_features"].numpy()[:, 0] for f, _ in dataset.take(2)]
+  )
+  np.testing.assert_allclose(np.expm1(dense), np.arange(16.0), rtol=1e-5)
+  assert pipelines.bad_record_counts("train_data") is None
+  assert pipelines.bad_record_note("train_data") is None
+  assert pipelines.bad_record_scalars("train_data") == {}
 
 
 def test_default_policy_raises_naming_the_line(tmp_path, capsys):

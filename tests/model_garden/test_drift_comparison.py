@@ -100,9 +100,9 @@ def test_comparison_trains_both_variants_and_reports_them(tmp_path):
   results = drift_comparison.main(
     [
       "--model_dir", str(tmp_path),
-      "--examples", "32768",
-      "--eval_examples", "8192",
-      "--window", "8192",
+      "--examples", "16384",
+      "--eval_examples", "4096",
+      "--window", "4096",
       "--batch_size", "1024",
       "--rows", "1000",
       "--entities", "10000",
@@ -126,14 +126,14 @@ def test_comparison_trains_both_variants_and_reports_them(tmp_path):
   vocabularies = dynamic["vocabularies"]
   assert len(vocabularies) == 26 and not hashed["vocabularies"]
   big = vocabularies["embedding_table_00"]
-  assert big["capacity"] == 1000 and big["step"] == 32
+  assert big["capacity"] == 1000 and big["step"] == 16
   assert big["evictions"] > 0 and 0 < big["rows_in_use"] <= 1000
   for result in results.values():
     assert 0.5 < result["progressive"]["auc"] < 1.0
     assert 0.5 < result["held_out"]["auc"] < 1.0
     assert result["held_out"]["label_mean"] > 0.1
     windows = [p["examples"] for p in result["curve"]]
-    assert windows == [8192, 16384, 24576, 32768]
+    assert windows == [4096, 8192, 12288, 16384]
     peaks = result["peak_resident_bytes"]
     assert peaks["end"] >= peaks["after_training"] >= peaks["after_build"]
   assert "rows_in_use" in dynamic["curve"][-1]
