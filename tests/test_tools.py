@@ -36,11 +36,13 @@ EXAMPLES = sorted(
 #: Tools whose flags are argparse's (``build_parser()``); the others absl's.
 ARGPARSE_TOOLS = (
   "benchmark.py",
+  "delta_benchmark.py",  # run by tests/test_delta_checkpoints.py
   "dynamic_benchmark.py",
   "export.py",
   "fdo_report.py",  # run by tests/test_fdo.py
   "gpu_check.py",
   "pipelining_benchmark.py",
+  "quantized_export_report.py",  # its AUC by tests/test_quantized_export.py
   "sharding_report.py",
   "memory_report.py",  # run by tests/test_memory.py
 )

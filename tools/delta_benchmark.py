@@ -112,15 +112,25 @@ def measure(args: argparse.Namespace, directory: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = cli.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--rows", type=int, default=2_000_000)
-  parser.add_argument("--dim", type=int, default=128)
+  parser = cli.ArgumentParser(
+    description=__doc__.split("\n")[0],
+    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+  )
+  parser.add_argument(
+    "--rows", type=int, default=2_000_000, help="Rows of the table."
+  )
+  parser.add_argument("--dim", type=int, default=128, help="Its width.")
   parser.add_argument(
     "--touched", type=float, default=0.01, help="Fraction of rows updated."
   )
-  parser.add_argument("--optimizer", choices=("sgd", "adagrad"), default="sgd")
   parser.add_argument(
-    "--dir", default=None, help="Where to write (default: a temporary one)."
+    "--optimizer",
+    choices=("sgd", "adagrad"),
+    default="sgd",
+    help="The table's optimizer (Adagrad adds a slot to each save).",
+  )
+  parser.add_argument(
+    "--dir", default=None, help="Where to write (None: a temporary one)."
   )
   parser.add_argument(
     "--no-verify",

@@ -254,7 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     description=__doc__.splitlines()[0],
     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
   )
-  parser.add_argument("--experiment", default="dlrm_criteo_cpu_small")
+  parser.add_argument(
+    "--experiment",
+    default="dlrm_criteo_cpu_small",
+    help="the Model Garden ranking experiment to train and export",
+  )
   parser.add_argument(
     "--params_override", default="", help="as model_garden.ranking.train's"
   )
@@ -269,11 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     default=",".join(TABLE_DTYPES),
     help="comma-separated table types (float32 is always the reference)",
   )
-  parser.add_argument("--batch_sizes", default="1,512")
+  parser.add_argument(
+    "--batch_sizes", default="1,512", help="serving batch sizes to time"
+  )
   parser.add_argument(
     "--calls", default=200, type=int, help="calls per timed block at batch 1"
   )
-  parser.add_argument("--repeats", default=5, type=int)
+  parser.add_argument(
+    "--repeats", default=5, type=int, help="timed blocks per type and batch"
+  )
   parser.add_argument("--json", default="", help="also write every number")
   return parser
 
