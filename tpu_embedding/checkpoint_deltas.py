@@ -281,19 +281,7 @@ def write_delta(
   if workers is not None:
     workers.barrier()
   if chief:
-    parts = sorted(
-      name[: -len(".index")]
-      for name in tf.io.gfile.glob(f"{temp}/part-*.index")
-    )
-    merged = f"{temp}/merged"
-    with tf.device("CPU"):
-      tf.raw_ops.MergeV2Checkpoints(
-        checkpoint_prefixes=parts,
-        destination_prefix=merged,
-        delete_old_dirs=False,
-      )
-    checkpoint_files.commit(merged, file_prefix)
-    checkpoint_files.remove(temp)
+    checkpoint_files.merge_and_commit(temp, file_prefix)
   if workers is not None:
     workers.barrier()  # Nobody reads the delta before it is whole.
   record_save(checkpoint, file_prefix)

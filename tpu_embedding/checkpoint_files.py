@@ -129,6 +129,23 @@ def commit(merged: str, file_prefix: str) -> None:
   tf.io.gfile.rename(f"{merged}.index", f"{file_prefix}.index", overwrite=True)
 
 
+def merge_and_commit(temp: str, file_prefix: str) -> None:
+  """Merges the workers' ``part-*`` checkpoints in ``temp`` into one,
+  moves it to ``file_prefix`` (``commit``) and removes ``temp``."""
+  parts = sorted(
+    name[: -len(".index")] for name in tf.io.gfile.glob(f"{temp}/part-*.index")
+  )
+  merged = f"{temp}/merged"
+  with tf.device("CPU"):
+    tf.raw_ops.MergeV2Checkpoints(
+      checkpoint_prefixes=parts,
+      destination_prefix=merged,
+      delete_old_dirs=False,
+    )
+  commit(merged, file_prefix)
+  remove(temp)
+
+
 def save_id(file_prefix: str) -> str:
   """A digest of the committed save ``file_prefix`` (of its index, which
   holds every tensor's checksum): what a delta names its parent by.

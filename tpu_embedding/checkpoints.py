@@ -59,9 +59,8 @@ from tpu_embedding import checkpoint_deltas
 from tpu_embedding import compat
 from tpu_embedding.checkpoint_files import Workers as _Workers
 from tpu_embedding.checkpoint_files import checkpoint_keys as _checkpoint_keys
-from tpu_embedding.checkpoint_files import commit as _commit
 from tpu_embedding.checkpoint_files import key_id
-from tpu_embedding.checkpoint_files import remove as _remove
+from tpu_embedding.checkpoint_files import merge_and_commit
 from tpu_embedding.checkpoint_files import remove_stale_temps
 from tpu_embedding.checkpoint_files import worker_parts as _worker_parts
 from tpu_embedding.tables import saved_rows
@@ -163,19 +162,7 @@ def _write_parts(
     )
   workers.barrier()
   if workers.chief:
-    parts = sorted(
-      name[: -len(".index")]
-      for name in tf.io.gfile.glob(f"{temp}/part-*.index")
-    )
-    merged = f"{temp}/merged"
-    with tf.device("CPU"):
-      tf.raw_ops.MergeV2Checkpoints(
-        checkpoint_prefixes=parts,
-        destination_prefix=merged,
-        delete_old_dirs=False,
-      )
-    _commit(merged, file_prefix)
-    _remove(temp)
+    merge_and_commit(temp, file_prefix)
   workers.barrier()  # Nobody reads the checkpoint before it is whole.
   checkpoint_deltas.record_save(checkpoint, file_prefix)
   return file_prefix
