@@ -8,8 +8,17 @@ checkpoint of the same state, and reports their sizes on disk and their
 wall times; unless ``--no-verify``, a fresh table restored from the first
 full checkpoint plus the delta is compared with the live one, bit for bit.
 
+``--export`` also times serving exports, each ``tools/export.py`` in its
+own process (one at a time): version 1 is exported from the first full
+checkpoint, then version 2 both ways: ``--apply_delta`` (version 1 plus
+the delta) and a full export of the second full checkpoint, in
+``--table_dtype``; it reports each process's wall time and the time the
+tool reports itself (``Done in``, without Python's and TensorFlow's
+start-up), and whether the two versions' variables are bit-identical.
+
 Run:
   python3 tools/delta_benchmark.py --rows 2000000 --dim 128 --json
+  python3 tools/delta_benchmark.py --rows 1000000 --dim 64 --export --json
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -95,6 +107,8 @@ def measure(args: argparse.Namespace, directory: str) -> dict:
     figures["delta_bytes"] / figures["full_bytes"], 5
   )
   figures["speedup"] = round(full_s / delta_s, 2)
+  if args.export:
+    figures.update(measure_exports(args, directory, base, delta, full))
   if args.verify:
     live = {key: store.read(key).numpy() for key in store.keys}
     del emb, checkpoint, store
@@ -109,6 +123,106 @@ def measure(args: argparse.Namespace, directory: str) -> dict:
       for key, value in live.items()
     )
   return figures
+
+
+_SPEC = """
+import tpu_embedding as tpe
+from tpu_embedding.export import ExportSpec, FeatureSpec
+
+def build():
+  table = tpe.TableConfig({rows}, {dim}, name="table")
+  return ExportSpec({{"f": tpe.FeatureConfig(table)}}, {{"f": FeatureSpec()}})
+"""
+
+
+def _export_tool(*args: str) -> tuple[float, float]:
+  """Runs ``tools/export.py args``: ``(process wall s, its "Done in" s)``."""
+  command = [
+    sys.executable,
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "export.py"),
+    *args,
+  ]
+  start = time.perf_counter()
+  process = subprocess.run(command, capture_output=True, text=True, check=False)
+  wall = time.perf_counter() - start
+  if process.returncode:
+    raise cli.FixableError(
+      f"tools/export.py {' '.join(args)} failed: {process.stderr.strip()}"
+    )
+  done = re.findall(r"Done in ([0-9.]+)s", process.stderr)
+  return wall, float(done[-1]) if done else float("nan")
+
+
+def _saved_variables(export_dir: str) -> dict:
+  reader = tf.train.load_checkpoint(
+    os.path.join(export_dir, "variables", "variables")
+  )
+  return {
+    key: reader.get_tensor(key)
+    for key in reader.get_variable_to_shape_map()
+    if key != "_CHECKPOINTABLE_OBJECT_GRAPH"
+  }
+
+
+def measure_exports(
+  args: argparse.Namespace, directory: str, base: str, delta: str, full: str
+) -> dict:
+  """``--export``: version 2 by ``--apply_delta`` and by a full export."""
+  spec = os.path.join(directory, "spec.py")
+  with open(spec, "w") as f:
+    f.write(_SPEC.format(rows=args.rows, dim=args.dim))
+  dtype = ["--table_dtype", args.table_dtype]
+  versions = {v: os.path.join(directory, "serving", v) for v in "12"}
+  full_dir = os.path.join(directory, "serving_full", "2")
+  _export_tool(
+    "--spec", f"{spec}:build", "--checkpoint", base, "--export_dir",
+    versions["1"], *dtype,
+  )  # fmt: skip
+  applied, exported = [], []
+  for _ in range(args.export_repeats):  # alternated; medians reported
+    for path in (versions["2"], full_dir):
+      if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)
+    applied.append(
+      _export_tool(
+        "--apply_delta",
+        delta,
+        "--base_export",
+        versions["1"],
+        "--export_dir",
+        versions["2"],
+      )  # fmt: skip
+    )
+    exported.append(
+      _export_tool(
+        "--spec",
+        f"{spec}:build",
+        "--checkpoint",
+        full,
+        "--export_dir",
+        full_dir,
+        *dtype,
+      )  # fmt: skip
+    )
+  apply_wall, apply_done = (
+    float(np.median(x)) for x in zip(*applied, strict=True)
+  )
+  full_wall, full_done = (
+    float(np.median(x)) for x in zip(*exported, strict=True)
+  )
+  got, want = _saved_variables(versions["2"]), _saved_variables(full_dir)
+  return {
+    "export_repeats": args.export_repeats,
+    "export_table_dtype": args.table_dtype,
+    "apply_delta_process_s": round(apply_wall, 3),
+    "apply_delta_tool_s": round(apply_done, 3),
+    "full_export_process_s": round(full_wall, 3),
+    "full_export_tool_s": round(full_done, 3),
+    "export_speedup_process": round(full_wall / apply_wall, 2),
+    "export_speedup_tool": round(full_done / apply_done, 2),
+    "export_bit_identical": sorted(got) == sorted(want)
+    and all(got[k].tobytes() == want[k].tobytes() for k in want),
+  }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +251,23 @@ def build_parser() -> argparse.ArgumentParser:
     dest="verify",
     action="store_false",
     help="Skip the bit-identical restore check.",
+  )
+  parser.add_argument(
+    "--export",
+    action="store_true",
+    help="Also time tools/export.py --apply_delta against a full export.",
+  )
+  parser.add_argument(
+    "--export_repeats",
+    type=int,
+    default=3,
+    help="With --export: runs of each (alternated); medians reported.",
+  )
+  parser.add_argument(
+    "--table_dtype",
+    default="float32",
+    choices=("float32", "float16", "bfloat16", "int8"),
+    help="With --export: the exported tables' type.",
   )
   parser.add_argument(
     "--json", action="store_true", help="Print the figures as JSON."

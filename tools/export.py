@@ -58,11 +58,25 @@ Run:
 (int8: row-wise, with a float32 scale and offset per row); the SavedModel
 dequantizes the rows each request looks up, with TensorFlow ops only
 (error bounds: ``tpu_embedding.export.quantize``).
+
+Fresh versions from delta checkpoints: every export records the digest of
+the checkpoint it was made from. ``--apply_delta DELTA --base_export V``
+writes the next version from version ``V`` and a delta of that checkpoint
+(``tpu_embedding.checkpoints.write_delta``; ``delta-<n>`` of a
+``CheckpointManager(delta_interval=K)`` run), with TensorFlow alone: no
+spec, no config, no training job. It equals an export of the full
+checkpoint at the delta's step (tables in the base version's type) and is
+renamed into place once whole; a delta of another run, or one after a
+skipped delta, is refused in one line naming both digests::
+
+  python3 tools/export.py --apply_delta /tmp/tpe_dlrm/delta-2 \
+      --base_export /tmp/serving/dlrm/1 --export_dir /tmp/serving/dlrm/2
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -79,8 +93,11 @@ import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
 from tpu_embedding.export import TABLE_DTYPES  # noqa: E402
+from tpu_embedding.export import DeltaExport  # noqa: E402
 from tpu_embedding.export import ExportResult  # noqa: E402
+from tpu_embedding.export import ExportSource  # noqa: E402
 from tpu_embedding.export import ExportSpec  # noqa: E402
+from tpu_embedding.export import apply_delta  # noqa: E402
 from tpu_embedding.export import export_for_serving  # noqa: E402
 from tpu_embedding.export import serving_embedding_for  # noqa: E402
 from tpu_embedding.export import validate_signature  # noqa: E402
@@ -167,7 +184,7 @@ def restore(spec: ExportSpec, path: str, tables):
   """The serving embedding of the selected tables, restored with the model.
 
   Returns:
-    ``(serving embedding, table names)``.
+    ``(serving embedding, table names, the checkpoint object restored)``.
 
   Raises:
     ExportError: if a table or a model variable is not in the checkpoint.
@@ -182,7 +199,10 @@ def restore(spec: ExportSpec, path: str, tables):
         "or call it once on example inputs)."
       )
     objects[spec.model_key] = spec.model
-  status = tf.train.Checkpoint(**objects).restore(path)
+  checkpoint = tf.train.Checkpoint(**objects)
+  # read, not restore: no save_counter is created (a checkpoint written by
+  # Checkpoint.write or tpu_embedding.checkpoints has none to match it).
+  status = checkpoint.read(path)
   embedding.build()  # creates the tables from the checkpoint's values
   status.expect_partial()  # slots, other tables, the training optimizer
   try:
@@ -194,7 +214,7 @@ def restore(spec: ExportSpec, path: str, tables):
       f"model (check ExportSpec.embedding_key / model_key; its top-level "
       f"keys are {keys}): {e}"
     ) from e
-  return embedding, names
+  return embedding, names, checkpoint
 
 
 def export_ranking_run(args: argparse.Namespace) -> ExportResult:
@@ -219,7 +239,7 @@ def export_ranking_run(args: argparse.Namespace) -> ExportResult:
   progress("Restoring %s (the run's config: %s)", path, args.model_dir)
   try:
     return saved_model.export_from_checkpoint(
-      config, path, args.export_dir, table_dtype=args.table_dtype
+      config, path, args.export_dir, table_dtype=table_dtype(args)
     )
   except (ValueError, AssertionError) as e:
     raise ExportError(
@@ -243,10 +263,63 @@ def prepare_export_dir(args: argparse.Namespace) -> None:
     tf.io.gfile.rmtree(args.export_dir)
 
 
-def run(args: argparse.Namespace) -> ExportResult:
+def table_dtype(args: argparse.Namespace) -> str:
+  """``--table_dtype``, float32 when not given."""
+  return getattr(args, "table_dtype", None) or "float32"
+
+
+def run_apply_delta(args: argparse.Namespace):
+  """``--apply_delta``: the next version from ``--base_export``."""
+  if not (args.apply_delta and args.base_export):
+    raise cli.UsageError(
+      "--apply_delta DELTA and --base_export DIR (the version the delta "
+      "follows) go together."
+    )
+  given = [
+    flag
+    for flag, value in (
+      ("--spec", args.spec),
+      ("--model_dir", args.model_dir),
+      ("--checkpoint", args.checkpoint),
+      ("--tables", args.tables),
+      ("--table_dtype", getattr(args, "table_dtype", None)),
+    )
+    if value
+  ]
+  if given:
+    raise cli.UsageError(
+      f"--apply_delta takes no {given[0]}: the tables, their type and the "
+      "model are the --base_export version's."
+    )
+  from model_garden.ranking import preflight  # noqa: PLC0415
+
+  preflight.check_model_dir(args.export_dir, flag="--export_dir")
+  progress("Applying %s to %s", args.apply_delta, args.base_export)
+  try:
+    result = apply_delta(
+      args.base_export,
+      args.apply_delta,
+      args.export_dir,
+      overwrite=args.overwrite,
+    )
+  except ValueError as e:  # DeltaMismatchError included
+    raise ExportError(str(e)) from None
+  except (tf.errors.OpError, OSError) as e:  # a write that failed
+    reason = " ".join(str(getattr(e, "message", e)).split())
+    raise ExportError(
+      f"Writing {args.export_dir} failed ({type(e).__name__}: {reason}); "
+      "the previous versions are as they were."
+    ) from None
+  progress("Done in %.2fs", result.seconds)
+  return result
+
+
+def run(args: argparse.Namespace):
   """Loads the spec (or the run's config), restores the checkpoint and
-  writes the SavedModel."""
+  writes the SavedModel (or, with ``--apply_delta``, the next version)."""
   start = time.time()
+  if args.apply_delta or args.base_export:
+    return run_apply_delta(args)
   if bool(args.spec) == bool(args.model_dir):
     raise cli.UsageError(
       "Pass either --model_dir (a model_garden.ranking.train directory) or "
@@ -254,7 +327,7 @@ def run(args: argparse.Namespace) -> ExportResult:
     )
   if args.model_dir:
     result = export_ranking_run(args)
-    progress("Done in %.1fs", time.time() - start)
+    progress("Done in %.2fs", time.time() - start)
     return result
   if not args.checkpoint:
     raise cli.UsageError("--spec needs --checkpoint.")
@@ -268,7 +341,7 @@ def run(args: argparse.Namespace) -> ExportResult:
   try:
     validate_signature(spec.feature_config, spec.input_signature, tables)
     progress("Restoring %s (tables: %s)", path, tables or "all")
-    embedding, names = restore(spec, path, tables)
+    embedding, names, checkpoint = restore(spec, path, tables)
     progress("Restored tables %s in %.1fs", list(names), time.time() - start)
     result = export_for_serving(
       args.export_dir,
@@ -278,16 +351,29 @@ def run(args: argparse.Namespace) -> ExportResult:
       tables=list(names),
       feature_config=spec.feature_config,
       signature_name=args.signature_name,
-      table_dtype=args.table_dtype,
+      table_dtype=table_dtype(args),
+      source=ExportSource(path, checkpoint),
     )
   except (ValueError, TypeError) as e:
     raise ExportError(str(e)) from e
-  progress("Done in %.1fs", time.time() - start)
+  progress("Done in %.2fs", time.time() - start)
   return result
 
 
-def describe(result: ExportResult) -> str:
-  """A summary of the written signature."""
+def describe(result) -> str:
+  """A summary of the written signature (or of the delta applied)."""
+  if isinstance(result, DeltaExport):
+    rows = ", ".join(f"{t} {n}" for t, n in result.rows.items())
+    return "\n".join(
+      [
+        f"SavedModel: {result.export_dir}",
+        f"from: {result.base_export} (source {result.parent})",
+        f"delta: {result.delta} (source {result.source})",
+        f"rows rewritten: {rows or 'none'}",
+        f"model variables from the delta: {result.model_variables}",
+        f"seconds: {result.seconds:.2f}",
+      ]
+    )
   lines = [
     f"SavedModel: {result.export_dir}",
     f"tables: {', '.join(result.tables)} ({result.table_dtype})",
@@ -336,10 +422,25 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--table_dtype",
-    default="float32",
+    default=argparse.SUPPRESS,  # absent unless given (--apply_delta)
     choices=TABLE_DTYPES,
     help="the type the SavedModel stores the tables in (int8: row-wise, "
-    "a float32 scale and offset per row)",
+    "a float32 scale and offset per row); default float32",
+  )
+  parser.add_argument(
+    "--apply_delta",
+    default=None,
+    metavar="DELTA",
+    help="a delta checkpoint: write --export_dir as --base_export plus "
+    "this delta (TensorFlow alone: no spec, config or checkpoint)",
+  )
+  parser.add_argument(
+    "--base_export",
+    default=None,
+    metavar="DIR",
+    help="with --apply_delta: the SavedModel version the delta follows "
+    "(exported from the delta's parent checkpoint, or made by "
+    "--apply_delta from it)",
   )
   parser.add_argument(
     "--signature_name",
@@ -357,8 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def figures(result: ExportResult) -> dict:
+def figures(result) -> dict:
   """``--json``: what ``describe`` prints."""
+  if isinstance(result, DeltaExport):
+    return dataclasses.asdict(result)
 
   def specs(named) -> dict:
     return {

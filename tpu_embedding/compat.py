@@ -62,6 +62,13 @@ from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 # ``sparse_read`` does), so ops reading it by handle are differentiable.
 from tensorflow.python.ops.resource_variable_ops import variable_accessed
 
+# A SavedModel's ``fingerprint.pb`` (digests of its graph and variables),
+# written again when a new version's variables are rewritten from a delta
+# (``export/from_delta.py``) so that it names the new variables.
+from tensorflow.python.saved_model.fingerprinting_utils import (
+  write_fingerprint as write_saved_model_fingerprint,
+)
+
 # Registers the checkpoint callback that copies tables off / onto the TPU
 # around saves and restores, as TensorFlow does for its own TPUEmbedding.
 from tensorflow.python.saved_model.registration import register_checkpoint_saver
@@ -117,6 +124,7 @@ __all__ = [
   "tf_tpu_variables",
   "update_uid",
   "variable_accessed",
+  "write_saved_model_fingerprint",
 ]
 
 

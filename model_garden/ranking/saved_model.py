@@ -15,7 +15,9 @@ signature takes
                   int64 (B, k_i)    its multi-hot ids, padded with -1
 
 and returns ``predictions``, the click probability ``(B,)``. It loads
-with TensorFlow alone (``tf.saved_model.load``, TF Serving).
+with TensorFlow alone (``tf.saved_model.load``, TF Serving). It records
+the checkpoint it was made from, so that ``tools/export.py --apply_delta``
+makes the next versions from the run's delta checkpoints.
 
 Example:
   >>> import tempfile
@@ -118,7 +120,8 @@ def export_from_checkpoint(
   tables.build()
   model = ranking_model.build_model(model_config)
   model(ranking_model.example_inputs(model_config))
-  restore = tf.train.Checkpoint(embedding=tables, model=model).restore(path)
+  checkpoint_objects = tf.train.Checkpoint(embedding=tables, model=model)
+  restore = checkpoint_objects.read(path)  # save() or write(): no counter
   restore.expect_partial().assert_existing_objects_matched()
   return export.export_for_serving(
     export_dir,
@@ -126,6 +129,8 @@ def export_from_checkpoint(
     serving_model(model, len(model_config.vocab_sizes)),
     input_signature(model_config),
     table_dtype=table_dtype,
+    # Recorded: the next versions are made from deltas of this run.
+    source=export.ExportSource(path, checkpoint_objects),
   )
 
 

@@ -14,6 +14,9 @@ One module per concept:
   and the functions that quantize and dequantize rows.
 * ``from_checkpoint``: ``ExportSpec`` and ``serving_embedding_for``, with
   which ``tools/export.py`` exports from a checkpoint.
+* ``from_delta``: ``apply_delta``, a new SavedModel version from the
+  previous one and a delta checkpoint (``tools/export.py --apply_delta``),
+  and the source record (``ExportSource``, ``read_source``) it checks.
 
 Every public name is importable from ``tpu_embedding.export``.
 
@@ -25,6 +28,10 @@ Example:
 
 from tpu_embedding.export.from_checkpoint import ExportSpec
 from tpu_embedding.export.from_checkpoint import serving_embedding_for
+from tpu_embedding.export.from_delta import DeltaExport
+from tpu_embedding.export.from_delta import ExportSource
+from tpu_embedding.export.from_delta import apply_delta
+from tpu_embedding.export.from_delta import read_source
 from tpu_embedding.export.quantize import TABLE_DTYPES
 from tpu_embedding.export.quantize import QuantizedRows
 from tpu_embedding.export.quantize import QuantizedTable
@@ -45,7 +52,9 @@ from tpu_embedding.export.subset import feature_config_of
 __all__ = [
   "PADDING_ID",
   "TABLE_DTYPES",
+  "DeltaExport",
   "ExportResult",
+  "ExportSource",
   "ExportSpec",
   "FeatureSpec",
   "QuantizedRows",
@@ -53,11 +62,13 @@ __all__ = [
   "ServingLookup",
   "TableSelection",
   "TableSubset",
+  "apply_delta",
   "dequantize_rows",
   "export_for_serving",
   "feature_config_of",
   "padded_to_sparse",
   "quantize_rows",
+  "read_source",
   "serving_embedding_for",
   "validate_signature",
   "weights_name",

@@ -70,6 +70,8 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tpu_embedding.export.from_delta import ExportSource
+from tpu_embedding.export.from_delta import record_source
 from tpu_embedding.export.quantize import check_table_dtype
 from tpu_embedding.export.quantize import table_variables
 from tpu_embedding.export.signature import FeatureSpec
@@ -214,6 +216,7 @@ def export_for_serving(
   feature_config: FeatureConfigNest | None = None,
   signature_name: str = "serving_default",
   table_dtype: str = "float32",
+  source: ExportSource | None = None,
 ) -> ExportResult:
   """Writes a SavedModel serving ``model`` on the embedding's tables.
 
@@ -261,6 +264,10 @@ def export_for_serving(
     table_dtype: the type the tables are stored in, one of
       ``quantize.TABLE_DTYPES``: ``"float32"`` (as trained),
       ``"float16"``, ``"bfloat16"`` or ``"int8"``.
+    source: the checkpoint the embedding and model were restored from
+      (``ExportSource``): recorded in the SavedModel, so that
+      ``apply_delta`` makes the next version from it and a delta of that
+      checkpoint. None: nothing is recorded.
 
   Returns:
     An ``ExportResult`` with the signature's inputs and outputs.
@@ -344,6 +351,8 @@ def export_for_serving(
     len(model_variables),
   )
   tf.saved_model.save(root, export_dir, signatures={signature_name: concrete})
+  if source is not None:
+    record_source(export_dir, source, root, lookup.stores, table_dtype)
   outputs = {
     name: tf.TensorSpec(t.shape, t.dtype, name=name)
     for name, t in concrete.structured_outputs.items()
