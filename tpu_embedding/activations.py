@@ -20,8 +20,9 @@ Example:
   >>> config = resolve({"f": tpe.FeatureConfig(table)}, None)
   >>> prepared = prepare_features(
   ...     config, {"f": tf.ragged.constant([[1, 2], [3]])}, None, "features")
+  >>> from tpu_embedding.lookup import occurrence_rows
   >>> def rows(requests):  # row i holds the value i
-  ...   return [tf.cast(tf.gather(ids, index), tf.float32)[:, None]
+  ...   return [occurrence_rows(tf.cast(ids, tf.float32)[:, None], index)
   ...           for _, ids, index in requests]
   >>> from tpu_embedding.kernels.ops import TENSORFLOW_OPS
   >>> activations, _ = look_up(config, prepared, rows, ops=TENSORFLOW_OPS)
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import prepare_feature
@@ -53,11 +55,12 @@ from tpu_embedding.stacking import TableStack
 from tpu_embedding.structure import check_same_structure
 
 #: Reads the rows of several tables at once: ``[(table, unique ids,
-#: index)]`` → per request the ``[n, dim]`` row of each id occurrence,
-#: ``rows(unique ids)[index]`` (each distinct row read once, then expanded:
-#: ``lookup.expand_rows``).
+#: index)]`` → per request the row of each id occurrence,
+#: ``rows(unique ids)[index]``, as ``PickedRows`` (each distinct row read
+#: once and left in place: ``lookup.occurrence_rows``; the combiner reads
+#: each occurrence's row where it is).
 RowSource = Callable[
-  [Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]], Sequence[tf.Tensor]
+  [Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]], Sequence[PickedRows]
 ]
 
 

@@ -27,8 +27,8 @@ Example:
   ...                     tpe.FeatureConfig(table), "f")
   >>> batch = group_table(table, [f], ops)
   >>> rows = tf.constant([[10.0], [20.0]])  # rows of ids 1 and 2
-  >>> occurrence_rows = expand_rows(rows, batch.unique_index, ops)
-  >>> combine(occurrence_rows, batch, ops).numpy().tolist()
+  >>> each_id = occurrence_rows(rows, batch.unique_index)
+  >>> combine(each_id, batch, ops).numpy().tolist()
   [[40.0]]
 """
 
@@ -202,32 +202,41 @@ def _member_segments(
   )
 
 
-def expand_rows(
-  unique_rows: tf.Tensor, index: tf.Tensor, ops: StepOps
-) -> tf.Tensor:
-  """The row of each id occurrence from the rows of the distinct ids.
+def occurrence_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> PickedRows:
+  """The row of each id occurrence, in place in the rows of the distinct ids.
 
   What a row source returns (``activations.RowSource``): ``unique_rows[i]``
   is the row of ``unique_ids[i]``, ``index`` the position in ``unique_ids``
-  of each occurrence; ``ops`` the step's row ops (``kernels/ops.py``).
+  of each occurrence. Nothing is copied: ``combine`` reads each
+  occurrence's row where it is.
   """
-  return ops.gather_pieces([unique_rows], index)
+  return PickedRows([unique_rows], index)
 
 
-def combine(rows: tf.Tensor, batch: TableBatch, ops: StepOps) -> tf.Tensor:
+def combine(rows: PickedRows, batch: TableBatch, ops: StepOps) -> tf.Tensor:
   """``[num_segments, dim]`` activations from the row of each id.
 
   Args:
-    rows: ``[n, dim]``: the row of each id occurrence, in the order of
-      ``batch.unique_index``.
+    rows: the row of each id occurrence, in the order of
+      ``batch.unique_index``, picked out of the rows a row source read
+      (``occurrence_rows``; ungrouped, without scales).
     batch: the ids' ``TableBatch``.
-    ops: the step's row ops (``kernels/ops.py``): they sum.
+    ops: the step's row ops (``kernels/ops.py``): they gather and sum.
   """
-  if batch.table.quantization_config is not None:
-    rows = batch.table.quantization_config.quantize(rows)
-  if batch.segments is None:
-    return rows if batch.scales is None else rows * batch.scales[:, None]
-  return ops.segment_sum(rows, batch.segments, batch.scales, batch.num_segments)
+  pieces = rows.pieces
+  quantization = batch.table.quantization_config
+  if quantization is not None:
+    pieces = [quantization.quantize(piece) for piece in pieces]
+  if batch.segments is None:  # One id per output row.
+    one_per_row = ops.gather_pieces(pieces, rows.positions)
+    if batch.scales is None:
+      return one_per_row
+    return one_per_row * batch.scales[:, None]
+  return ops.segment_sum(
+    PickedRows(pieces, rows.positions, batch.scales),
+    batch.segments,
+    batch.num_segments,
+  )
 
 
 def split_activations(

@@ -210,14 +210,14 @@ class PipelinedBackend(Backend):
 
   def gather_tables(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     return self._inner.gather_tables(requests, ops)
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     rows = self._inner.gather_tables(requests, ops)
-    with tf.control_dependencies(rows):
+    with tf.control_dependencies([p for r in rows for p in r.pieces]):
       self.flush(ops)
     return rows
 

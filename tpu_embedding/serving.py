@@ -49,7 +49,7 @@ from tpu_embedding.inputs import is_sequence
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.keys import KeysToRows
-from tpu_embedding.lookup import expand_rows
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
@@ -190,7 +190,7 @@ def _lookup_one(
   (activations,), _ = look_up_groups(
     [(named, [0])],
     [prepared],
-    lambda requests: [expand_rows(read(requests[0][1]), requests[0][2], ops)],
+    lambda requests: [occurrence_rows(read(requests[0][1]), requests[0][2])],
     ops=ops,
   )
   return activations

@@ -27,10 +27,11 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.lookup import expand_rows
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
@@ -139,7 +140,7 @@ class Backend(metaclass=abc.ABCMeta):
   @abc.abstractmethod
   def gather_tables(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     """``[m_t, dim_t]`` rows of each table's id occurrences: the rows of
     its distinct ids ``[n_t]`` at ``index`` ``[m_t]``, by ``ops`` (the
     step's row ops, ``kernels/ops.py``)."""
@@ -164,16 +165,16 @@ class Backend(metaclass=abc.ABCMeta):
 
   def gather_from_stores(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     """Rows read by the calling host from each table's store."""
     return [
-      expand_rows(self._stores[table_name(t)].gather(ids, ops=ops), index, ops)
+      occurrence_rows(self._stores[table_name(t)].gather(ids, ops=ops), index)
       for t, ids, index in requests
     ]
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     """``gather_tables`` for a lookup that will be followed by an update.
 
     Pipelining (``pipelining.PipelinedBackend``) applies the previous
@@ -198,7 +199,7 @@ class HostBackend(Backend):
 
   def gather_tables(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     return self.gather_from_stores(requests, ops)
 
   def apply_updates(

@@ -52,7 +52,7 @@ from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.lookup import expand_rows
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
 
@@ -99,7 +99,7 @@ class RowExchange(metaclass=abc.ABCMeta):
   @abc.abstractmethod
   def gather(
     self, replica: int, requests: RowRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     """Per request, the ``[m, dim]`` row of each id occurrence (the rows
     of its ids, from their owners, at ``index``), by the step's row ops
     ``ops`` (``kernels/ops.py``)."""
@@ -145,7 +145,7 @@ class AllToAll(RowExchange):
 
   def gather(
     self, replica: int, requests: RowRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     splits = [
       ops.split_by_owner(ids, placement.shard_offsets, slots=True)
       for placement, _, ids, _ in requests
@@ -156,10 +156,10 @@ class AllToAll(RowExchange):
     ):
       block = store.blocks[replica - self._first]["parameters"]
       replies.append([ops.gather_rows(block, rows) for rows in received])
-    # Each occurrence's row, read straight from the owners' replies (its
-    # distinct id's slot in their concatenation).
+    # Each occurrence's row, in place in the owners' replies (its distinct
+    # id's slot in their concatenation).
     return [
-      ops.gather_pieces(rows, index, through=split.slots)
+      PickedRows(rows, tf.gather(split.slots, index))
       for (_, _, _, index), split, rows in zip(
         requests, splits, self._route(replies), strict=True
       )
@@ -337,7 +337,7 @@ class AllGather(RowExchange):
 
   def gather(
     self, replica: int, requests: RowRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     context = tf.distribute.get_replica_context()
     id_lists = [ids for _, _, ids, _ in requests]
     exchange = Exchange(context, id_lists)
@@ -349,13 +349,13 @@ class AllGather(RowExchange):
       block = store.blocks[replica - self._first]["parameters"]
       found = tf.gather(block, in_block)
       rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
-    results: list[tf.Tensor | None] = [None] * len(requests)
+    results: dict[int, PickedRows] = {}
     # Each row is non-zero on its owner only: the sum is exact.
     for group in group_by_width([p.dim for p, _, _, _ in requests]):
       summed = exchange.all_reduce_rows([rows[k] for k in group], group)
       for k, value in zip(group, summed, strict=True):
-        results[k] = expand_rows(value, requests[k][3], ops)
-    return results
+        results[k] = occurrence_rows(value, requests[k][3])
+    return [results[k] for k in range(len(requests))]
 
   def update(
     self, replica: int, updates: GradientUpdates, ops: StepOps

@@ -46,8 +46,9 @@ from tpu_embedding.backends.exchanges import AllToAll
 from tpu_embedding.backends.exchanges import PlacedUpdate
 from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.lookup import expand_rows
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.planning import Planner
 from tpu_embedding.planning import on_accelerators
 from tpu_embedding.replicas import current_replica
@@ -160,12 +161,12 @@ class ShardedBackend(Backend):
 
   def gather_tables(
     self, requests: GatherRequests, ops: StepOps
-  ) -> list[tf.Tensor]:
+  ) -> list[PickedRows]:
     replica = current_replica(self._strategy)
     if replica is None:  # A direct lookup outside strategy.run.
       return self.gather_from_stores(requests, ops)
     local = replica - self._first
-    results: list[tf.Tensor | None] = [None] * len(requests)
+    results: dict[int, PickedRows] = {}
     sharded, row_requests = [], []
     for i, (table, ids, index) in enumerate(requests):
       placement = self._plan.placements[table_name(table)]
@@ -175,12 +176,12 @@ class ShardedBackend(Backend):
         row_requests.append((placement, store, ids, index))
       else:  # A replicated table: this replica's own copy.
         rows = ops.gather_rows(store.blocks[local]["parameters"], ids)
-        results[i] = expand_rows(rows, index, ops)
+        results[i] = occurrence_rows(rows, index)
     if sharded:
       rows = self._exchange.gather(replica, row_requests, ops)
       for i, value in zip(sharded, rows, strict=True):
         results[i] = value
-    return results
+    return [results[i] for i in range(len(requests))]
 
   def apply_updates(
     self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None

@@ -17,11 +17,12 @@
 //   sgd:      w = w - lr * g
 //   adagrad:  a = a + g * g;  w = w - (lr * g) / sqrt(a)
 //   w = min(max(w, clip_weight_min), clip_weight_max)
-// The gradient rows are read once, in order (sequentially, however skewed
-// the ids); each distinct row and its slot rows are read and written once,
-// at the row's last occurrence; large updates are split over the CPU worker
-// threads by distinct row. Every input is checked before any variable is
-// written.
+// The gradient rows are grouped by distinct row (a stable counting sort);
+// each distinct row's gradient is summed in registers and applied at once,
+// its table and slot rows read and written once, prefetched a few rows
+// ahead; large updates are split over the CPU worker threads into
+// contiguous ranges of distinct rows. Every input is checked before any
+// variable is written.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -118,92 +119,72 @@ struct RowUpdate {
   }
 };
 
-// Where a distinct row occurs among the gradient rows.
-struct RowOccurrences {
-  int32_t count;  // how many times
-  int32_t first;  // its first and last gradient row
-  int32_t last;
-  int32_t slot;   // its row in the sums (rows that occur twice or more)
-};
-
-// A step's gradient rows and the distinct rows they update.
+// A step's gradient rows grouped by the distinct row they update.
 struct Occurrences {
   const std::vector<const float*>* grad_rows;  // gradient row i
   const float* scales;                         // scales[i], or nullptr
-  const int32_t* index;                        // index[i]: its distinct row
-  int64_t num_grads;
-  const int64_t* row_ids;                      // row_ids[u]: row in the table
-  int64_t num_unique;
-  const RowOccurrences* rows;                  // rows[u]
+  const int32_t* order;    // gradient rows by distinct row, each in order
+  const int32_t* start;    // distinct row u's are order[start[u]:start[u+1]]
+  const int64_t* row_ids;  // row_ids[u]: row in the table
 };
 
-// Gradient rows looked ahead to prefetch the table rows they finish.
-constexpr int64_t kAheadGrads = 16;
+// Distinct rows looked ahead to prefetch their table rows.
+constexpr int64_t kAheadRows = 8;
 
-// Updates the distinct rows u of one shard (u % shards == shard) in one pass
-// over the gradient rows in order, which reads them sequentially whatever
-// the ids' skew: a row's sum starts at its first occurrence (from zero, as
-// the segment sum) and is applied at its last. kDim > 0 fixes the row width
+// Updates the distinct rows [begin, end): each row's gradient is summed in
+// registers from zero over its gradient rows in increasing i (what the
+// segment sum adds, in its order), then applied to the table row, whose
+// rows (and slot rows) are prefetched a few distinct rows ahead. Gradient
+// rows are small (a step's activations' gradients) and stay in cache; the
+// table rows are each read and written once. kDim > 0 fixes the row width
 // at compile time (common widths: fully vectorized loops), 0 reads `dim`.
 // Not inlined into Compute, so that its loops vectorize.
 template <int kDim>
-__attribute__((noinline)) void UpdateShard(const Occurrences& in,
-                                           const RowUpdate& update,
-                                           float* params, float* accum,
-                                           int64_t given_dim, float* sums,
-                                           int64_t shard, int64_t shards) {
+__attribute__((noinline)) void UpdateRows(const Occurrences& in,
+                                          const RowUpdate& update,
+                                          float* params, float* accum,
+                                          int64_t given_dim, int64_t begin,
+                                          int64_t end) {
   const int64_t dim = kDim > 0 ? kDim : given_dim;
   const int64_t row_bytes = dim * sizeof(float);
-  std::vector<float> single(dim);
+  std::vector<float> buffer(dim);
+  float* __restrict sum = buffer.data();
   const std::vector<const float*>& grad_rows = *in.grad_rows;
-  auto mine = [&](int32_t u) { return shards == 1 || u % shards == shard; };
-  auto apply = [&](int64_t u, float* g) {
+  for (int64_t u = begin; u < end; ++u) {
+    if (u + kAheadRows < end) {
+      const int64_t ahead = in.row_ids[u + kAheadRows] * dim;
+      Prefetch(params + ahead, row_bytes);
+      if (accum != nullptr) Prefetch(accum + ahead, row_bytes);
+    }
+    std::fill(sum, sum + dim, 0.0f);
+    for (int32_t k = in.start[u]; k < in.start[u + 1]; ++k) {
+      const int32_t i = in.order[k];
+      AddRow(grad_rows[i], in.scales == nullptr ? nullptr : in.scales + i,
+             dim, sum);
+    }
+    // (Rows without gradients, not from a lookup's ids, add zeros, as the
+    // segment sum gives them.)
     const int64_t offset = in.row_ids[u] * dim;
     update.Apply(params + offset, accum == nullptr ? nullptr : accum + offset,
-                 g, dim);
-  };
-  for (int64_t i = 0; i < in.num_grads; ++i) {
-    const int64_t ahead = i + kAheadGrads;
-    if (ahead < in.num_grads) {  // The table rows a later gradient finishes.
-      const int32_t v = in.index[ahead];
-      if (in.rows[v].last == ahead && mine(v)) {
-        Prefetch(params + in.row_ids[v] * dim, row_bytes);
-        if (accum != nullptr) Prefetch(accum + in.row_ids[v] * dim, row_bytes);
-      }
-    }
-    const int32_t u = in.index[i];
-    if (!mine(u)) continue;
-    const RowOccurrences& row = in.rows[u];
-    float* sum = row.count == 1 ? single.data() : sums + row.slot * dim;
-    if (i == row.first) std::fill(sum, sum + dim, 0.0f);
-    AddRow(grad_rows[i], in.scales == nullptr ? nullptr : in.scales + i, dim,
-           sum);
-    if (i == row.last) apply(u, sum);
-  }
-  // Rows without gradients (not from a lookup's ids) add zeros, as the
-  // segment sum gives them.
-  for (int64_t u = shard; u < in.num_unique; u += shards) {
-    if (in.rows[u].count > 0) continue;
-    std::fill(single.begin(), single.end(), 0.0f);
-    apply(u, single.data());
+                 sum, dim);
   }
 }
 
-// UpdateShard for this row width.
-void UpdateShardOfWidth(const Occurrences& in, const RowUpdate& update,
-                        float* params, float* accum, int64_t dim, float* sums,
-                        int64_t shard, int64_t shards) {
+// UpdateRows for this row width.
+void UpdateRowsOfWidth(const Occurrences& in, const RowUpdate& update,
+                       float* params, float* accum, int64_t dim,
+                       int64_t begin, int64_t end) {
   switch (dim) {
     case 16:
-      return UpdateShard<16>(in, update, params, accum, dim, sums, shard, shards);
+      return UpdateRows<16>(in, update, params, accum, dim, begin, end);
     case 32:
-      return UpdateShard<32>(in, update, params, accum, dim, sums, shard, shards);
+      return UpdateRows<32>(in, update, params, accum, dim, begin, end);
     case 64:
-      return UpdateShard<64>(in, update, params, accum, dim, sums, shard, shards);
+      return UpdateRows<64>(in, update, params, accum, dim, begin, end);
     case 128:
-      return UpdateShard<128>(in, update, params, accum, dim, sums, shard, shards);
+      return UpdateRows<128>(in, update, params, accum, dim, begin, end);
     default:
-      return UpdateShard<0>(in, update, params, accum, dim, sums, shard, shards);
+      return UpdateRows<0>(in, update, params, accum, dim, begin, end);
   }
 }
 
@@ -402,20 +383,26 @@ class FusedSparseApplyOp : public OpKernel {
     OP_REQUIRES(ctx, num_grads <= std::numeric_limits<int32_t>::max(),
                 errors::InvalidArgument("too many gradient rows: ", num_grads));
     const int32_t* positions = index.flat<int32_t>().data();
-    // Where each distinct row occurs: how often, first and last.
-    thread_local std::vector<RowOccurrences> occurrence_buffer;
-    RowOccurrences* row_occurrences = Reuse(&occurrence_buffer, num_unique);
-    std::fill(row_occurrences, row_occurrences + num_unique,
-              RowOccurrences{0, 0, 0, -1});
+    // The gradient rows of each distinct row, in increasing i: a stable
+    // counting sort by distinct row.
+    thread_local std::vector<int32_t> start_buffer, grouped_buffer;
+    int32_t* start = Reuse(&start_buffer, num_unique + 1);
+    int32_t* grouped = Reuse(&grouped_buffer, std::max<int64_t>(num_grads, 1));
+    std::fill(start, start + num_unique + 1, 0);
     for (int64_t i = 0; i < num_grads; ++i) {
       const int32_t u = positions[i];
       OP_REQUIRES(ctx, u >= 0 && u < num_unique,
                   errors::InvalidArgument("index[", i, "] = ", u,
                                           " is not in [0, ", num_unique, ")"));
-      RowOccurrences& row = row_occurrences[u];
-      if (row.count++ == 0) row.first = static_cast<int32_t>(i);
-      row.last = static_cast<int32_t>(i);
+      ++start[u + 1];
     }
+    for (int64_t u = 0; u < num_unique; ++u) start[u + 1] += start[u];
+    for (int64_t i = 0; i < num_grads; ++i) {
+      grouped[start[positions[i]]++] = static_cast<int32_t>(i);
+    }
+    // (Each start[u] now holds start[u + 1]'s value: shift back.)
+    for (int64_t u = num_unique; u > 0; --u) start[u] = start[u - 1];
+    start[0] = 0;
     if (num_unique == 0) return;
     // Copy-on-write, as TensorFlow's sparse updates: never write a buffer
     // that a dense read still holds.
@@ -446,33 +433,35 @@ class FusedSparseApplyOp : public OpKernel {
                            has_decay,      clip_gradients, clip_gmin_,
                            clip_gmax_,     clip_weights,   clip_wmin_,
                            clip_wmax_};
-    // Rows are split into shards (row u in shard u % shards), each one pass
-    // over the gradient rows (UpdateShard); rows that occur more than once
-    // sum in `sums`.
+    // Distinct rows are split into contiguous shards of about equal work
+    // (a row and its gradient rows), one per CPU worker thread.
     const int64_t shards =
         spread_ ? std::max<int64_t>(
                       1, std::min<int64_t>(
                              ctx->device()->tensorflow_cpu_worker_threads()->num_threads,
-                             num_grads / kGradsPerShard))
+                             (num_grads + num_unique) / kGradsPerShard))
                 : 1;
-    int32_t num_sums = 0;
-    for (int64_t u = 0; u < num_unique; ++u) {
-      if (row_occurrences[u].count > 1) row_occurrences[u].slot = num_sums++;
-    }
-    thread_local std::vector<float> sum_buffer;
-    float* sums = Reuse(&sum_buffer, static_cast<size_t>(num_sums) * dim);
-    const Occurrences occurrences{&grad_rows,     scales,     positions,
-                                  num_grads,      row_ids.data(), num_unique,
-                                  row_occurrences};
+    const Occurrences occurrences{&grad_rows, scales, grouped, start,
+                                  row_ids.data()};
+    auto first_row_of = [&](int64_t shard) -> int64_t {
+      // The first u with u + start[u] >= shard's share of the work.
+      const int64_t work = (num_grads + num_unique) * shard / shards;
+      int64_t low = 0, high = num_unique;
+      while (low < high) {
+        const int64_t mid = (low + high) / 2;
+        if (mid + start[mid] < work) low = mid + 1; else high = mid;
+      }
+      return low;
+    };
     ForRows(ctx, spread_ && shards > 1, shards, kShardCost,
             [&](int64_t begin, int64_t end) {
               for (int64_t shard = begin; shard < end; ++shard) {
-                UpdateShardOfWidth(occurrences, update, params, accum, dim,
-                                   sums, shard, shards);
+                UpdateRowsOfWidth(occurrences, update, params, accum, dim,
+                                  first_row_of(shard), first_row_of(shard + 1));
               }
             });
-    ReleaseIfLarge(&occurrence_buffer);
-    ReleaseIfLarge(&sum_buffer);
+    ReleaseIfLarge(&start_buffer);
+    ReleaseIfLarge(&grouped_buffer);
   }
 
  private:

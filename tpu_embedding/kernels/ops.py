@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels import load
 from tpu_embedding.kernels.fused_update import fused_apply
@@ -98,14 +99,13 @@ class StepOps:
 
   def segment_sum(
     self,
-    rows: tf.Tensor,
+    rows: PickedRows,
     segments: tf.Tensor,
-    scales: tf.Tensor | None,
     num_segments: tf.Tensor,
   ) -> tf.Tensor:
-    """``[num_segments, dim]`` sums of ``rows * scales`` by output row
-    (``segment_sum.py``)."""
-    return segment_sum_with_tensorflow(rows, segments, scales, num_segments)
+    """``[num_segments, dim]`` sums of the (scaled) picked rows by output
+    row (``segment_sum.py``)."""
+    return segment_sum_with_tensorflow(rows, segments, num_segments)
 
   def split_by_owner(
     self,
@@ -214,13 +214,12 @@ class KernelOps(StepOps):
 
   def segment_sum(
     self,
-    rows: tf.Tensor,
+    rows: PickedRows,
     segments: tf.Tensor,
-    scales: tf.Tensor | None,
     num_segments: tf.Tensor,
   ) -> tf.Tensor:
     return segment_sum_with_kernel(
-      self.module, rows, segments, scales, num_segments, self.spread
+      self.module, rows, segments, num_segments, self.spread
     )
 
   def split_by_owner(

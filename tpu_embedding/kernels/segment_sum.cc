@@ -1,11 +1,14 @@
 // TpeSegmentSum: the combiner's sum of id rows into output rows, what
 //   tf.math.unsorted_segment_sum(rows * scales[:, None], segments, num)
-// returns (rows alone without scales): output row s is the sum, from zero
-// and in increasing i, of rows[i] * scales[i] over the i with
-// segments[i] == s (each product rounded to float32, then added, as
-// TensorFlow's two ops compute it). Output rows are spread over the CPU
-// worker threads (a counting sort groups each row's ids, in order), where
-// TensorFlow's op runs on one thread.
+// returns (rows alone without scales), for rows the concatenation of the
+// pieces, or with `positions` the rows at those positions in it (each id's
+// row read where its distinct row is: the [n, dim] rows of the id
+// occurrences are never written). Output row s is the sum, from zero and in
+// increasing i, of rows[i] * scales[i] over the i with segments[i] == s
+// (each product rounded to float32, then added, as TensorFlow's ops compute
+// it). Output rows are spread over the CPU worker threads (a counting sort
+// groups each row's ids, in order), where TensorFlow's op runs on one
+// thread.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -19,12 +22,18 @@
 namespace tensorflow {
 namespace {
 
+// Ids looked ahead to prefetch their rows.
+constexpr int64_t kAhead = 8;
+
 REGISTER_OP("TpeSegmentSum")
-    .Input("rows: float")
+    .Input("rows: num_pieces * float")
+    .Input("positions: num_positions * int32")
     .Input("segments: int64")
     .Input("scales: num_scales * float")
     .Input("num_segments: int64")
     .Output("sums: float")
+    .Attr("num_pieces: int >= 1")
+    .Attr("num_positions: int >= 0 = 0")
     .Attr("num_scales: int >= 0")
     .Attr("spread: bool = true")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
@@ -39,21 +48,34 @@ REGISTER_OP("TpeSegmentSum")
 class SegmentSumOp : public OpKernel {
  public:
   explicit SegmentSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_positions", &num_positions_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_scales", &num_scales_));
+    OP_REQUIRES(ctx, num_positions_ <= 1,
+                errors::InvalidArgument("at most one positions tensor"));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
     OP_REQUIRES(ctx, num_scales_ <= 1,
                 errors::InvalidArgument("at most one scales tensor"));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& rows = ctx->input(0);
-    const Tensor& segments = ctx->input(1);
-    const Tensor& num_tensor = ctx->input(2 + num_scales_);
-    OP_REQUIRES(ctx, rows.dims() == 2,
-                errors::InvalidArgument("rows must be [n, dim], got ",
-                                        rows.shape().DebugString()));
-    const int64_t n = rows.dim_size(0);
-    const int64_t dim = rows.dim_size(1);
+    const int first_segment = num_pieces_ + num_positions_;
+    const Tensor& segments = ctx->input(first_segment);
+    const Tensor& num_tensor = ctx->input(first_segment + 1 + num_scales_);
+    int64_t dim = 0;
+    std::vector<const float*> rows;
+    OP_REQUIRES_OK(ctx, PieceRows(ctx, 0, num_pieces_, "rows", &dim, &rows));
+    if (num_positions_ == 1) {
+      const Tensor& at = ctx->input(num_pieces_);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsVector(at.shape()),
+                  errors::InvalidArgument("positions must be a vector, got ",
+                                          at.shape().DebugString()));
+      std::vector<const float*> picked;
+      OP_REQUIRES_OK(ctx, PickRows(rows, at.flat<int32_t>().data(),
+                                   at.dim_size(0), "positions", &picked));
+      rows.swap(picked);
+    }
+    const int64_t n = rows.size();
     OP_REQUIRES(ctx, TensorShapeUtils::IsVector(segments.shape()) &&
                          segments.dim_size(0) == n,
                 errors::InvalidArgument("segments must be [", n, "], got ",
@@ -62,7 +84,7 @@ class SegmentSumOp : public OpKernel {
                 errors::InvalidArgument("num_segments must be a scalar"));
     const float* scales = nullptr;
     if (num_scales_ == 1) {
-      const Tensor& s = ctx->input(2);
+      const Tensor& s = ctx->input(first_segment + 1);
       OP_REQUIRES(ctx, TensorShapeUtils::IsVector(s.shape()) && s.dim_size(0) == n,
                   errors::InvalidArgument("scales must be [", n, "], got ",
                                           s.shape().DebugString()));
@@ -89,15 +111,20 @@ class SegmentSumOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num, dim}), &out));
     if (num == 0 || dim == 0) return;
-    const float* src = rows.flat<float>().data();
     float* sums = out->flat<float>().data();
+    const int64_t row_bytes = dim * sizeof(float);
     auto work = [&](int64_t begin, int64_t end) {
+      const int64_t stop = start[end];
       for (int64_t s = begin; s < end; ++s) {
         float* o = sums + s * dim;
         std::fill(o, o + dim, 0.0f);
         for (int64_t k = start[s]; k < start[s + 1]; ++k) {
+          if (k + kAhead < stop) {  // A later id's row (not in order).
+            const char* ahead = reinterpret_cast<const char*>(rows[order[k + kAhead]]);
+            for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+          }
           const int64_t i = order[k];
-          AddRow(src + i * dim, scales == nullptr ? nullptr : scales + i, dim, o);
+          AddRow(rows[i], scales == nullptr ? nullptr : scales + i, dim, o);
         }
       }
     };
@@ -106,6 +133,8 @@ class SegmentSumOp : public OpKernel {
   }
 
  private:
+  int num_pieces_;
+  int num_positions_;
   int num_scales_;
   bool spread_;
 };

@@ -2,20 +2,29 @@
 
 Every lookup of a feature with several ids per output row (ragged or
 sparse input, sequences aside) sums its ids' rows, each scaled by its
-weight over the combiner's denominator (``lookup.combine``).
-``segment_sum_with_kernel`` (the kernel ops' sum, ``kernels/ops.py``)
-returns exactly what ``segment_sum_with_tensorflow`` returns,
-``tf.math.unsorted_segment_sum(rows * scales[:, None], segments, num)``,
-from the ``TpeSegmentSum`` kernel (``segment_sum.cc``: output rows spread
-over the CPU threads, each summing its ids in order).
+weight over the combiner's denominator (``lookup.combine``). The rows come
+as ``gradients.PickedRows``: each id's row picked out of the distinct rows
+a row source read, times its scale. ``segment_sum_with_kernel`` (the kernel
+ops' sum, ``kernels/ops.py``) returns exactly what
+``segment_sum_with_tensorflow`` returns,
+``tf.math.unsorted_segment_sum(rows * scales[:, None], segments, num)``
+for ``rows`` the picked rows, from the ``TpeSegmentSum`` kernel
+(``segment_sum.cc``: each id's row read where it is, never copied into an
+``[ids, dim]`` tensor; output rows spread over the CPU threads, each
+summing its ids in order).
 
 Example:
   >>> import tensorflow as tf
-  >>> rows = tf.constant([[1.0], [2.0], [4.0]])
+
+from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import concat_pieces
+  >>> from tpu_embedding.gradients import PickedRows
+  >>> distinct = tf.constant([[1.0], [2.0], [4.0]])
+  >>> picked = PickedRows([distinct], tf.constant([0, 1, 2, 2]))
   >>> segment_sum_with_tensorflow(
-  ...     rows, tf.constant([1, 0, 1], tf.int64), None,
+  ...     picked, tf.constant([1, 0, 1, 1], tf.int64),
   ...     tf.constant(2, tf.int64)).numpy().ravel().tolist()
-  [2.0, 5.0]
+  [2.0, 9.0]
 """
 
 from __future__ import annotations
@@ -24,42 +33,44 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import concat_pieces
+
 
 def segment_sum_with_tensorflow(
-  rows: tf.Tensor,
+  rows: PickedRows,
   segments: tf.Tensor,
-  scales: tf.Tensor | None,
   num_segments: tf.Tensor,
 ) -> tf.Tensor:
-  """``[num_segments, dim]`` sums of ``rows * scales`` by output row.
+  """``[num_segments, dim]`` sums of the picked rows by output row.
 
   Args:
-    rows: ``[n, dim]`` float32 rows, one per id.
+    rows: the ``[n, dim]`` scaled rows of the ids (ungrouped positions):
+      ``scales[i] * concat(pieces)[positions[i]]``.
     segments: ``[n]`` int64 output row of each id, in ``[0, num_segments)``.
-    scales: None (all 1), or ``[n]`` float32 per-id factors.
     num_segments: int64 scalar, the number of output rows.
   """
-  if scales is not None:
-    rows = rows * scales[:, None]
-  return tf.math.unsorted_segment_sum(rows, segments, num_segments)
+  return tf.math.unsorted_segment_sum(
+    concat_pieces(rows), segments, num_segments
+  )
 
 
 def segment_sum_with_kernel(
   module: Any,
-  rows: tf.Tensor,
+  rows: PickedRows,
   segments: tf.Tensor,
-  scales: tf.Tensor | None,
   num_segments: tf.Tensor,
   spread: bool,
 ) -> tf.Tensor:
   """``segment_sum_with_tensorflow`` by the ``TpeSegmentSum`` kernel of
   ``module``; rows other than float32 matrices go to TensorFlow's ops."""
-  if rows.dtype != tf.float32 or rows.shape.rank != 2:
-    return segment_sum_with_tensorflow(rows, segments, scales, num_segments)
+  if any(p.dtype != tf.float32 or p.shape.rank != 2 for p in rows.pieces):
+    return segment_sum_with_tensorflow(rows, segments, num_segments)
   return module.tpe_segment_sum(
-    rows,
+    rows.pieces,
+    [] if rows.positions is None else [tf.cast(rows.positions, tf.int32)],
     tf.cast(segments, tf.int64),
-    [] if scales is None else [scales],
+    [] if rows.scales is None else [rows.scales],
     tf.cast(num_segments, tf.int64),
     spread=spread,
   )
@@ -67,15 +78,43 @@ def segment_sum_with_kernel(
 
 @tf.RegisterGradient("TpeSegmentSum")
 def _segment_sum_gradient(op, grad: tf.Tensor) -> list:
-  """As the TensorFlow ops': each id's output row's gradient, scaled."""
-  rows, segments = op.inputs[0], op.inputs[1]
+  """As the TensorFlow ops': each id's output row's gradient, scaled, into
+  its row (per piece, as ``tf.gather``'s gradient), and each scale's."""
+  num_pieces = op.get_attr("num_pieces")
+  num_positions = op.get_attr("num_positions")
+  pieces = list(op.inputs[:num_pieces])
+  positions = op.inputs[num_pieces] if num_positions else None
+  segments = op.inputs[num_pieces + num_positions]
+  scales = op.inputs[num_pieces + num_positions + 1 :][:-1]
   per_id = tf.gather(grad, segments)
-  if len(op.inputs) == 3:  # No scales.
-    return [per_id, None, None]
-  scales = op.inputs[2]
+  scaled = per_id * scales[0][:, None] if scales else per_id
+  if positions is None and num_pieces == 1:
+    piece_grads: list = [scaled]
+  else:
+    piece_grads = _per_piece(pieces, positions, scaled)
+  scale_grads = []
+  if scales:
+    rows = concat_pieces(PickedRows(pieces, positions))
+    scale_grads = [tf.reduce_sum(per_id * rows, axis=1)]
+  return [*piece_grads, *([None] * num_positions), None, *scale_grads, None]
+
+
+def _per_piece(
+  pieces: list[tf.Tensor], positions: tf.Tensor | None, grads: tf.Tensor
+) -> list[tf.IndexedSlices]:
+  """Gradient rows at ``positions`` in the pieces' concatenation, as one
+  ``IndexedSlices`` per piece."""
+  sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
+  if positions is None:
+    positions = tf.range(tf.reduce_sum(sizes))
+  starts = tf.cumsum(sizes, exclusive=True)
+  owner = tf.searchsorted(starts[1:], positions, side="right")
+  parts = tf.dynamic_partition(tf.range(tf.size(positions)), owner, len(pieces))
   return [
-    per_id * scales[:, None],
-    None,
-    tf.reduce_sum(per_id * rows, axis=1),
-    None,
+    tf.IndexedSlices(
+      tf.gather(grads, at),
+      tf.gather(positions, at) - starts[k],
+      tf.shape(piece, out_type=tf.int32),
+    )
+    for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
   ]

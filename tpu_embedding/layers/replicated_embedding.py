@@ -39,7 +39,7 @@ from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import Layer
 from tpu_embedding.layers.keras_compat import in_symbolic_call
 from tpu_embedding.layers.keras_compat import register_serializable
-from tpu_embedding.lookup import expand_rows
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
@@ -170,7 +170,7 @@ class ReplicatedEmbedding(Layer):
 
     def rows(requests):
       return [
-        expand_rows(tf.gather(readable[table.name], ids), index, ops)
+        occurrence_rows(tf.gather(readable[table.name], ids), index)
         for table, ids, index in requests
       ]
 
