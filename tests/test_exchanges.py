@@ -19,6 +19,7 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
 from tpu_embedding.backends.exchanges import AllToAll
+from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 
 ROWS, DIM, BATCH, TABLES = 1_000, 4, 64, 3
@@ -255,9 +256,9 @@ def test_each_owner_receives_only_its_own_ids(replicas, rng):
     (rows,) = recorder.gather(
       here, [(placement, store, ids, index)], TENSORFLOW_OPS
     )
-    # The rows of ids from several owners come back expanded to the
-    # occurrences, in their order.
-    return rows
+    # The rows of ids from several owners come back as each occurrence's
+    # row, in their order (picked out of the owners' replies).
+    return concat_pieces(rows)
 
   result = strategy.run(replica_fn)
   for r, rows in enumerate(strategy.experimental_local_results(result)):

@@ -459,11 +459,16 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
   assert {
     "TpeUnique",
     "TpeGatherRows",
-    "TpeGatherPieces",
     "TpeSegmentSum",
     "TpeFusedSparseApply",
   } <= types
-  assert not {"Unique", "ResourceGather"} & types
+  # The combiner reads each id's row where its distinct row is: no
+  # per-id rows are gathered for a feature with several ids per row.
+  assert not {"Unique", "ResourceGather", "TpeGatherPieces"} & types
+  # One id per output row: the distinct rows expand straight into the
+  # activations.
+  one_id = tf.constant([1, 2], tf.int64)
+  assert "TpeGatherPieces" in op_types(train, one_id)
 
   @tf.function
   def serve(ids):  # What a SavedModel for TF Serving holds.
