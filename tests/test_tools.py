@@ -153,17 +153,25 @@ def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
   )
 
 
-def test_benchmark_sweeps_floor_and_plot(tmp_path):
-  # A membench JSON with made-up rates: 10M gather, 2M Adagrad rows/s.
+def _membench_json(tmp_path, dim):
+  """Made-up membench rates: on its 1 GiB table 10M gathers and 2M Adagrad
+  updates a second, on a 1 MiB one 40M gathers and 20M scatter-adds."""
+  big, small = (1 << 30) // (4 * dim), (1 << 20) // (4 * dim)
   rates = [
-    {"impl": "c", "pages": "4k", "threads": 2, "dim": 4, "dist": dist,
-     "bench": bench, "mrows": mrows, **extra}
+    {"impl": "c", "pages": "4k", "threads": 2, "dim": dim, "dist": dist,
+     "rows": rows, "bench": bench, "mrows": mrows, **extra}
     for dist in ("uniform", "zipf")
-    for bench, mrows, extra in (("gather", 10.0, {}),
-                                ("opt", 2.0, {"op": "adagrad"}))
+    for rows, bench, mrows, extra in (
+      (big, "gather", 10.0, {}), (big, "opt", 2.0, {"op": "adagrad"}),
+      (small, "gather", 40.0, {}), (small, "scatter", 20.0, {}))
   ]  # fmt: skip
   membench = tmp_path / "m.json"
   membench.write_text(json.dumps({"results": rates}))
+  return membench
+
+
+def test_benchmark_sweeps_floor_and_plot(tmp_path):
+  membench = _membench_json(tmp_path, 4)
   out = run_tool(
     "benchmark.py",
     "--tables=2", "--rows=300", "--dim=4", "--batch_size=32", "--steps=1",
@@ -171,9 +179,10 @@ def test_benchmark_sweeps_floor_and_plot(tmp_path):
     "--sweep_tables=2", f"--membench={membench}",
     f"--plot={tmp_path / 'b.png'}", f"--json={tmp_path / 'b.json'}",
   ).stdout  # fmt: skip
-  # uniform: 32 draws over 300 rows, 2 tables: U = 2 * 30.4 distinct rows.
+  # uniform: 32 draws over 300 rows, 2 tables: U = 2 * 30.4 distinct rows;
+  # N = 64 ids.
   unique = 2 * 300 * -np.expm1(32 * np.log1p(-1 / 300))
-  floor = 32 / (unique / 10e6 + unique / 2e6)
+  floor = 32 / (unique / 10e6 + unique / 2e6 + 64 / 40e6 + 64 / 20e6)
   assert f"uniform                  memory floor {floor:,.0f} examples/s" in out
   assert "step time of tpu_embedding vs 100 rows" in out
   assert re.search(r"\s+400 rows: [\d.]+x   keras [\d.]+x", out), out
@@ -182,6 +191,43 @@ def test_benchmark_sweeps_floor_and_plot(tmp_path):
   assert [r["label"] for r in figures["rows"]] == ["100 rows", "400 rows"]
   assert [round(r["floor"]) for r in figures["dists"]][0] == round(floor)
   assert all(r["ours"] > 0 and r["keras"] > 0 for r in figures["dists"])
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+def test_benchmark_multi_hot_mlperf_floor(kind, tmp_path):
+  membench = _membench_json(tmp_path, 4)
+  out = run_tool(
+    "benchmark.py",
+    "--multi_hot=mlperf", f"--input={kind}", "--rows=300", "--dim=4",
+    "--batch_size=16", "--steps=1", "--warmup=1", "--repeats=1",
+    "--dist=uniform", f"--membench={membench}",
+    f"--json={tmp_path / 'b.json'}",
+  ).stdout  # fmt: skip
+  assert f"mlperf multi-hot (214 ids per example, {kind}, sum)" in out, out
+  hot = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100,
+         27, 10, 3, 1, 1]  # fmt: skip
+  unique = sum(300 * -np.expm1(16 * h * np.log1p(-1 / 300)) for h in hot)
+  ids = 16 * 214
+  floor = 16 / (unique / 10e6 + unique / 2e6 + ids / 40e6 + ids / 20e6)
+  assert f"memory floor {floor:,.0f} examples/s" in out, out
+  (base,) = _json(tmp_path / "b.json")["settings"]["figures"]["base"]
+  assert base["floor"] == pytest.approx(floor)
+  assert base["ours"] > 0 and base["keras"] > 0
+
+
+def test_benchmark_floor_needs_the_cached_rates(tmp_path):
+  membench = tmp_path / "m.json"
+  membench.write_text(json.dumps({"results": [
+    {"impl": "c", "pages": "4k", "threads": 2, "dim": 4, "dist": "uniform",
+     "rows": 1 << 28, "bench": "gather", "mrows": 10.0}]}))  # fmt: skip
+  failed = run_tool(
+    "benchmark.py", "--tables=1", "--rows=50", "--dim=4", "--steps=1",
+    "--batch_size=8", "--repeats=1", "--skip_keras", f"--membench={membench}",
+    returncode=1,
+  )  # fmt: skip
+  (line,) = failed.stderr.strip().splitlines()
+  assert "no cache-resident table at dim 4" in line
+  assert "--extra 4:0.001" in line
 
 
 @pytest.mark.parametrize("dense", ["xla", "ops"])

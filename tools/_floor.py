@@ -3,13 +3,19 @@
 Not a tool itself: ``tools/benchmark.py --membench FILE`` imports it. A
 step that deduplicates its ids must at least gather its ``U`` distinct rows
 and read-modify-write them with their Adagrad slot, at the random-row rates
-this machine reaches (measured by ``../shared/membench/membench.py``,
-whose JSON is read here; nothing of membench is copied)::
+this machine reaches in DRAM (membench's largest table); and per id
+occurrence (``N`` of them) write its row into its bag's activation and add
+its bag's gradient into its distinct row's sum, both from cache-resident
+rows (membench's smallest table: run it with ``--extra <dim>:0.001``)::
 
-  floor = batch / (U / R_gather + U / R_adagrad)   examples/s
+  floor = batch / (U / R_gather + U / R_adagrad
+                   + N / R_gather_cached + N / R_scatter_cached)
 
-with ``U = tables * E[distinct ids among batch draws]``. Id processing,
-combiners and the dense part are left out: an upper bound.
+with ``U`` the expected distinct ids of each feature (``tables`` features
+of ``batch`` ids each, or ``batch * hotness`` for a multi-hot feature),
+summed, and ``N = batch * ids per example``. The rates are read from
+``../shared/membench/membench.py``'s JSON (nothing of membench is copied).
+Id hashing and the dense part are left out: an upper bound.
 
 Example:
   >>> round(expected_unique("uniform", 1000, 1000, 1.05))
@@ -18,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from typing import Any
@@ -38,36 +45,88 @@ def expected_unique(dist: str, rows: int, draws: int, exponent: float) -> float:
   return float(np.sum(-np.expm1(draws * np.log1p(-p))))
 
 
-def rates(path: str, dim: int, dist: str) -> tuple[float, float]:
-  """``(gather, adagrad)`` rows/s: membench's C implementation, 2 threads,
-  4 KiB pages, width ``dim``, ids ``uniform`` or ``zipf`` (medians)."""
-  with open(path, encoding="utf-8") as f:
-    results = json.load(f)["results"]
+@dataclasses.dataclass(frozen=True)
+class Rates:
+  """Random-row rates (rows/s) of one width and id distribution.
 
-  def rate(**match: Any) -> float:
-    found = [
-      r["mrows"]
-      for r in results
+  Attributes:
+    gather, adagrad: a DRAM-sized table's gathers and Adagrad updates.
+    cached_gather, cached_scatter: a cache-resident table's gathers and
+      scatter-adds.
+  """
+
+  gather: float
+  adagrad: float
+  cached_gather: float
+  cached_scatter: float
+
+
+def rates(path: str, dim: int, dist: str) -> Rates:
+  """This machine's rates: membench's C implementation, 2 threads, 4 KiB
+  pages, width ``dim``, ids ``uniform`` or ``zipf`` (medians) on its
+  largest table, and uniform ids on its smallest.
+
+  Raises:
+    ValueError: naming what the JSON lacks (and the membench run that
+      measures it).
+  """
+  with open(path, encoding="utf-8") as f:
+    results = [
+      r
+      for r in json.load(f)["results"]
       if r.get("impl") == "c"
       and r.get("pages") == "4k"
       and r.get("threads") == 2
       and r.get("dim") == dim
-      and r.get("dist") == dist
+    ]
+  sizes = sorted({r.get("rows", 0) for r in results})
+  if len(sizes) < 2:
+    raise ValueError(
+      f"{path} has no cache-resident table at dim {dim} next to the DRAM "
+      f"one (run membench.py --threads 2 --dims {dim} --pages 4k "
+      f"--only tables --extra {dim}:0.001)."
+    )
+
+  def rate(rows: int, ids: str, **match: Any) -> float:
+    found = [
+      r["mrows"]
+      for r in results
+      if r.get("rows", 0) == rows
+      and r.get("dist") == ids
       and all(r.get(k) == v for k, v in match.items())
     ]
     if not found:
       raise ValueError(
-        f"{path} has no membench rate for {match} at dim {dim}, ids {dist} "
-        "(run membench.py --threads 2 --dims <dim> --pages 4k)."
+        f"{path} has no membench rate for {match} at dim {dim}, {rows:,} "
+        f"rows, ids {ids} (run membench.py --threads 2 --dims {dim} "
+        f"--pages 4k --only tables --extra {dim}:0.001)."
       )
     return statistics.median(found) * 1e6
 
-  return rate(bench="gather"), rate(bench="opt", op="adagrad")
+  big, small = sizes[-1], sizes[0]
+  return Rates(
+    gather=rate(big, dist, bench="gather"),
+    adagrad=rate(big, dist, bench="opt", op="adagrad"),
+    cached_gather=rate(small, "uniform", bench="gather"),
+    cached_scatter=rate(small, "uniform", bench="scatter"),
+  )
 
 
 def floor(
-  path: str, batch: int, unique_rows: float, dim: int, dist: str
+  path: str,
+  batch: int,
+  unique_rows: float,
+  occurrences: int,
+  dim: int,
+  dist: str,
 ) -> float:
-  """The floor in examples/s for ``unique_rows`` distinct rows a step."""
-  gather, adagrad = rates(path, dim, "uniform" if dist == "uniform" else "zipf")
-  return batch / (unique_rows / gather + unique_rows / adagrad)
+  """The floor in examples/s for ``unique_rows`` distinct rows and
+  ``occurrences`` ids a step."""
+  r = rates(path, dim, "uniform" if dist == "uniform" else "zipf")
+  seconds = (
+    unique_rows / r.gather
+    + unique_rows / r.adagrad
+    + occurrences / r.cached_gather
+    + occurrences / r.cached_scatter
+  )
+  return batch / seconds

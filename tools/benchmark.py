@@ -11,9 +11,17 @@ With ``--replicas 1,2,4`` it also trains the tables sharded over that many
 logical CPU devices (``MirroredStrategy``, same global batch) and prints
 examples/s and the step-time ratio to one replica for each count.
 
-With ``--membench FILE`` (a JSON of ``../shared/membench/membench.py``,
-measured just before on the same machine) it prints each setting's memory
-floor and our fraction of it (``_floor.py``); every setting also reports the
+With ``--multi_hot mlperf`` every example has MLPerf DLRM-DCNv2's 214 ids
+over the 26 features (hotness 3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9,
+5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1), summed per feature, as ``--input``
+ragged or sparse tensors (batch 2048 unless given); the Keras baseline
+sums each feature's ``[batch, hotness]`` embeddings.
+
+With ``--membench FILE`` (a JSON of ``../shared/membench/membench.py`` run
+with ``--extra <dim>:0.001``, measured just before on the same machine) it
+prints each setting's memory floor and our fraction of it (``_floor.py``:
+distinct rows from DRAM, each id's row and gradient from cache); every
+setting also reports the
 peak resident growth of our step against the tables' state. ``--sweep``
 runs several id distributions and/or table sizes; ``--plot`` draws them.
 
@@ -21,6 +29,7 @@ Run:
   python3 tools/benchmark.py                       # the issue's setting
   python3 tools/benchmark.py --rows 20000 --steps 5  # a quick look
   python3 tools/benchmark.py --dist zipf --zipf 1.05 --membench m.json
+  python3 tools/benchmark.py --multi_hot mlperf --dist uniform --membench m.json
   python3 tools/benchmark.py --sweep all --membench m.json --plot b.png
   python3 tools/benchmark.py --replicas 1,2,4 --skip_keras
   python3 tools/benchmark.py --repeats 5 --json /tmp/benchmark.json
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+from typing import Any
 
 from model_garden import cli
 
@@ -85,15 +95,53 @@ def uniform_ids(
 DISTRIBUTIONS = {"uniform": uniform_ids, "zipf": zipf_ids, "skewed": skewed_ids}
 
 
-def make_batches(args: argparse.Namespace) -> list[dict[str, tf.Tensor]]:
+#: ``--multi_hot`` choices: ids per example of each feature.
+HOTNESS = {
+  "mlperf": (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12,
+             100, 27, 10, 3, 1, 1),
+}  # fmt: skip
+
+
+def hotness(args: argparse.Namespace) -> list[int]:
+  """Ids per example of each feature (1 each without ``--multi_hot``)."""
+  if args.multi_hot == "none":
+    return [1] * args.tables
+  return list(HOTNESS[args.multi_hot])
+
+
+def _feature(ids: np.ndarray, hot: int, args: argparse.Namespace) -> Any:
+  """One feature's ids: a vector (one-hot) or a ragged or sparse batch."""
+  if args.multi_hot == "none":
+    return tf.constant(ids)
+  bags = tf.RaggedTensor.from_uniform_row_length(tf.constant(ids), hot)
+  bags = tf.RaggedTensor.from_row_lengths(bags.values, bags.row_lengths())
+  return bags if args.input == "ragged" else bags.to_sparse()
+
+
+def make_batches(args: argparse.Namespace) -> list[dict[str, Any]]:
   rng = np.random.default_rng(0)
   sample = DISTRIBUTIONS[args.dist]
   return [
     {
-      f"f{t}": tf.constant(sample(rng, args.rows, args.batch_size, args.zipf))
-      for t in range(args.tables)
+      f"f{t}": _feature(
+        sample(rng, args.rows, args.batch_size * hot, args.zipf), hot, args
+      )
+      for t, hot in enumerate(hotness(args))
     }
     for _ in range(args.distinct_batches)
+  ]
+
+
+def dense_batches(batches: list[dict[str, Any]], args) -> list[dict]:
+  """The batches as ``[batch, hotness]`` tensors (the Keras baseline's)."""
+  if args.multi_hot == "none":
+    return batches
+  return [
+    {
+      name: tf.reshape(bags.values, [args.batch_size, -1])
+      for name, bags in batch.items()
+    }
+    for batch in batches
   ]
 
 
@@ -122,7 +170,7 @@ STACKING = {
 
 def make_embedding(args):
   tables = [
-    tpe.TableConfig(args.rows, args.dim, name=f"t{t}")
+    tpe.TableConfig(args.rows, args.dim, combiner="sum", name=f"t{t}")
     for t in range(args.tables)
   ]
   config = {f"f{t}": tpe.FeatureConfig(tables[t]) for t in range(args.tables)}
@@ -165,6 +213,8 @@ def keras_step(args, head):
   def step(features):
     with tf.GradientTape() as tape:
       activations = [layers[t](features[f"f{t}"]) for t in range(args.tables)]
+      if args.multi_hot != "none":  # [batch, hotness, dim] summed per bag
+        activations = [tf.reduce_sum(a, axis=1) for a in activations]
       loss = head_loss(activations, head)
     grads = tape.gradient(loss, variables)
     optimizer.apply_gradients(zip(grads, variables, strict=True))
@@ -190,9 +240,11 @@ def sharded_step(args, head, replicas: int):
     embedding.enqueue(
       strategy.experimental_distribute_values_from_function(
         lambda ctx: {
-          k: v[ctx.replica_id_in_sync_group * per_replica :][:per_replica]
+          k: _rows_of(
+            v, ctx.replica_id_in_sync_group * per_replica, per_replica
+          )
           for k, v in features.items()
-        }
+        }  # fmt: skip
       )
     )
 
@@ -209,6 +261,13 @@ def sharded_step(args, head, replicas: int):
     return strategy.reduce("SUM", strategy.run(replica_fn), axis=None)
 
   return step
+
+
+def _rows_of(ids: Any, start: int, size: int) -> Any:
+  """Examples ``[start, start + size)`` of one feature's ids."""
+  if isinstance(ids, tf.SparseTensor):
+    return tf.sparse.slice(ids, [start, 0], [size, ids.dense_shape[1]])
+  return ids[start : start + size]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,8 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--batch_size",
     type=cli.positive_int,
-    default=4096,
-    help="Examples per step.",
+    default=None,
+    help="Examples per step (default: 4096; 2048 with --multi_hot).",
+  )
+  parser.add_argument(
+    "--multi_hot",
+    choices=["none", *sorted(HOTNESS)],
+    default="none",
+    help="Ids per example of each feature: one (none) or MLPerf "
+    "DLRM-DCNv2's multi-hot sizes over 26 tables (mlperf), sum combiner.",
+  )
+  parser.add_argument(
+    "--input",
+    choices=["ragged", "sparse"],
+    default="ragged",
+    help="How multi-hot ids come in (--multi_hot).",
   )
   parser.add_argument(
     "--dist",
@@ -347,14 +419,16 @@ def _unique_rows(batches, args) -> float:
     return float(
       np.mean(
         [
-          sum(len(np.unique(ids.numpy())) for ids in batch.values())
-          for batch in batches
+          sum(len(np.unique(dense.numpy())) for dense in batch.values())
+          for batch in dense_batches(batches, args)
         ]
       )
     )
-  return args.tables * _floor.expected_unique(
-    args.dist, args.rows, args.batch_size, args.zipf
-  )
+  return sum(
+    _floor.expected_unique(args.dist, args.rows, args.batch_size * hot,
+                           args.zipf)
+    for hot in hotness(args)
+  )  # fmt: skip
 
 
 #: Labels of the settings whose peak memory was measured (the first one).
@@ -401,6 +475,7 @@ def measure_setting(args, label: str, key: str | None = None) -> dict:
       args.membench,
       args.batch_size,
       _unique_rows(batches, args),
+      args.batch_size * sum(hotness(args)),
       args.dim,
       args.dist,
     )
@@ -411,8 +486,8 @@ def measure_setting(args, label: str, key: str | None = None) -> dict:
     )
   gc.collect()
   if not args.skip_keras:
-    keras_rate = _measure(f"keras{suffix}", keras_step(args, head), batches,
-                          args)  # fmt: skip
+    keras_rate = _measure(f"keras{suffix}", keras_step(args, head),
+                          dense_batches(batches, args), args)  # fmt: skip
     result["keras"] = keras_rate
     print(
       f"  {label:<24} keras: {keras_rate.describe()}; tpu_embedding / "
@@ -465,15 +540,44 @@ def _record(results: list[dict]) -> list[_timing.Measurement]:
 
 
 def main(argv: list[str] | None = None) -> None:
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if args.multi_hot != "none":
+    if args.tables != len(HOTNESS[args.multi_hot]):
+      parser.error(
+        f"--multi_hot {args.multi_hot} has {len(HOTNESS[args.multi_hot])} "
+        f"features, one per table; --tables is {args.tables}"
+      )
+    if args.sweep in ("rows", "all"):
+      parser.error(
+        f"--sweep {args.sweep} changes the number of tables; with "
+        "--multi_hot use --sweep dist or none"
+      )
+  if args.batch_size is None:
+    args.batch_size = 4096 if args.multi_hot == "none" else 2048
+  if args.membench:  # Before minutes of timing: the rates the floor needs.
+    sweeping = args.sweep in ("dist", "all")
+    dists = ["uniform", "zipf"] if sweeping else [args.dist]
+    for dist in dists:
+      try:
+        _floor.rates(args.membench, args.dim, "uniform" if dist == "uniform"
+                     else "zipf")  # fmt: skip
+      except (OSError, ValueError, KeyError) as error:
+        raise cli.FixableError(f"--membench: {error}") from None
   replica_counts = [int(r) for r in args.replicas.split(",")]
   cpus = tf.config.list_physical_devices("CPU")
   tf.config.set_logical_device_configuration(
     cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(replica_counts)
   )
+  ids = (
+    "one id per feature"
+    if args.multi_hot == "none"
+    else f"{args.multi_hot} multi-hot ({sum(hotness(args))} ids per "
+    f"example, {args.input}, sum)"
+  )
   print(
     f"{args.tables} tables x {args.rows:,} rows x {args.dim}, batch "
-    f"{args.batch_size}, {describe_ids(args)} ids, Adagrad, stacking "
+    f"{args.batch_size}, {ids}, {describe_ids(args)} ids, Adagrad, stacking "
     f"{args.table_stacking}; {args.steps} timed steps after {args.warmup} "
     f"warm-up steps, {args.repeats} repeats",
     flush=True,
