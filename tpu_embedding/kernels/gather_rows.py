@@ -66,8 +66,9 @@ def gather_pieces_with_tensorflow(
 ) -> tf.Tensor:
   """``tf.gather(tf.concat(pieces, 0), index)``.
 
-  The all-to-all lookup (``backends/exchanges.py``) expands the rows its
-  owners sent back straight into each id occurrence's row.
+  The combiner (``lookup.combine``) reads a one-id feature's rows this
+  way straight out of what a row source returned (for the all-to-all
+  lookup, the replies of the rows' owners).
 
   Args:
     pieces: ``[rows_k, dim]`` float32 tensors.
