@@ -107,6 +107,7 @@ HEAVIEST_FIRST = (
   "test_vocabulary.py",
   "test_exchanges.py",
   "test_optimizer_oracle.py",
+  "test_delta_distributed.py",
 )
 
 

@@ -178,17 +178,18 @@ def _rest_entries(
 ) -> list[tuple[str, str, tf.Tensor]]:
   """``(key, slice spec, tensor)`` of the other objects' values: slices
   (this worker's part of multi-worker state) on every worker, whole
-  values on the chief."""
+  values on the chief (also those multi-worker state gives whole: an
+  array without elements, which every worker would write). Every worker
+  reads every value, in the same order: a value may be a collective (a
+  sharded vocabulary's total evictions)."""
   entries = []
   for _, by_key in rest:
     for key, value in by_key.items():
-      if isinstance(value, dict):
-        for spec, piece in value.items():
-          tensor = _value(piece)
-          if tensor is not None:
-            entries.append((key, spec, tensor))
-      elif chief:
-        entries.append((key, "", _value(value)))
+      pieces = value.items() if isinstance(value, dict) else [("", value)]
+      for spec, piece in pieces:
+        tensor = _value(piece)
+        if chief or spec:
+          entries.append((key, spec, tensor))
   return entries
 
 
@@ -406,4 +407,6 @@ def _restore_rest(rest: list[tuple[Any, dict[str, Any]]], delta: str) -> None:
         )
       restored[key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor
     if restored:
-      obj._restore_from_tensors(restored)  # noqa: SLF001
+      # Multi-worker state takes this worker's slices, as serialized.
+      with slicing.sliced():
+        obj._restore_from_tensors(restored)  # noqa: SLF001

@@ -179,10 +179,25 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
         )
       }
     for name in SCALARS:
-      specs[name] = compat.SaveSpec(
-        self.copies[0][name].read_value, "", "", dtype=tf.int64, device=device
-      )
+      read = self.copies[0][name].read_value
+      if name == "evictions" and slicing.rows():
+        # A delta holds the whole state's total, as a full save does (a
+        # collective: every worker reads it, the chief writes it).
+        read = self._total_evictions
+      specs[name] = compat.SaveSpec(read, "", "", dtype=tf.int64, device=device)
     return specs
+
+  def _total_evictions(self) -> tf.Tensor:
+    """Every shard's evictions, summed (a collective over the workers)."""
+    return self._strategy.reduce(
+      tf.distribute.ReduceOp.SUM,
+      self._strategy.experimental_distribute_values_from_function(
+        lambda context: self.copies[
+          context.replica_id_in_sync_group - self._first
+        ]["evictions"].read_value()
+      ),
+      axis=None,
+    )
 
   def _restore_from_tensors(self, restored_tensors):
     if self.worker_count == 1 or not slicing.active():
@@ -221,15 +236,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
           [copy[name].read_value() for name, _ in kept],
         )
       )
-    evictions = self._strategy.reduce(
-      tf.distribute.ReduceOp.SUM,
-      self._strategy.experimental_distribute_values_from_function(
-        lambda context: self.copies[
-          context.replica_id_in_sync_group - self._first
-        ]["evictions"].read_value()
-      ),
-      axis=None,
-    )
+    evictions = self._total_evictions()
     if self.worker_index == 0:
       # The scalars, and arrays without elements (no slice to write).
       empty = [
