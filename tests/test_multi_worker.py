@@ -37,19 +37,6 @@ LAUNCHES = (
 )
 
 
-def _split(finished: cluster.Finished) -> dict[str, cluster.Finished]:
-  """A worker's output, by phase (``=== PHASE`` lines). A phase followed
-  by another returned (its exit code: 0); the last one has the
-  process's."""
-  parts = finished.stdout.split("=== ")[1:]
-  split = {}
-  for number, part in enumerate(parts, 1):
-    name, out = part.split("\n", 1)
-    code = finished.returncode if number == len(parts) else 0
-    split[name] = cluster.Finished(code, out, finished.stderr)
-  return split
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """``(directory, {phase: [worker 0's part, worker 1's part]}, launches'
@@ -62,7 +49,7 @@ def runs(tmp_path_factory):
     workers = cluster.run_workers([PHASES, directory, *names])
     codes.append([w.returncode for w in workers])
     for worker in workers:
-      for name, part in _split(worker).items():
+      for name, part in cluster.split_phases(worker).items():
         by_phase.setdefault(name, []).append(part)
     if "resume:kill" in names:
       latest = tf.train.latest_checkpoint(str(directory / "b"))
