@@ -14,6 +14,12 @@ The resumed job writes ``ckpt-2`` again, which replaces what the kill left
 under that name; what a save sweeps first (``*_temp`` directories, data
 files without an index, left under names no save writes again: another
 worker count, another numbering) is checked on its own, in one process.
+
+Launches: one per kill (each kill patches TensorFlow's ops in its
+processes), then one launch of fresh workers running the job never
+killed and the three resumed jobs one after another (a worker's setup
+costs more than such a job; each job restores from its own directory
+into its own new objects).
 """
 
 from __future__ import annotations
@@ -31,16 +37,6 @@ from tpu_embedding import checkpoints
 SCRIPT = (
   pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_kill.py"
 )
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """The tables and slots of a job never killed."""
-  directory = tmp_path_factory.mktemp("uninterrupted")
-  out = directory / "values.npz"
-  for worker in cluster.run_workers([SCRIPT, directory / "model", "run", out]):
-    assert "starting at step 0" in worker.check()
-  return dict(np.load(out))
 
 
 def checkpoint_files(directory: pathlib.Path) -> None:
@@ -62,27 +58,66 @@ def checkpoint_files(directory: pathlib.Path) -> None:
   assert names == sorted(want), (names, prefixes)
 
 
-def kill_and_resume(
-  directory: pathlib.Path, mode: str, who: int, moved: int = 0
-) -> dict:
-  """Runs the job killed in ``mode``, then resumed; the resumed values.
-  ``moved``: data files of ``ckpt-2`` the kill leaves in place."""
-  model = directory / "model"
-  killed = cluster.run_job([SCRIPT, model, mode, "-"])
+KILLS = {  # mode: (the worker that dies, ckpt-2 data files left in place)
+  "kill_worker": (1, 0),
+  "kill_chief": (0, 0),
+  "kill_commit": (0, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+  """Each kill mode's job killed (a launch each: the modes patch
+  TensorFlow's ops), what the kill left checked at once; then, in one
+  launch of fresh workers, a job never killed and each killed job resumed
+  (one after another). Returns ``{name: (resumed job's output per
+  worker, its model dir, its values)}`` for ``uninterrupted`` and each
+  mode, and ``{mode: the killed workers}``."""
+  root = tmp_path_factory.mktemp("jobs")
+  killed, args = {}, []
+  for mode, (who, moved) in KILLS.items():
+    model = root / mode / "model"
+    killed[mode] = cluster.run_job([SCRIPT, model, mode, "-"])
+    check_cut_off(model, killed[mode], who, moved)
+  for name in ["uninterrupted", *KILLS]:
+    args += [root / name / "model", "run", root / name / "values.npz"]
+  by_name = {}
+  for worker in cluster.run_workers([SCRIPT, *args]):
+    for model, part in cluster.split_phases(worker).items():
+      by_name.setdefault(pathlib.Path(model).parent.name, []).append(part)
+  runs = {}
+  for name, parts in by_name.items():
+    values = root / name / "values.npz"
+    loaded = dict(np.load(values)) if values.exists() else None
+    runs[name] = (parts, root / name / "model", loaded)
+  return runs, killed
+
+
+def check_cut_off(model: pathlib.Path, killed, who: int, moved: int) -> None:
+  """What a kill in the save of ``ckpt-2`` leaves: both workers killed,
+  by worker ``who``'s kill; its parts there, not recorded; ``moved``:
+  data files of ``ckpt-2`` the kill leaves in place."""
   assert [w.returncode for w in killed] == [-9, -9], killed
   assert "killing this process" in killed[who].stdout, killed[who]
   assert "killing this process" not in killed[1 - who].stdout
-  # Cut off inside the save: its parts are there, it is not recorded.
   assert (model / "ckpt-2_temp").is_dir()
   assert not (model / "ckpt-2.index").exists()
   assert len(list(model.glob("ckpt-2.data-*"))) == moved
   assert tf.train.latest_checkpoint(str(model)).endswith("ckpt-1")
-  out = directory / "resumed.npz"
-  for worker in cluster.run_workers([SCRIPT, model, "run", out]):
-    assert "starting at step 2" in worker.check()
+
+
+def resumed(jobs, name: str, start: int) -> dict:
+  """Job ``name``'s values; asserts it ran on both workers from step
+  ``start`` and left only whole checkpoints, the last ``ckpt-3``."""
+  runs, _ = jobs
+  assert name in runs, f"{name} did not run: {sorted(runs)}"
+  parts, model, values = runs[name]
+  assert len(parts) == 2, parts
+  for part in parts:
+    assert f"starting at step {start}" in part.check()
   checkpoint_files(model)
   assert tf.train.latest_checkpoint(str(model)).endswith("ckpt-3")
-  return dict(np.load(out))
+  return values
 
 
 def assert_bit_identical(got: dict, want: dict) -> None:
@@ -92,29 +127,25 @@ def assert_bit_identical(got: dict, want: dict) -> None:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def test_a_worker_killed_writing_its_rows_resumes_bit_identical(
-  tmp_path, uninterrupted
-):
+def test_a_worker_killed_writing_its_rows_resumes_bit_identical(jobs):
   """Worker 1 dies after writing 2 of its 3 keys' rows of ``ckpt-2``."""
-  got = kill_and_resume(tmp_path, "kill_worker", who=1)
-  assert_bit_identical(got, uninterrupted)
+  got = resumed(jobs, "kill_worker", start=2)
+  assert_bit_identical(got, resumed(jobs, "uninterrupted", start=0))
 
 
-def test_the_chief_killed_merging_resumes_bit_identical(
-  tmp_path, uninterrupted
-):
+def test_the_chief_killed_merging_resumes_bit_identical(jobs):
   """The chief dies in the merge of ``ckpt-2``, one part not merged."""
-  got = kill_and_resume(tmp_path, "kill_chief", who=0)
-  assert_bit_identical(got, uninterrupted)
+  got = resumed(jobs, "kill_chief", start=2)
+  assert_bit_identical(got, resumed(jobs, "uninterrupted", start=0))
 
 
 def test_the_chief_killed_moving_the_merged_files_resumes_bit_identical(
-  tmp_path, uninterrupted
+  jobs,
 ):
   """The chief dies in the commit of ``ckpt-2``: one file moved, a data
   file without its index left next to the checkpoints."""
-  got = kill_and_resume(tmp_path, "kill_commit", who=0, moved=1)
-  assert_bit_identical(got, uninterrupted)
+  got = resumed(jobs, "kill_commit", start=2)
+  assert_bit_identical(got, resumed(jobs, "uninterrupted", start=0))
 
 
 def test_a_save_first_sweeps_what_killed_saves_left(tmp_path):

@@ -1,8 +1,19 @@
 """MultiWorkerMirroredStrategy: two real worker processes on 127.0.0.1.
 
-Each process runs tests/distributed/mwms_training.py with its ``TF_CONFIG``;
-the table is sharded across the two workers' replicas. See that script for
-what each worker asserts.
+The workers run tests/distributed/mwms_phases.py, which runs several of
+the scripts beside it (their ``main``) one after another in one cluster
+launch (a worker's setup costs more than most of them): three launches
+in all, each of fresh processes. See each script for what each worker
+asserts; every test here checks its phases' part of the workers' output.
+
+* launch 1: ``training``, ``dynamic``, ``pipelining``, ``chunks:save``,
+  ``resume:full``;
+* launch 2: ``resume:kill`` (both workers SIGKILL themselves);
+* launch 3: ``resume:resumed`` (fresh workers resume the killed job),
+  then ``chunks:restore`` (fresh workers restore what launch 1 saved).
+
+A phase that fails ends its launch: the tests of the phases after it in
+that launch fail too, naming the phases that did not run.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import sparse_access
@@ -17,12 +29,43 @@ from tests.distributed import cluster
 from tests.distributed import mwms_checkpoint_chunks
 from tests.distributed import mwms_training
 
-SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_training.py"
+PHASES = pathlib.Path(__file__).parent / "distributed" / "mwms_phases.py"
+LAUNCHES = (
+  ("training", "dynamic", "pipelining", "chunks:save", "resume:full"),
+  ("resume:kill",),
+  ("resume:resumed", "chunks:restore"),
+)
 
 
-def test_two_workers_train_sharded_tables_like_one_device(tmp_path):
-  for worker in cluster.run_workers([SCRIPT, tmp_path]):
-    out = worker.check()
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """``(directory, {phase: [worker 0's part, worker 1's part]}, launches'
+  exit codes, the latest checkpoint of DIR/b after launch 2)``; a phase
+  that did not start has no entry."""
+  directory = tmp_path_factory.mktemp("mwms")
+  by_phase: dict[str, list[cluster.Finished]] = {}
+  codes, latest = [], None
+  for names in LAUNCHES:
+    workers = cluster.run_workers([PHASES, directory, *names])
+    codes.append([w.returncode for w in workers])
+    for worker in workers:
+      for name, part in cluster.split_phases(worker).items():
+        by_phase.setdefault(name, []).append(part)
+    if "resume:kill" in names:
+      latest = tf.train.latest_checkpoint(str(directory / "b"))
+  return directory, by_phase, codes, latest
+
+
+def phase(runs, name: str) -> list[str]:
+  """Both workers' output of ``name``, each asserted to end with "OK"."""
+  _, by_phase, codes, _ = runs
+  workers = by_phase.get(name, [])
+  assert len(workers) == 2, f"{name} did not run on both workers: {codes}"
+  return [w.check() if name != "resume:kill" else w.stdout for w in workers]
+
+
+def test_two_workers_train_sharded_tables_like_one_device(runs):
+  for out in phase(runs, "training"):
     # Each optimizer's traced step gathered and updated the worker's
     # tables and slots by row only (asserted there: tests/sparse_access.py).
     assert sorted(sparse_access.reports(out)) == [
@@ -30,51 +73,40 @@ def test_two_workers_train_sharded_tables_like_one_device(tmp_path):
     ], out
 
 
-RESUME = pathlib.Path(__file__).parent / "distributed" / "mwms_resume.py"
-
-
-def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(tmp_path):
+def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(runs):
   """Both workers killed after step 7 (last checkpoint: step 6), resumed."""
-  full, resumed = tmp_path / "full.npz", tmp_path / "resumed.npz"
-  for worker in cluster.run_workers([RESUME, tmp_path / "a", "run", full]):
-    assert "starting at step 0" in worker.check()
-  killed = cluster.run_workers([RESUME, tmp_path / "b", "kill", "-"])
-  assert [w.returncode for w in killed] == [-9, -9]
-  assert tf.train.latest_checkpoint(str(tmp_path / "b")).endswith("ckpt-2")
-  for worker in cluster.run_workers([RESUME, tmp_path / "b", "run", resumed]):
-    assert "starting at step 6" in worker.check()
-  want, got = np.load(full), np.load(resumed)
+  directory, _, codes, after_kill = runs
+  for out in phase(runs, "resume:full"):
+    assert "starting at step 0" in out
+  for out in phase(runs, "resume:kill"):
+    assert "starting at step 0" in out and "OK" not in out
+  assert codes[1] == [-9, -9]
+  assert after_kill.endswith("ckpt-2"), after_kill
+  for out in phase(runs, "resume:resumed"):
+    assert "starting at step 6" in out
+  want = np.load(directory / "full.npz")
+  got = np.load(directory / "resumed.npz")
   assert sorted(want) == ["momenta", "parameters", "velocities"]
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-DYNAMIC = pathlib.Path(__file__).parent / "distributed" / "mwms_dynamic.py"
-
-
-def test_two_workers_train_dynamic_tables_like_one_device(tmp_path):
-  for worker in cluster.run_workers([DYNAMIC, tmp_path]):
-    out = worker.check()
+def test_two_workers_train_dynamic_tables_like_one_device(runs):
+  for out in phase(runs, "dynamic"):
     # Rows, slots and vocabulary arrays by row (asserted by the worker).
     assert list(sparse_access.reports(out)) == ["mwms/dynamic"], out
 
 
-CHUNKS = (
-  pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_chunks.py"
-)
-
-
-def test_tables_of_several_chunks_per_block_restore_exactly(tmp_path):
+def test_tables_of_several_chunks_per_block_restore_exactly(runs):
   """Saved on 2 workers in 48-byte chunks (2 to 4 rows, several per
   block); restored on 2 fresh workers (chunk by chunk, whole blocks,
   before build) and on one device: the saved values, exactly."""
-  for worker in cluster.run_workers([CHUNKS, "save", tmp_path]):
-    worker.check()
-  for worker in cluster.run_workers([CHUNKS, "restore", tmp_path]):
-    worker.check()
-  saved = np.load(tmp_path / "saved.npz")
+  directory = runs[0] / "chunks"
+  phase(runs, "chunks:save")
+  phase(runs, "chunks:restore")
+  saved = np.load(directory / "saved.npz")
   emb = mwms_checkpoint_chunks.make_embedding(init=False)
-  tf.train.Checkpoint(embedding=emb).restore(str(tmp_path / "ckpt"))
+  tf.train.Checkpoint(embedding=emb).restore(str(directory / "ckpt"))
   emb.build()
   got = mwms_checkpoint_chunks.values(emb)
   assert sorted(got) == sorted(saved)
@@ -82,16 +114,10 @@ def test_tables_of_several_chunks_per_block_restore_exactly(tmp_path):
     np.testing.assert_array_equal(got[key], saved[key], err_msg=key)
 
 
-PIPELINING = (
-  pathlib.Path(__file__).parent / "distributed" / "mwms_pipelining.py"
-)
-
-
-def test_two_workers_pipelined_follow_the_one_step_stale_schedule():
+def test_two_workers_pipelined_follow_the_one_step_stale_schedule(runs):
   """Pipelined on 2 workers, flushed after step 1 and at the end: the
   one-step-stale schedule of tests/test_pipelining.py on one device."""
-  for worker in cluster.run_workers([PIPELINING]):
-    out = worker.check()
+  for out in phase(runs, "pipelining"):
     # The pipelined step and the flush: by row only (asserted there).
     assert sorted(sparse_access.reports(out)) == [
       "mwms/flush_pipeline",

@@ -10,6 +10,7 @@ has help text. ``tools/criteo_to_tfrecord.py`` is run by
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.util
 import json
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from model_garden import cli
 from model_garden.ranking import saved_model
 from model_garden.ranking.configs import params_file
 from model_garden.ranking.task import RankingTask
@@ -71,6 +73,36 @@ def _load(name: str):
   finally:
     sys.path.remove(os.path.join(ROOT, "tools"))
   return module
+
+
+def run_in_process(capsys, name: str, *args: str, returncode: int = 0):
+  """``tools/<name> args`` in this process, called as its ``__main__``
+  block calls it (``main(argv)``, under ``cli.run`` where that block adds
+  it); its exit code is checked as ``run_tool`` checks it. Returns a
+  ``CompletedProcess`` with the captured stdout and stderr.
+
+  For the runs that need no process of their own: each tool keeps at
+  least one ``run_tool`` run here (a subprocess) where its command-line
+  contract (exit code, one-line error, no traceback) is checked.
+  """
+  module = _load(name)
+  argv = list(args)
+  try:
+    if name in _MAIN_UNDER_CLI_RUN:
+      code = cli.run(lambda: module.main(argv))
+    else:
+      code = module.main(argv)
+  except SystemExit as e:
+    code = e.code
+  out = capsys.readouterr()
+  code = int(code or 0)
+  assert code == returncode, (name, argv, code, out.out[-3000:], out.err)
+  return subprocess.CompletedProcess([name, *argv], code, out.out, out.err)
+
+
+#: Tools whose ``__main__`` block is ``cli.run(main)`` (the others call
+#: ``main()``, which runs ``cli.run`` itself).
+_MAIN_UNDER_CLI_RUN = ("pipelining_benchmark.py",)
 
 
 def test_every_tool_and_example_is_covered():
@@ -248,14 +280,19 @@ def test_pipelining_benchmark(dense, tmp_path):
   )
 
 
-@pytest.mark.parametrize("steps, per_call", [("4", "3"), ("4", "0")])
-def test_pipelining_benchmark_refuses_steps_it_cannot_time(steps, per_call):
-  bad = run_tool(
-    "pipelining_benchmark.py",
-    f"--steps={steps}",
-    f"--steps_per_call={per_call}",
-    returncode=2,
-  )
+@pytest.mark.parametrize(
+  "steps, per_call, where", [("4", "3", "subprocess"), ("4", "0", "process")]
+)
+def test_pipelining_benchmark_refuses_steps_it_cannot_time(
+  steps, per_call, where, capsys
+):
+  flags = (f"--steps={steps}", f"--steps_per_call={per_call}")
+  if where == "subprocess":  # the command-line contract: exit 2, the line
+    bad = run_tool("pipelining_benchmark.py", *flags, returncode=2)
+  else:
+    bad = run_in_process(
+      capsys, "pipelining_benchmark.py", *flags, returncode=2
+    )
   assert "must be a multiple of --steps_per_call" in bad.stderr
 
 
@@ -306,10 +343,12 @@ def test_input_benchmark(tmp_path):
   )
 
 
-def test_sharding_report_of_a_named_experiment(tmp_path):
-  out = run_tool(
-    "sharding_report.py", "--experiment=dlrm_criteo", "--replicas=1,8",
-    "--table_stacking=none",
+def test_sharding_report_of_a_named_experiment(tmp_path, capsys):
+  # Plans only (no TensorFlow devices): in this process; the last run, an
+  # error, in a subprocess.
+  out = run_in_process(
+    capsys, "sharding_report.py", "--experiment=dlrm_criteo",
+    "--replicas=1,8", "--table_stacking=none",
   ).stdout  # fmt: skip
   assert "experiment dlrm_criteo: 26 tables (187,767,399 rows), SGD" in out
   # Model Garden's threshold (50,000 rows) on 8 replicas: the biggest
@@ -321,8 +360,9 @@ def test_sharding_report_of_a_named_experiment(tmp_path):
   )
   assert re.search(r"embedding_table_05\s+replicated .* 3 \(r0-r7\)\n", out)
   assert "more than 50,000 rows are row-sharded" in out
-  stacked = run_tool(
-    "sharding_report.py", "--tables=4", "--rows=100000", "--replicas=2",
+  stacked = run_in_process(
+    capsys, "sharding_report.py", "--tables=4", "--rows=100000",
+    "--replicas=2",
     "--table_stacking=t0+t1+t2,t3", f"--json={tmp_path / 's.json'}",
   ).stdout  # fmt: skip
   assert "1 stack(s) hold 3 of the 4 tables" in stacked
@@ -377,17 +417,19 @@ def test_sharding_report_of_dynamic_tables():
     assert int(in_use) == 300 and int(evictions) > 0
 
 
-def test_sharding_report_of_sharded_vocabularies():
+def test_sharding_report_of_sharded_vocabularies(capsys):
   """A row-sharded dynamic table's state is sharded with its rows: 30,000
   rows in 469 buckets of 64, 2 replicas: shards of 234 and 235 buckets
-  (14,968 and 15,032 rows, 3 int64 each + step and evictions)."""
+  (14,968 and 15,032 rows, 3 int64 each + step and evictions). Plans
+  only: in this process."""
   args = ["--tables=2", "--rows=30000", "--dim=4", "--replicas=2", "--dynamic"]
-  sharded = run_tool("sharding_report.py", *args, "--row_threshold=0").stdout
+  report = functools.partial(run_in_process, capsys, "sharding_report.py")
+  sharded = report(*args, "--row_threshold=0").stdout
   whole = 8 * (3 * 30_000 + 2) * 2 / 2**20
   half = 8 * (3 * 15_032 + 2) * 2 / 2**20
   assert f"state at most {half:.2f} MiB per replica" in sharded
   assert "(2 sharded with their rows, 0 replicated)" in sharded
-  replicated = run_tool("sharding_report.py", *args, "--row_threshold=10000000")
+  replicated = report(*args, "--row_threshold=10000000")
   assert f"state at most {whole:.2f} MiB per replica" in replicated.stdout
   assert "(0 sharded with their rows, 2 replicated)" in replicated.stdout
 
@@ -453,15 +495,18 @@ def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
   assert "outputs['predictions']" in show
 
 
-def test_export_errors_are_one_line(ranking_run, tmp_path):
-  both = run_tool(
-    "export.py", f"--model_dir={ranking_run}", "--spec=x.py:build",
+def test_export_errors_are_one_line(ranking_run, tmp_path, capsys):
+  # A usage error (2) and a runtime one (1) as the user meets them, in a
+  # subprocess (no traceback); the other refusals in this process.
+  both = run_in_process(
+    capsys, "export.py", f"--model_dir={ranking_run}", "--spec=x.py:build",
     f"--export_dir={tmp_path / 'a'}", returncode=2,
   )  # fmt: skip
   assert "either --model_dir" in _last_line(both)
-  subset = run_tool(
-    "export.py", f"--model_dir={ranking_run}", "--tables=embedding_table_00",
-    f"--export_dir={tmp_path / 'b'}", returncode=2,
+  subset = run_in_process(
+    capsys, "export.py", f"--model_dir={ranking_run}",
+    "--tables=embedding_table_00", f"--export_dir={tmp_path / 'b'}",
+    returncode=2,
   )  # fmt: skip
   assert "reads all of its tables" in _last_line(subset)
   missing = run_tool(
@@ -474,8 +519,8 @@ def test_export_errors_are_one_line(ranking_run, tmp_path):
     "export.py: unrecognized arguments: --bogus; see --help"
   )
   (tmp_path / "file").write_text("x")
-  into_a_file = run_tool(
-    "export.py", f"--model_dir={ranking_run}",
+  into_a_file = run_in_process(
+    capsys, "export.py", f"--model_dir={ranking_run}",
     f"--export_dir={tmp_path / 'file'}", returncode=1,
   )  # fmt: skip
   assert _last_line(into_a_file).startswith(

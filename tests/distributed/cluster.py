@@ -166,3 +166,18 @@ def run_script(
   clean = _env(env)
   clean.pop("TF_CONFIG", None)
   return _wait([_start(args, clean)], timeout)[0]
+
+
+def split_phases(finished: Finished) -> dict[str, Finished]:
+  """A process's output, by phase: the parts after its ``=== NAME`` lines.
+
+  Each part keeps the process's stderr; a phase followed by another
+  returned (exit code 0), the last one has the process's exit code.
+  """
+  parts = finished.stdout.split("=== ")[1:]
+  split = {}
+  for number, part in enumerate(parts, 1):
+    name, out = part.split("\n", 1)
+    code = finished.returncode if number == len(parts) else 0
+    split[name] = Finished(code, out, finished.stderr)
+  return split

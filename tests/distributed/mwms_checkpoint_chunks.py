@@ -16,6 +16,9 @@ set): ``python mwms_checkpoint_chunks.py MODE DIR``.
 
 The one-device restore is done by the test itself (``make_embedding``
 without a strategy). Prints "OK" last on success.
+
+In tests/test_multi_worker.py its ``main`` runs as a phase of
+``mwms_phases.py`` (several scripts per cluster launch).
 """
 
 from __future__ import annotations
@@ -103,8 +106,8 @@ def check_several_chunks(emb: tpe.TPUEmbedding) -> None:
       assert multi_worker.chunk_rows(rows, dim) >= rows
 
 
-def main(mode: str, directory: str) -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def main(mode: str, directory: str, strategy=None) -> None:
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   assert strategy.num_replicas_in_sync == 2
   path = os.path.join(directory, "ckpt")
   if mode == "save":

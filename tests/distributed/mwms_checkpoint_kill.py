@@ -1,11 +1,13 @@
 """One worker of a 2-process job killed in the middle of a sliced save.
 
 Launched by tests/test_checkpoint_kill.py (twice per cluster, ``TF_CONFIG``
-set): ``python mwms_checkpoint_kill.py MODEL_DIR MODE OUT``. Trains a
-row-sharded Adam table for ``STEPS`` steps on batches fixed by the step
-number, saving with ``tpe.checkpoints.CheckpointManager`` (every worker,
-same directory) every ``EVERY`` steps; the second save (``ckpt-2``, step
-4) is the one a kill cuts off. ``MODE``:
+set): ``python mwms_checkpoint_kill.py MODEL_DIR MODE OUT`` (or several
+``MODEL_DIR run OUT`` triples: those jobs one after another in one
+launch). Trains a row-sharded Adam table for ``STEPS`` steps on batches
+fixed by the step number, saving with
+``tpe.checkpoints.CheckpointManager`` (every worker, same directory) every
+``EVERY`` steps; the second save (``ckpt-2``, step 4) is the one a kill
+cuts off. ``MODE``:
 
 * ``run``: restores the latest checkpoint if any (each worker its own
   rows), prints the step it starts at, trains to ``STEPS`` and writes the
@@ -102,8 +104,8 @@ def kill_after_first_commit_rename() -> None:
   tf.io.gfile.rename = wrapped
 
 
-def main(model_dir: str, mode: str, out: str) -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def main(model_dir: str, mode: str, out: str, strategy=None) -> None:
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   worker = strategy.cluster_resolver.task_id
   if mode == "kill_worker" and worker == 1:
     kill_in_second_save_v2()
@@ -116,5 +118,20 @@ def main(model_dir: str, mode: str, out: str) -> None:
   )
 
 
+def run_jobs(args: list[str]) -> None:
+  """``MODEL_DIR run OUT`` triples, one job each, on one strategy (a
+  ``=== MODEL_DIR`` line before each; the kill modes need a launch of
+  their own: they patch TensorFlow's ops in the process)."""
+  assert len(args) % 3 == 0 and set(args[1::3]) == {"run"}, args
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  for first in range(0, len(args), 3):
+    print(f"=== {args[first]}", flush=True)
+    main(*args[first : first + 3], strategy)
+    sys.stdout.flush()
+
+
 if __name__ == "__main__":
-  main(*sys.argv[1:4])
+  if len(sys.argv) == 4:
+    main(*sys.argv[1:4])
+  else:
+    run_jobs(sys.argv[1:])

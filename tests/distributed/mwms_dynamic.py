@@ -21,6 +21,9 @@ activations and checks:
   raw keys), and the sliced one into a fresh 2-worker job.
 
 Prints "OK" and exits 0 on success.
+
+In tests/test_multi_worker.py its ``main`` runs as a phase of
+``mwms_phases.py`` (several scripts per cluster launch).
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ def state(emb, name):
   return {k: v.numpy() for k, v in whole.items()}
 
 
-def main(checkpoint_dir: str) -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def main(checkpoint_dir: str, strategy=None) -> None:
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   is_chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
   replicas = strategy.num_replicas_in_sync
   assert replicas == 2, replicas

@@ -26,6 +26,9 @@ weights, ``fit``'s history and ``evaluate``'s logs; and whether the Keras 3
 installed; per model kind, the op types ``fit``'s traced steps gave the
 layer's tables (``row_only_ops/<kind>``, asserted row ops only here).
 Prints "OK" last.
+
+``python mwms_keras_fit.py OUT [KIND ...]``: only the model kinds named
+(``tpu_embedding``, ``partial``; all of them when none is).
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ def constant(rows, cols):
   return keras.initializers.Constant(values.astype(np.float32))
 
 
-def main(out_dir: pathlib.Path) -> None:
+def main(out_dir: pathlib.Path, kinds: list[str]) -> None:
+  """Fits ``kinds`` (``test_mirrored.LAYERS`` keys; all when empty)."""
   tf_config = json.loads(os.environ.get("TF_CONFIG", "null"))
   if tf_config:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -139,7 +143,7 @@ def main(out_dir: pathlib.Path) -> None:
     run = "one_device"
   saved = plain_model(strategy)
   fixed = []
-  for kind in sorted(test_mirrored.LAYERS):
+  for kind in sorted(kinds or test_mirrored.LAYERS):
     model, layer, x, y = test_mirrored.train(strategy, kind)
     fixed.append(distributed_fit.is_fixed(model))
     saved[f"row_only_ops/{kind}"] = row_only_ops(model, layer)
@@ -159,4 +163,4 @@ def main(out_dir: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-  main(pathlib.Path(sys.argv[1]))
+  main(pathlib.Path(sys.argv[1]), sys.argv[2:])

@@ -10,6 +10,9 @@ computed on one device (``reference``): its activations at every step,
 the whole table before the last flush (the last update still held) and
 every variable after it; and that the traced step and flush touch the
 table by row only (``row-only step:`` lines). Prints "OK" last on success.
+
+In tests/test_multi_worker.py its ``main`` runs as a phase of
+``mwms_phases.py`` (several scripts per cluster launch).
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ FLUSH_AFTER = 1
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}
 
 
-def main() -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def main(strategy=None) -> None:
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   replicas = strategy.num_replicas_in_sync
   assert replicas == 2, replicas
   per = schedule.BATCH // replicas

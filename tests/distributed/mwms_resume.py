@@ -14,6 +14,9 @@ table for ``STEPS`` steps on batches fixed by the step number, saving with
 
 A killed and resumed job must end bit-identical to an uninterrupted one.
 Prints "OK" on success.
+
+In tests/test_multi_worker.py its ``main`` runs as a phase of
+``mwms_phases.py`` (several scripts per cluster launch).
 """
 
 from __future__ import annotations
@@ -104,12 +107,12 @@ def train_and_save(
   print("OK")
 
 
-def main(model_dir: str, mode: str, out: str) -> None:
+def main(model_dir: str, mode: str, out: str, strategy=None) -> None:
   def after_step(done: int) -> None:
     if mode == "kill" and done == KILL_AT:
       os.kill(os.getpid(), signal.SIGKILL)
 
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   train_and_save(strategy, model_dir, out, after_step=after_step)
 
 

@@ -9,6 +9,9 @@ only (``check_row_only``: one ``row-only step:`` line per optimizer); the
 chief also checks that the checkpoint (saved by
 both workers together) restores whole into a single-device object. Prints
 "OK" and exits 0 on success.
+
+In tests/test_multi_worker.py its ``main`` runs as a phase of
+``mwms_phases.py`` (several scripts per cluster launch).
 """
 
 from __future__ import annotations
@@ -205,8 +208,8 @@ def train_and_check(
   return emb, reference
 
 
-def main(checkpoint_dir: str) -> None:
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+def main(checkpoint_dir: str, strategy=None) -> None:
+  strategy = strategy or tf.distribute.MultiWorkerMirroredStrategy()
   task = json.loads(os.environ["TF_CONFIG"])["task"]
   replicas = strategy.num_replicas_in_sync
   per = BATCH // replicas

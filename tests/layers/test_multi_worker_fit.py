@@ -4,7 +4,7 @@ Two real worker processes on 127.0.0.1 (``TF_CONFIG``), one replica each:
 the big table is row-sharded across the workers. Both Keras versions:
 Keras 3 (whose own ``fit`` fails there for every model; the layers'
 hook fixes their models, see ``tpu_embedding.layers.distributed_fit``) and
-tf-keras. Each worker
+tf-keras (the ``TPUEmbedding`` layer's model only: ``KINDS``). Each worker
 fits, evaluates and predicts the ``test_mirrored`` models (and a plain
 Keras model fixed with ``fix_distributed_fit`` alone), then checkpoints
 them; a third process runs the same on one device and restores the chief's
@@ -30,6 +30,11 @@ from tpu_embedding.layers import keras_compat
 
 SCRIPT = pathlib.Path(__file__).parents[1] / "distributed" / "mwms_keras_fit.py"
 KERAS = {"keras_3": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
+#: The layer kinds each Keras version fits: both under Keras 3; under
+#: tf-keras the ``TPUEmbedding`` layer only, with the plain model
+#: (``PartialTPUEmbedding`` shares its Keras integration; it trains under
+#: tf-keras in tests/layers/tf_keras_tfrs_script.py, test_tf_keras.py).
+KINDS = {"keras_3": sorted(LAYERS), "tf_keras": ["tpu_embedding"]}
 
 
 @pytest.fixture(scope="module", params=sorted(KERAS))
@@ -37,14 +42,24 @@ def runs(request, tmp_path_factory):
   """``{run: {key: array}}`` for worker0, worker1 and one_device."""
   out = tmp_path_factory.mktemp(request.param)
   env = KERAS[request.param]
-  for worker in cluster.run_workers([SCRIPT, out], env=env):
+  kinds = KINDS[request.param]
+  for worker in cluster.run_workers([SCRIPT, out, *kinds], env=env):
     worker.check()
-  cluster.run_script([SCRIPT, out], env=env).check()
+  cluster.run_script([SCRIPT, out, *kinds], env=env).check()
   loaded = {}
   for run in ("worker0", "worker1", "one_device"):
     with np.load(out / f"{run}.npz") as data:
       loaded[run] = {key: data[key] for key in data.files}
   return request.param, loaded
+
+
+def fitted(runs, kind: str):
+  """The runs' values; the test is skipped where ``kind`` was not fitted
+  (``KINDS``: under tf-keras, ``tpu_embedding`` only)."""
+  keras_version, values = runs
+  if kind not in KINDS[keras_version]:
+    pytest.skip(f"{keras_version} fits {KINDS[keras_version]} only")
+  return values
 
 
 def trained_keys(values, kind):
@@ -60,7 +75,7 @@ def trained_keys(values, kind):
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 @pytest.mark.parametrize("worker", ["worker0", "worker1"])
 def test_workers_fit_like_one_device(runs, kind, worker):
-  _, values = runs
+  values = fitted(runs, kind)
   want, got = values["one_device"], values[worker]
   keys = trained_keys(want, kind)
   assert f"{kind}/big/parameters" in keys and f"{kind}/kernel" in keys
@@ -78,7 +93,7 @@ def test_fit_steps_touch_only_looked_up_rows(runs, kind):
   """On each worker and on one device, the ops ``fit``'s traced steps gave
   the layer's tables and slots: row ops only (each process asserts it
   on the graphs, tests/sparse_access.py)."""
-  _, values = runs
+  values = fitted(runs, kind)
   for run in ("worker0", "worker1", "one_device"):
     ops = [str(op) for op in values[run][f"row_only_ops/{kind}"]]
     assert ops, run
@@ -87,7 +102,7 @@ def test_fit_steps_touch_only_looked_up_rows(runs, kind):
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_big_table_is_sharded_across_the_workers(runs, kind):
-  _, values = runs
+  values = fitted(runs, kind)
   half = [builders.V_BIG // 2]
   assert list(values["worker0"][f"{kind}/big_rows_held"]) == half
   assert list(values["worker1"][f"{kind}/big_rows_held"]) == half
@@ -96,7 +111,7 @@ def test_big_table_is_sharded_across_the_workers(runs, kind):
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_chief_checkpoint_restores_on_one_device(runs, kind):
-  _, values = runs
+  values = fitted(runs, kind)
   restored = {
     key.replace("/restored/", "/"): value
     for key, value in values["one_device"].items()
@@ -114,7 +129,10 @@ def test_fix_installed_only_for_keras_3_workers(runs):
   keras_3 = keras_version == "keras_3"
   for worker in ("worker0", "worker1"):
     assert bool(values[worker]["fix_installed"]) == keras_3
-    assert list(values[worker]["layer_models_fixed"]) == [keras_3] * 2
+    fitted_kinds = len(KINDS[keras_version])
+    assert list(values[worker]["layer_models_fixed"]) == [keras_3] * (
+      fitted_kinds
+    )
     # The plain model was fixed per model, before any hook existed.
     assert bool(values[worker]["plain_fixed"]) == keras_3
     assert not values[worker]["plain_hook_installed"]
