@@ -11,11 +11,6 @@ error that names TPUStrategy and what to do instead (never an
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -185,22 +180,3 @@ def test_embedding_tables_convert_like_tensorflow_variables(
     tpe.FeatureConfig(table),
   )
   np.testing.assert_array_equal(rows.numpy(), values[[9, 0, 5]])
-
-
-def test_a_held_update_runs_beside_dense_ops_only_with_idle_cores():
-  # TensorFlow's intra-op threads are fixed per process: a fresh one.
-  code = (
-    "import os, tensorflow as tf\n"
-    "from tpu_embedding.pipelining import overlaps_dense_work\n"
-    "default = overlaps_dense_work()\n"
-    "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
-    "print(default, overlaps_dense_work(), len(os.sched_getaffinity(0)))\n"
-  )
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  done = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, env=env,
-    cwd=tempfile.gettempdir(), check=True, timeout=300,
-  )  # fmt: skip
-  default, one_thread, cores = done.stdout.split()[-3:]
-  assert default == "False"  # every core on each dense op
-  assert one_thread == ("True" if int(cores) > 1 else "False")

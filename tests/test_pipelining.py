@@ -3,11 +3,6 @@
 The reference applies the same one-step-stale schedule by hand with an
 unpipelined object: at step ``n`` it looks up (``lookup_for_training``),
 then applies step ``n - 1``'s update, then computes step ``n``'s gradients.
-Every test runs with the held update beside the dense ops (applied after
-the next gather) and after them (applied with the next step's own update):
-where it runs is decided by ``pipelining.overlaps_dense_work`` from
-TensorFlow's intra-op threads, fixed per process, so the engine's choice
-is set here.
 """
 
 from __future__ import annotations
@@ -18,17 +13,8 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
-from tpu_embedding.engines import off_tpu
 
 V, DIM, BATCH, STEPS = 13, 3, 4, 4
-
-
-@pytest.fixture(autouse=True, params=[True, False], ids=["beside", "after"])
-def held_update_placement(request, monkeypatch):
-  """Where the engines made here run a held update (``overlaps_dense_work``
-  is what decides in a user's process)."""
-  monkeypatch.setattr(off_tpu, "overlaps_dense_work", lambda: request.param)
-  return request.param
 
 
 def make_embedding(pipelined, init, strategy=None, combiner="sum"):

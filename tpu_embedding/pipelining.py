@@ -11,24 +11,12 @@ step**: step ``n + 1`` sees the tables before step ``n``'s update::
 
 Off TPU, ``PipelinedBackend`` wraps the backend that holds the tables: it
 keeps each replica's last update (its distinct row ids and summed row
-gradients, per table) in variables instead of applying it. Where the held
-update runs is decided once (``overlaps_dense_work``), by whether the
-dense ops leave a core to it:
-
-* they do (TensorFlow's intra-op pool smaller than the cores, e.g. one
-  thread per op, or the dense part on an accelerator): the next training
-  lookup gathers, then applies the held update, with no data dependency
-  between that update and the dense computation, so TensorFlow's executor
-  runs them concurrently;
-* each dense op takes every core (TensorFlow's default): the update's
-  kernels would only slow the matmuls beside them (measured 0.90-0.97x),
-  so the held update runs after the dense backward, with the step's own
-  update. Nothing overlaps; the numbers are the same (nothing reads or
-  writes the tables between the gather and then).
-
-``TPUEmbedding.flush_pipeline()`` applies a held update at once (call it
-before evaluating, exporting or saving a checkpoint you want to be
-exact).
+gradients, per table) in variables instead of applying it; the next
+training lookup first gathers, then applies the held update, with no data
+dependency between that update and the dense computation, so TensorFlow's
+executor can run them concurrently. ``TPUEmbedding.flush_pipeline()``
+applies a held update at once (call it before evaluating, exporting or
+saving a checkpoint you want to be exact).
 
 Example:
   >>> import tensorflow as tf
@@ -49,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -173,39 +160,19 @@ def _as_update(
   return ids, PickedRows([rows], positions, scales), index
 
 
-def overlaps_dense_work() -> bool:
-  """Whether a held update should run beside the next step's dense ops.
-
-  Only where they leave a core idle: TensorFlow's intra-op pool is set
-  smaller than this process's cores. With the default pool (every core on
-  each op) the update runs after the dense backward instead.
-  """
-  threads = int(tf.config.threading.get_intra_op_parallelism_threads())
-  return 0 < threads < len(os.sched_getaffinity(0))
-
-
 class PipelinedBackend(Backend):
-  """A backend whose updates wait for the next step (one step stale).
+  """A backend whose updates wait for the next training lookup.
 
   Wraps the backend that holds the tables: lookups and stores are the
-  inner backend's; ``apply_updates`` holds the update, and the next step
-  applies it: right after its training gather when ``overlap`` (beside the
-  dense ops), else after its dense backward, before holding that step's
-  own. ``flush`` applies a held update at once.
-
-  Args:
-    inner: the backend that holds the tables.
-    strategy: the engine's strategy.
-    overlap: where the held update runs (``overlaps_dense_work()``).
+  inner backend's; ``apply_updates`` holds the update, and the next
+  ``gather_for_training`` applies it after gathering (one step stale).
+  ``flush`` applies a held update at once.
   """
 
-  def __init__(
-    self, inner: Backend, strategy: tf.distribute.Strategy, overlap: bool
-  ):
+  def __init__(self, inner: Backend, strategy: tf.distribute.Strategy):
     super().__init__()
     self._inner = inner
     self._strategy = strategy
-    self._overlap = overlap
     self._held: HeldUpdates | None = None
 
   @property
@@ -250,20 +217,16 @@ class PipelinedBackend(Backend):
     self, requests: GatherRequests, ops: StepOps
   ) -> list[PickedRows]:
     rows = self._inner.gather_tables(requests, ops)
-    if self._overlap:
-      with tf.control_dependencies([p for r in rows for p in r.pieces]):
-        self.flush(ops)
+    with tf.control_dependencies([p for r in rows for p in r.pieces]):
+      self.flush(ops)
     return rows
 
   def apply_updates(
     self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
   ) -> None:
-    # Held for the next step (or flush); the steps of the backends
-    # pipelining wraps are never re-run.
-    del step_id
-    if not self._overlap:  # The previous step's, after the dense backward.
-      with tf.control_dependencies(_gradient_tensors(updates)):
-        self.flush(ops)
+    # Applied by the next training lookup's (or flush's) ops; the steps of
+    # the backends pipelining wraps are never re-run.
+    del ops, step_id
     self._holding().hold(local_replica(self._strategy), updates)
 
   def flush(self, ops: StepOps) -> None:
@@ -278,16 +241,6 @@ class PipelinedBackend(Backend):
     if self._held is None:
       raise RuntimeError("The pipelined backend has no tables yet (build).")
     return self._held
-
-
-def _gradient_tensors(updates: Updates) -> list[tf.Tensor]:
-  """The tensors the updates' gradient rows are in (the dense backward's
-  results)."""
-  found: list[tf.Tensor] = []
-  for update in updates:
-    grads = update.gradients
-    found += grads.pieces if isinstance(grads, PickedRows) else pieces(grads)
-  return found
 
 
 def _is_in(values: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:

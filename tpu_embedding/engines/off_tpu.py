@@ -51,7 +51,6 @@ from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
 from tpu_embedding.pipelining import PipelinedBackend
-from tpu_embedding.pipelining import overlaps_dense_work
 from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
@@ -112,7 +111,7 @@ class OffTPUEngine(Engine, Trackable):
           "pipeline_execution_with_tensor_core=True is not available under "
           "ParameterServerStrategy (workers update asynchronously already)."
         )
-      backend = PipelinedBackend(backend, strategy, overlaps_dense_work())
+      backend = PipelinedBackend(backend, strategy)
     self._backend: Backend = backend
     self._output_shapes = OutputShapes(
       [f.output_shape for f in config.features], list(config.paths)
