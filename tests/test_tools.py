@@ -102,7 +102,7 @@ def run_in_process(capsys, name: str, *args: str, returncode: int = 0):
 
 #: Tools whose ``__main__`` block is ``cli.run(main)`` (the others call
 #: ``main()``, which runs ``cli.run`` itself).
-_MAIN_UNDER_CLI_RUN = ("pipelining_benchmark.py",)
+_MAIN_UNDER_CLI_RUN = ("benchmark.py", "pipelining_benchmark.py")
 
 
 def test_every_tool_and_example_is_covered():
@@ -225,17 +225,18 @@ def test_benchmark_sweeps_floor_and_plot(tmp_path):
   assert all(r["ours"] > 0 and r["keras"] > 0 for r in figures["dists"])
 
 
-@pytest.mark.parametrize("kind", ["ragged", "sparse"])
-def test_benchmark_multi_hot_mlperf_floor(kind, tmp_path):
+def test_benchmark_multi_hot_mlperf_floor(tmp_path):
+  # Sparse bags (made from the ragged ones), sharded over 2 replicas too.
   membench = _membench_json(tmp_path, 4)
   out = run_tool(
     "benchmark.py",
-    "--multi_hot=mlperf", f"--input={kind}", "--rows=300", "--dim=4",
+    "--multi_hot=mlperf", "--input=sparse", "--rows=300", "--dim=4",
     "--batch_size=16", "--steps=1", "--warmup=1", "--repeats=1",
-    "--dist=uniform", f"--membench={membench}",
+    "--dist=uniform", "--replicas=1,2", f"--membench={membench}",
     f"--json={tmp_path / 'b.json'}",
   ).stdout  # fmt: skip
-  assert f"mlperf multi-hot (214 ids per example, {kind}, sum)" in out, out
+  assert "mlperf multi-hot (214 ids per example, sparse, sum)" in out, out
+  assert re.search(r"2 replicas +: [\d,]+ examples/s", out), out
   hot = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100,
          27, 10, 3, 1, 1]  # fmt: skip
   unique = sum(300 * -np.expm1(16 * h * np.log1p(-1 / 300)) for h in hot)
@@ -247,15 +248,15 @@ def test_benchmark_multi_hot_mlperf_floor(kind, tmp_path):
   assert base["ours"] > 0 and base["keras"] > 0
 
 
-def test_benchmark_floor_needs_the_cached_rates(tmp_path):
+def test_benchmark_floor_needs_the_cached_rates(tmp_path, capsys):
   membench = tmp_path / "m.json"
   membench.write_text(json.dumps({"results": [
     {"impl": "c", "pages": "4k", "threads": 2, "dim": 4, "dist": "uniform",
      "rows": 1 << 28, "bench": "gather", "mrows": 10.0}]}))  # fmt: skip
-  failed = run_tool(
-    "benchmark.py", "--tables=1", "--rows=50", "--dim=4", "--steps=1",
-    "--batch_size=8", "--repeats=1", "--skip_keras", f"--membench={membench}",
-    returncode=1,
+  # Refused before any timing (in this process: no device is configured).
+  failed = run_in_process(
+    capsys, "benchmark.py", "--tables=1", "--rows=50", "--dim=4",
+    f"--membench={membench}", returncode=1,
   )  # fmt: skip
   (line,) = failed.stderr.strip().splitlines()
   assert "no cache-resident table at dim 4" in line
