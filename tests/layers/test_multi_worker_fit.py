@@ -36,30 +36,35 @@ KERAS = {"keras_3": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
 #: tf-keras in tests/layers/tf_keras_tfrs_script.py, test_tf_keras.py).
 KINDS = {"keras_3": sorted(LAYERS), "tf_keras": ["tpu_embedding"]}
 
-
-@pytest.fixture(scope="module", params=sorted(KERAS))
-def runs(request, tmp_path_factory):
-  """``{run: {key: array}}`` for worker0, worker1 and one_device."""
-  out = tmp_path_factory.mktemp(request.param)
-  env = KERAS[request.param]
-  kinds = KINDS[request.param]
-  for worker in cluster.run_workers([SCRIPT, out, *kinds], env=env):
-    worker.check()
-  cluster.run_script([SCRIPT, out, *kinds], env=env).check()
-  loaded = {}
-  for run in ("worker0", "worker1", "one_device"):
-    with np.load(out / f"{run}.npz") as data:
-      loaded[run] = {key: data[key] for key in data.files}
-  return request.param, loaded
+#: ``(Keras version, layer kind)`` of every model fitted.
+FITTED = [
+  (version, kind) for version in sorted(KERAS) for kind in KINDS[version]
+]
 
 
-def fitted(runs, kind: str):
-  """The runs' values; the test is skipped where ``kind`` was not fitted
-  (``KINDS``: under tf-keras, ``tpu_embedding`` only)."""
-  keras_version, values = runs
-  if kind not in KINDS[keras_version]:
-    pytest.skip(f"{keras_version} fits {KINDS[keras_version]} only")
-  return values
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """``runs(keras_version)``: ``{run: {key: array}}`` for worker0, worker1
+  and one_device (each Keras version's cluster launched once)."""
+  launched = {}
+
+  def launch(keras_version):
+    if keras_version in launched:
+      return launched[keras_version]
+    out = tmp_path_factory.mktemp(keras_version)
+    env = KERAS[keras_version]
+    kinds = KINDS[keras_version]
+    for worker in cluster.run_workers([SCRIPT, out, *kinds], env=env):
+      worker.check()
+    cluster.run_script([SCRIPT, out, *kinds], env=env).check()
+    loaded = {}
+    for run in ("worker0", "worker1", "one_device"):
+      with np.load(out / f"{run}.npz") as data:
+        loaded[run] = {key: data[key] for key in data.files}
+    launched[keras_version] = loaded
+    return loaded
+
+  return launch
 
 
 def trained_keys(values, kind):
@@ -72,10 +77,10 @@ def trained_keys(values, kind):
   )
 
 
-@pytest.mark.parametrize("kind", sorted(LAYERS))
+@pytest.mark.parametrize("keras_version, kind", FITTED)
 @pytest.mark.parametrize("worker", ["worker0", "worker1"])
-def test_workers_fit_like_one_device(runs, kind, worker):
-  values = fitted(runs, kind)
+def test_workers_fit_like_one_device(runs, keras_version, kind, worker):
+  values = runs(keras_version)
   want, got = values["one_device"], values[worker]
   keys = trained_keys(want, kind)
   assert f"{kind}/big/parameters" in keys and f"{kind}/kernel" in keys
@@ -88,30 +93,30 @@ def test_workers_fit_like_one_device(runs, kind, worker):
   assert not np.allclose(want[f"{kind}/big/parameters"], initial_big)
 
 
-@pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_fit_steps_touch_only_looked_up_rows(runs, kind):
+@pytest.mark.parametrize("keras_version, kind", FITTED)
+def test_fit_steps_touch_only_looked_up_rows(runs, keras_version, kind):
   """On each worker and on one device, the ops ``fit``'s traced steps gave
   the layer's tables and slots: row ops only (each process asserts it
   on the graphs, tests/sparse_access.py)."""
-  values = fitted(runs, kind)
+  values = runs(keras_version)
   for run in ("worker0", "worker1", "one_device"):
     ops = [str(op) for op in values[run][f"row_only_ops/{kind}"]]
     assert ops, run
     assert all(op.startswith(sparse_access.ROW_OPS) for op in ops), (run, ops)
 
 
-@pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_big_table_is_sharded_across_the_workers(runs, kind):
-  values = fitted(runs, kind)
+@pytest.mark.parametrize("keras_version, kind", FITTED)
+def test_big_table_is_sharded_across_the_workers(runs, keras_version, kind):
+  values = runs(keras_version)
   half = [builders.V_BIG // 2]
   assert list(values["worker0"][f"{kind}/big_rows_held"]) == half
   assert list(values["worker1"][f"{kind}/big_rows_held"]) == half
   assert list(values["one_device"][f"{kind}/big_rows_held"]) == [builders.V_BIG]
 
 
-@pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_chief_checkpoint_restores_on_one_device(runs, kind):
-  values = fitted(runs, kind)
+@pytest.mark.parametrize("keras_version, kind", FITTED)
+def test_chief_checkpoint_restores_on_one_device(runs, keras_version, kind):
+  values = runs(keras_version)
   restored = {
     key.replace("/restored/", "/"): value
     for key, value in values["one_device"].items()
@@ -124,8 +129,9 @@ def test_chief_checkpoint_restores_on_one_device(runs, kind):
     )
 
 
-def test_fix_installed_only_for_keras_3_workers(runs):
-  keras_version, values = runs
+@pytest.mark.parametrize("keras_version", sorted(KERAS))
+def test_fix_installed_only_for_keras_3_workers(runs, keras_version):
+  values = runs(keras_version)
   keras_3 = keras_version == "keras_3"
   for worker in ("worker0", "worker1"):
     assert bool(values[worker]["fix_installed"]) == keras_3
@@ -140,11 +146,14 @@ def test_fix_installed_only_for_keras_3_workers(runs):
   assert not any(values["one_device"]["layer_models_fixed"])
 
 
+@pytest.mark.parametrize("keras_version", sorted(KERAS))
 @pytest.mark.parametrize("worker", ["worker0", "worker1"])
-def test_plain_model_fixed_per_model_fits_like_one_device(runs, worker):
+def test_plain_model_fixed_per_model_fits_like_one_device(
+  runs, keras_version, worker
+):
   # A model without our layers, with only fix_distributed_fit(model): both
   # Keras failures (build, scalar logs) are fixed without touching Keras.
-  _, values = runs
+  values = runs(keras_version)
   want, got = values["one_device"], values[worker]
   keys = sorted(key for key in want if key.startswith("plain/"))
   assert "plain/loss" in keys and "plain/weight0" in keys
