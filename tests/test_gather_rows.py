@@ -4,8 +4,9 @@ Every lookup gathers each table's distinct rows (``tables/whole.py``) and
 each owner the rows other replicas ask for (``backends/exchanges.py``)
 through ``kernels/gather_rows.py``; its kernel must return exactly
 ``tf.gather(variable, ids)``, refuse ids out of range, and leave other
-variables (distributed, other dtypes) to ``tf.gather``. The all-to-all
-lookup expands its owners' replies with ``gather_pieces``, which must
+variables (distributed, other dtypes) to ``tf.gather``. The combiner reads
+a one-id feature's rows out of what a row source returned (for the
+all-to-all lookup, its owners' replies) with ``gather_pieces``, which must
 return exactly ``tf.gather(tf.concat(pieces, 0), index)`` and its gradient.
 """
 
@@ -125,27 +126,22 @@ def _pieces(rng, sizes, dim=5):
   ]
 
 
-@pytest.mark.parametrize("through", [False, True], ids=["direct", "through"])
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("name", sorted(PIECES))
-def test_pieces_kernel_equals_gather_of_the_concat(name, traced, through, rng):
+def test_pieces_kernel_equals_gather_of_the_concat(name, traced, rng):
   pieces = _pieces(rng, PIECES[name])
   total = sum(PIECES[name])
-  slots = None
-  if through:  # index points into slots, slots into the rows.
-    slots = tf.constant(rng.integers(0, total, 9), tf.int32)
-  index = tf.constant(rng.integers(0, 9 if through else total, 40), tf.int32)
+  index = tf.constant(rng.integers(0, total, 40), tf.int32)
 
   def ours(pieces, index):
-    return KERNEL_OPS.gather_pieces(pieces, index, slots)
+    return KERNEL_OPS.gather_pieces(pieces, index)
 
   run = tf.function(ours) if traced else ours
-  at = index if slots is None else tf.gather(slots, index)
-  want = tf.gather(tf.concat(pieces, 0), at).numpy()
+  want = tf.gather(tf.concat(pieces, 0), index).numpy()
   np.testing.assert_array_equal(run(pieces, index).numpy(), want)
   # TensorFlow's ops give the same rows.
   np.testing.assert_array_equal(
-    TENSORFLOW_OPS.gather_pieces(pieces, index, slots).numpy(), want
+    TENSORFLOW_OPS.gather_pieces(pieces, index).numpy(), want
   )
 
 
@@ -153,40 +149,24 @@ def test_pieces_kernel_equals_gather_of_the_concat(name, traced, through, rng):
 def test_pieces_positions_out_of_range_are_refused(bad, rng):
   pieces = _pieces(rng, [4, 6])
   gather = kernels.load().tpe_gather_pieces
-  with pytest.raises(tf.errors.InvalidArgumentError, match=r"not in \[0, 10\)"):
-    gather(pieces, tf.constant([1, bad], tf.int32), [])
-  # Through slots: a bad slot, and a bad position among the slots.
-  slots = tf.constant([0, bad], tf.int32)
   with pytest.raises(
-    tf.errors.InvalidArgumentError, match=r"through\[1\] = .* not in \[0, 10\)"
+    tf.errors.InvalidArgumentError, match=r"index\[1\] = .* not in \[0, 10\)"
   ):
-    gather(pieces, tf.constant([0, 1], tf.int32), [slots])
-  with pytest.raises(
-    tf.errors.InvalidArgumentError, match=r"index\[1\] = 2 is not in \[0, 2\)"
-  ):
-    gather(pieces, tf.constant([0, 2], tf.int32), [slots])
+    gather(pieces, tf.constant([1, bad], tf.int32))
 
 
-@pytest.mark.parametrize("through", [False, True], ids=["direct", "through"])
-def test_pieces_gradient_equals_gather_of_the_concat(through, rng):
+def test_pieces_gradient_equals_gather_of_the_concat(rng):
   pieces = [tf.Variable(p) for p in _pieces(rng, [3, 0, 4])]
   index = tf.constant([6, 0, 6, 3, 2, 2], tf.int32)
-  slots = None
-  if through:
-    slots, index = (
-      tf.constant([2, 6, 0, 3], tf.int32),
-      tf.constant([1, 0, 1, 3, 2, 2], tf.int32),
-    )
   weights = tf.constant(rng.normal(size=(6, 5)).astype(np.float32))
 
   def gradients(gather):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(gather(pieces, index, slots) * weights)
+      loss = tf.reduce_sum(gather(pieces, index) * weights)
     return [tf.convert_to_tensor(g) for g in tape.gradient(loss, pieces)]
 
-  def reference(pieces, index, slots):
-    at = index if slots is None else tf.gather(slots, index)
-    return tf.gather(tf.concat(pieces, 0), at)
+  def reference(pieces, index):
+    return tf.gather(tf.concat(pieces, 0), index)
 
   for got, want in zip(
     gradients(KERNEL_OPS.gather_pieces), gradients(reference), strict=True

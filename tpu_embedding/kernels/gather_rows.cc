@@ -107,15 +107,12 @@ class GatherRowsOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("TpeGatherRows").Device(DEVICE_CPU), GatherRowsOp);
 
-// Row i of the output is row index[i] of the pieces' concatenation, or with
-// `through` row through[index[i]] (an occurrence's distinct id's slot).
+// Row i of the output is row index[i] of the pieces' concatenation.
 REGISTER_OP("TpeGatherPieces")
     .Input("pieces: num_pieces * float")
     .Input("index: int32")
-    .Input("through: num_through * int32")
     .Output("rows: float")
     .Attr("num_pieces: int >= 1")
-    .Attr("num_through: int >= 0 = 0")
     .Attr("spread: bool = true")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle index, piece;
@@ -131,11 +128,7 @@ class GatherPiecesOp : public OpKernel {
  public:
   explicit GatherPiecesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_pieces", &num_pieces_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_through", &num_through_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
-    OP_REQUIRES(ctx, num_through_ <= 1,
-                errors::InvalidArgument("at most one through tensor, got ",
-                                        num_through_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -148,26 +141,8 @@ class GatherPiecesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, PieceRows(ctx, 0, num_pieces_, "pieces", &dim, &all_rows));
     const int64_t n = index.dim_size(0);
     const int32_t* at = index.flat<int32_t>().data();
-    std::vector<int32_t> composed;
-    if (num_through_ == 1) {
-      const Tensor& through = ctx->input(num_pieces_ + 1);
-      OP_REQUIRES(ctx, TensorShapeUtils::IsVector(through.shape()),
-                  errors::InvalidArgument("through must be a vector, got shape ",
-                                          through.shape().DebugString()));
-      const int64_t size = through.dim_size(0);
-      const int32_t* slot = through.flat<int32_t>().data();
-      composed.resize(n);
-      for (int64_t i = 0; i < n; ++i) {
-        OP_REQUIRES(ctx, at[i] >= 0 && at[i] < size,
-                    errors::InvalidArgument("index[", i, "] = ", at[i],
-                                            " is not in [0, ", size, ")"));
-        composed[i] = slot[at[i]];
-      }
-      at = composed.data();
-    }
     std::vector<const float*> rows;
-    OP_REQUIRES_OK(ctx, PickRows(all_rows, at, n,
-                                 num_through_ ? "through" : "index", &rows));
+    OP_REQUIRES_OK(ctx, PickRows(all_rows, at, n, "index", &rows));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     if (n == 0 || dim == 0) return;
@@ -176,7 +151,6 @@ class GatherPiecesOp : public OpKernel {
 
  private:
   int num_pieces_;
-  int num_through_;
   bool spread_;
 };
 

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -60,9 +61,7 @@ def _gather_rows_gradient(op: Any, grad: tf.Tensor) -> tuple:
 
 
 def gather_pieces_with_tensorflow(
-  pieces: list[tf.Tensor],
-  index: tf.Tensor,
-  through: tf.Tensor | None = None,
+  pieces: list[tf.Tensor], index: tf.Tensor
 ) -> tf.Tensor:
   """``tf.gather(tf.concat(pieces, 0), index)``.
 
@@ -72,51 +71,47 @@ def gather_pieces_with_tensorflow(
 
   Args:
     pieces: ``[rows_k, dim]`` float32 tensors.
-    index: ``[n]`` positions in their concatenation, or with ``through``
-      positions in ``through``.
-    through: None, or ``[m]`` positions in the pieces' concatenation: row
-      ``i`` is then row ``through[index[i]]``.
+    index: ``[n]`` positions in their concatenation.
   """
-  if through is not None:
-    index = tf.gather(through, index)
   return tf.gather(concat_pieces(pieces), index)
 
 
 def gather_pieces_with_kernel(
-  module: Any,
-  pieces: list[tf.Tensor],
-  index: tf.Tensor,
-  through: tf.Tensor | None,
-  spread: bool,
+  module: Any, pieces: list[tf.Tensor], index: tf.Tensor, spread: bool
 ) -> tf.Tensor:
   """``gather_pieces_with_tensorflow`` without the concat (one copy of the
-  rows, no int gather) by the ``TpeGatherPieces`` kernel; pieces other than
-  float32 go to TensorFlow's ops."""
+  rows) by the ``TpeGatherPieces`` kernel; pieces other than float32 go to
+  TensorFlow's ops."""
   if any(p.dtype != tf.float32 for p in pieces):
-    return gather_pieces_with_tensorflow(pieces, index, through)
-  extra = [] if through is None else [tf.cast(through, tf.int32)]
+    return gather_pieces_with_tensorflow(pieces, index)
   return module.tpe_gather_pieces(
-    pieces, tf.cast(index, tf.int32), extra, spread=spread
+    pieces, tf.cast(index, tf.int32), spread=spread
   )
+
+
+def slices_per_piece(
+  pieces: Sequence[tf.Tensor], positions: tf.Tensor, grads: tf.Tensor
+) -> list[tf.IndexedSlices]:
+  """The gradient of ``tf.gather(tf.concat(pieces, 0), positions)`` into
+  each piece, as ``tf.gather``'s: ``grads`` rows at the positions in that
+  piece, one ``IndexedSlices`` per piece."""
+  sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
+  starts = tf.cumsum(sizes, exclusive=True)
+  owner = tf.searchsorted(starts[1:], positions, side="right")
+  parts = tf.dynamic_partition(tf.range(tf.size(positions)), owner, len(pieces))
+  return [
+    tf.IndexedSlices(
+      tf.gather(grads, at),
+      tf.gather(positions, at) - starts[k],
+      tf.shape(piece, out_type=tf.int32),
+    )
+    for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
+  ]
 
 
 @tf.RegisterGradient("TpeGatherPieces")
 def _gather_pieces_gradient(op: Any, grad: tf.Tensor) -> list:
   """Per piece, as ``tf.gather``'s: slices at the positions in that piece."""
   num = op.get_attr("num_pieces")
-  pieces, index, through = op.inputs[:num], op.inputs[num], op.inputs[num + 1 :]
-  if through:
-    index = tf.gather(through[0], index)
-  sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
-  starts = tf.cumsum(sizes, exclusive=True)
-  owner = tf.searchsorted(starts[1:], index, side="right")
-  parts = tf.dynamic_partition(tf.range(tf.size(index)), owner, len(pieces))
-  grads = [
-    tf.IndexedSlices(
-      tf.gather(grad, at),
-      tf.gather(index, at) - starts[k],
-      tf.shape(piece, out_type=tf.int32),
-    )
-    for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
-  ]
-  return [*grads, None] + [None] * len(through)
+  pieces, index = op.inputs[:num], op.inputs[num]
+  return [*slices_per_piece(pieces, index, grad), None]

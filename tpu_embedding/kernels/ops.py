@@ -88,14 +88,10 @@ class StepOps:
     return tf.gather(variable, ids)
 
   def gather_pieces(
-    self,
-    pieces: list[tf.Tensor],
-    index: tf.Tensor,
-    through: tf.Tensor | None = None,
+    self, pieces: list[tf.Tensor], index: tf.Tensor
   ) -> tf.Tensor:
-    """``tf.gather(tf.concat(pieces, 0), index)``; with ``through`` the
-    rows at ``through[index]`` (``gather_rows.py``)."""
-    return gather_pieces_with_tensorflow(pieces, index, through)
+    """``tf.gather(tf.concat(pieces, 0), index)`` (``gather_rows.py``)."""
+    return gather_pieces_with_tensorflow(pieces, index)
 
   def segment_sum(
     self,
@@ -203,14 +199,9 @@ class KernelOps(StepOps):
     return gather_rows_with_kernel(self.module, variable, ids, self.spread)
 
   def gather_pieces(
-    self,
-    pieces: list[tf.Tensor],
-    index: tf.Tensor,
-    through: tf.Tensor | None = None,
+    self, pieces: list[tf.Tensor], index: tf.Tensor
   ) -> tf.Tensor:
-    return gather_pieces_with_kernel(
-      self.module, pieces, index, through, self.spread
-    )
+    return gather_pieces_with_kernel(self.module, pieces, index, self.spread)
 
   def segment_sum(
     self,

@@ -18,6 +18,7 @@ Example:
 
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels.gather_rows import slices_per_piece
   >>> from tpu_embedding.gradients import PickedRows
   >>> distinct = tf.constant([[1.0], [2.0], [4.0]])
   >>> picked = PickedRows([distinct], tf.constant([0, 1, 2, 2]))
@@ -35,6 +36,7 @@ import tensorflow as tf
 
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.kernels.gather_rows import slices_per_piece
 
 
 def segment_sum_with_tensorflow(
@@ -91,30 +93,11 @@ def _segment_sum_gradient(op, grad: tf.Tensor) -> list:
   if positions is None and num_pieces == 1:
     piece_grads: list = [scaled]
   else:
-    piece_grads = _per_piece(pieces, positions, scaled)
+    if positions is None:
+      positions = tf.range(sum(tf.shape(p)[0] for p in pieces))
+    piece_grads = slices_per_piece(pieces, positions, scaled)
   scale_grads = []
   if scales:
     rows = concat_pieces(PickedRows(pieces, positions))
     scale_grads = [tf.reduce_sum(per_id * rows, axis=1)]
   return [*piece_grads, *([None] * num_positions), None, *scale_grads, None]
-
-
-def _per_piece(
-  pieces: list[tf.Tensor], positions: tf.Tensor | None, grads: tf.Tensor
-) -> list[tf.IndexedSlices]:
-  """Gradient rows at ``positions`` in the pieces' concatenation, as one
-  ``IndexedSlices`` per piece."""
-  sizes = tf.stack([tf.shape(p, out_type=tf.int32)[0] for p in pieces])
-  if positions is None:
-    positions = tf.range(tf.reduce_sum(sizes))
-  starts = tf.cumsum(sizes, exclusive=True)
-  owner = tf.searchsorted(starts[1:], positions, side="right")
-  parts = tf.dynamic_partition(tf.range(tf.size(positions)), owner, len(pieces))
-  return [
-    tf.IndexedSlices(
-      tf.gather(grads, at),
-      tf.gather(positions, at) - starts[k],
-      tf.shape(piece, out_type=tf.int32),
-    )
-    for k, (piece, at) in enumerate(zip(pieces, parts, strict=True))
-  ]
