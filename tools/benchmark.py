@@ -113,8 +113,8 @@ def _feature(ids: np.ndarray, hot: int, args: argparse.Namespace) -> Any:
   """One feature's ids: a vector (one-hot) or a ragged or sparse batch."""
   if args.multi_hot == "none":
     return tf.constant(ids)
-  bags = tf.RaggedTensor.from_uniform_row_length(tf.constant(ids), hot)
-  bags = tf.RaggedTensor.from_row_lengths(bags.values, bags.row_lengths())
+  lengths = np.full(args.batch_size, hot, np.int64)
+  bags = tf.RaggedTensor.from_row_lengths(tf.constant(ids), lengths)
   return bags if args.input == "ragged" else bags.to_sparse()
 
 

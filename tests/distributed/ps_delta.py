@@ -74,15 +74,9 @@ def values(emb: tpe.TPUEmbedding) -> dict[str, np.ndarray]:
 
 
 def main(directory: str) -> None:
-  from ps_training import start_cluster  # (this directory)
+  from ps_training import in_process_cluster  # (this directory)
 
-  spec = start_cluster(num_workers=2, num_ps=2)
-  strategy = tf.distribute.experimental.ParameterServerStrategy(
-    tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
-  )
-  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-    strategy
-  )
+  strategy, coordinator = in_process_cluster(num_workers=2, num_ps=2)
   with strategy.scope():
     emb = make_embedding()
     emb.build()

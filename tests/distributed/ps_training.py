@@ -69,6 +69,24 @@ def start_cluster(num_workers: int, num_ps: int) -> tf.train.ClusterSpec:
   return spec
 
 
+def in_process_cluster(
+  num_workers: int, num_ps: int
+) -> tuple[
+  tf.distribute.experimental.ParameterServerStrategy,
+  tf.distribute.experimental.coordinator.ClusterCoordinator,
+]:
+  """A ``ParameterServerStrategy`` over ``start_cluster``'s servers, and
+  its coordinator."""
+  spec = start_cluster(num_workers, num_ps)
+  strategy = tf.distribute.experimental.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+  )
+  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
+    strategy
+  )
+  return strategy, coordinator
+
+
 def make_embedding(optimizer, big_init, small_init):
   big = tpe.TableConfig(
     V_BIG, DIM, name="big", initializer=tf.constant_initializer(big_init)
@@ -216,13 +234,7 @@ def main(checkpoint_dir: str) -> None:
     big_init, small_init, disjoint_projection, disjoint
   )
 
-  spec = start_cluster(num_workers=2, num_ps=2)
-  strategy = tf.distribute.experimental.ParameterServerStrategy(
-    tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
-  )
-  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(
-    strategy
-  )
+  strategy, coordinator = in_process_cluster(num_workers=2, num_ps=2)
   # Pipelining is refused: workers update asynchronously already.
   with strategy.scope():
     table = tpe.TableConfig(V_BIG, DIM, name="big")
