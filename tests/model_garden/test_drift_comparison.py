@@ -129,7 +129,12 @@ def test_comparison_trains_both_variants_and_reports_them(tmp_path):
   assert big["capacity"] == 1000 and big["step"] == 16
   assert big["evictions"] > 0 and 0 < big["rows_in_use"] <= 1000
   for result in results.values():
-    assert 0.5 < result["progressive"]["auc"] < 1.0
+    # 16 steps: the progressive AUC averages the untrained first window
+    # (about 0.5, either side of it from run to run), so learning shows as
+    # the last window beating the first and in the held-out AUC.
+    assert 0.0 < result["progressive"]["auc"] < 1.0
+    first, last = result["curve"][0]["auc"], result["curve"][-1]["auc"]
+    assert last > first + 0.02, [p["auc"] for p in result["curve"]]
     assert 0.5 < result["held_out"]["auc"] < 1.0
     assert result["held_out"]["label_mean"] > 0.1
     windows = [p["examples"] for p in result["curve"]]
