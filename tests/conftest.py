@@ -84,9 +84,9 @@ def pytest_sessionstart(session):
 
 
 #: The files that take longest (about 250 s down to 30 s each on 2 cores,
-#: measured 2026-11), run first. Two workers each take a whole file at a
+#: measured 2026-11), run first. Three workers each take a whole file at a
 #: time (pyproject.toml's addopts): started heaviest first, the last files
-#: handed out are short ones, and both workers end at about the same time.
+#: handed out are short ones, and the workers end at about the same time.
 #: Only the order changes; a file missing here runs after these.
 HEAVIEST_FIRST = (
   "test_colabs.py",
