@@ -263,11 +263,17 @@ def _same_bytes_scale(results: dict[str, Any]) -> float:
 
 
 def _env_importing_model_garden() -> dict[str, str]:
-  """This environment, with ``model_garden``'s parent on ``PYTHONPATH``
-  (the children import it wherever they start)."""
+  """This environment, with ``model_garden``'s parent first on
+  ``PYTHONPATH``: the children import the packages this process imported,
+  wherever they start (``PYTHONSAFEPATH``, Python 3.11+: ``python -m``
+  does not put the working directory, say a source checkout, first)."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
   path = os.environ.get("PYTHONPATH")
-  return dict(os.environ, PYTHONPATH=root + (os.pathsep + path if path else ""))
+  return dict(
+    os.environ,
+    PYTHONPATH=root + (os.pathsep + path if path else ""),
+    PYTHONSAFEPATH="1",
+  )
 
 
 def report(results: dict[str, Any]) -> str:
