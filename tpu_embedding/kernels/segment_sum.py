@@ -15,10 +15,6 @@ summing its ids in order).
 
 Example:
   >>> import tensorflow as tf
-
-from tpu_embedding.gradients import PickedRows
-from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.kernels.gather_rows import slices_per_piece
   >>> from tpu_embedding.gradients import PickedRows
   >>> distinct = tf.constant([[1.0], [2.0], [4.0]])
   >>> picked = PickedRows([distinct], tf.constant([0, 1, 2, 2]))
