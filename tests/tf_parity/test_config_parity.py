@@ -209,7 +209,9 @@ def test_no_truncate(caplog):
   # Sanity check: the config is long enough to be truncated if logged whole.
   assert len(str(config)) > truncate_length
 
-  with caplog.at_level(logging.INFO):
+  # absl's logger (TensorFlow logs the config through absl.logging): a
+  # trainer run in this process before may have set it to ERROR.
+  with caplog.at_level(logging.INFO, logger="absl"):
     tpu_embedding_v2_utils.log_tpu_embedding_configuration(config)
 
   messages = [record.getMessage() for record in caplog.records]
