@@ -273,12 +273,29 @@ def test_pipelining_benchmark(dense, tmp_path):
     "--repeats=2", f"--json={tmp_path / 'p.json'}",
   ).stdout  # fmt: skip
   assert re.search(r"pipelined step +: [\d.]+ ms/step \(median of 2", out)
-  assert "step-time ratio (unpipelined / pipelined, medians)" in out
+  # Timed in turn: the ratio is taken within each repeat.
+  assert re.search(
+    r"ratio \(unpipelined / pipelined\), per repeat: [\d.]+ x \(median of 2",
+    out,
+  ), out
+  written = _json(tmp_path / "p.json")
   _check_measurements(
-    _json(tmp_path / "p.json"),
-    ["embedding_part", "dense_part", "unpipelined_step", "pipelined_step"],
+    written,
+    [
+      "embedding_part", "dense_part", "unpipelined_step", "pipelined_step",
+      "step_ratio_unpipelined_vs_pipelined",
+    ],
     2,
+  )  # fmt: skip
+  steps = written["measurements"]
+  pairs = zip(
+    steps["unpipelined_step"]["values"],
+    steps["pipelined_step"]["values"],
+    strict=True,
   )
+  assert steps["step_ratio_unpipelined_vs_pipelined"]["values"] == [
+    u / p for u, p in pairs
+  ]
 
 
 @pytest.mark.parametrize(

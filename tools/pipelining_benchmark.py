@@ -4,7 +4,8 @@ Trains the same model twice in one process: tables and a dense MLP sized
 so that the embedding work (lookup + Adagrad update) and the dense work
 (forward + backward) take comparable time. With pipelining, the update of
 step ``n`` runs alongside the dense work of step ``n + 1``. It prints the
-time of each part alone, both step times and their ratio.
+time of each part alone, both step times and their ratio, taken within
+each repeat (the two steps are timed in turn: ``timed_in_turn``).
 
 Overlap needs an idle resource, as on a TPU, where the dense part runs on
 the TensorCore while the SparseCore serves the embedding. By default the
@@ -13,11 +14,14 @@ its own), every op runs on one thread and two ops run at once, and a call
 runs 8 steps in one graph (``--steps_per_call``, as Keras'
 ``steps_per_execution``): while the dense part computes on one core, the
 other core applies the held update and prepares the next step's lookup
-(about 1.4x here). With TensorFlow's ops for the dense part
-(``--dense ops``) its backward runs two matmuls at once and leaves less
-room; with every core on each op (``--intra_op_threads 0
---inter_op_threads 0``) there is nothing left to overlap on a CPU and the
-two steps take about the same time.
+(1.32x, per-repeat ratios 1.25-1.64x, 9 repeats, 2026-11-27). With
+TensorFlow's ops for the dense part (``--dense ops``) its backward runs two
+matmuls at once and leaves less room; with every core on each op
+(``--intra_op_threads 0 --inter_op_threads 0``) there is nothing left to
+overlap on a CPU and the two steps take about the same time (median ratio
+0.96x with ``--dense ops`` and 0.98x with ``--dense xla``, per-repeat
+ratios 0.88-1.09x over 15 repeats each: within this machine's noise, and
+below 1 by the held update's bookkeeping at most).
 
 Run:
   python3 tools/pipelining_benchmark.py
@@ -27,7 +31,8 @@ Run:
   python3 tools/pipelining_benchmark.py --repeats 5 --json /tmp/pipe.json
 
 Each time is measured ``--repeats`` times: the median is printed with the
-range and the spread (range / median).
+range and the spread (range / median); ``--json`` writes every repeat,
+the per-repeat ratio included.
 """
 
 from __future__ import annotations
@@ -175,6 +180,43 @@ def seconds_per_step(step, batches, args) -> float:
   return (time.perf_counter() - start) / (count * per_call)
 
 
+def timed_in_turn(args, unpipelined_step, pipelined_step, batches):
+  """Both training steps timed in turn, ``args.repeats`` times each.
+
+  The machine's speed drifts over a run, by more than pipelining changes
+  a step on two CPU cores: each repeat times both steps one after the
+  other (which goes first alternates) and the ratio is taken within the
+  repeat, so that the ratios' median and range compare like with like.
+
+  Returns:
+    ``(unpipelined, pipelined, ratio)``: ms/step of each, and per repeat
+    unpipelined / pipelined (above 1: pipelining is faster).
+  """
+  times: dict[str, list[float]] = {"unpipelined": [], "pipelined": []}
+  steps = {"unpipelined": unpipelined_step, "pipelined": pipelined_step}
+  for step in steps.values():  # traced before any timing
+    step(
+      [batches[k % len(batches)] for k in range(args.steps_per_call)]
+    ).numpy()
+  for repeat in range(args.repeats):
+    order = list(steps) if repeat % 2 == 0 else list(steps)[::-1]
+    for name in order:
+      times[name].append(1000 * seconds_per_step(steps[name], batches, args))
+  ratio = _timing.Measurement(
+    "step_ratio_unpipelined_vs_pipelined",
+    "x",
+    [
+      u / p
+      for u, p in zip(times["unpipelined"], times["pipelined"], strict=True)
+    ],
+  )
+  unpipelined, pipelined = (
+    _timing.Measurement(f"{name}_step", "ms/step", values)
+    for name, values in times.items()
+  )
+  return unpipelined, pipelined, ratio
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = cli.ArgumentParser(
     description=__doc__.splitlines()[0],
@@ -314,22 +356,22 @@ def main(argv: list[str] | None = None) -> None:
     "dense_part", dense_only_step(args, *plain[1:]), dense_input
   )
   print(f"dense part alone     : {dense.describe('{:.1f}')}", flush=True)
-  unpipelined = ms_per_step(
-    "unpipelined_step", training_step(args, *plain), batches
+  pipelined_model = make_model(args, pipelined=True)
+  unpipelined, pipelined, ratio = timed_in_turn(
+    args,
+    training_step(args, *plain),
+    training_step(args, *pipelined_model),
+    batches,
   )
   print(f"unpipelined step     : {unpipelined.describe('{:.1f}')}", flush=True)
-  pipelined_model = make_model(args, pipelined=True)
-  pipelined = ms_per_step(
-    "pipelined_step", training_step(args, *pipelined_model), batches
-  )
   print(f"pipelined step       : {pipelined.describe('{:.1f}')}", flush=True)
   print(
-    "step-time ratio (unpipelined / pipelined, medians): "
-    f"{unpipelined.median / pipelined.median:.2f}x"
+    "step-time ratio (unpipelined / pipelined), per repeat: "
+    f"{ratio.describe('{:.3f}')}"
   )
   if args.json:
     _timing.write_json(
-      args.json, vars(args), [sparse, dense, unpipelined, pipelined]
+      args.json, vars(args), [sparse, dense, unpipelined, pipelined, ratio]
     )
     print(f"wrote {args.json}")
 
