@@ -83,6 +83,26 @@ def repeat(
   return Measurement(name, unit, [float(measure()) for _ in range(repeats)])
 
 
+def per_repeat_ratio(
+  name: str, numerators: list[float], denominators: list[float]
+) -> Measurement:
+  """The ratio of two measurements taken in turn, repeat by repeat.
+
+  The machine's speed drifts over a run: a ratio taken within each repeat
+  compares like with like, where a ratio of medians need not.
+
+  Example:
+    >>> import _timing
+    >>> _timing.per_repeat_ratio("r", [2.0, 3.0], [1.0, 2.0]).values
+    [2.0, 1.5]
+  """
+  return Measurement(
+    name,
+    "x",
+    [n / d for n, d in zip(numerators, denominators, strict=True)],
+  )
+
+
 def examples_per_second(step, batches, args) -> float:
   """Examples per second of ``step`` cycling through ``batches``.
 

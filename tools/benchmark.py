@@ -633,10 +633,8 @@ def replica_scaling(args, counts: list[int]) -> list[_timing.Measurement]:
   print("sharded tables (MirroredStrategy over logical CPUs), timed in turn:")
   print(f"  1 replica  (one device) : {results[0].describe()}")
   for replicas, rate in zip(counts, results[1:], strict=True):
-    ratio = _timing.Measurement(
-      f"step_ratio_{replicas}_replicas",
-      "x",
-      [one / r for one, r in zip(rates[1], rates[replicas], strict=True)],
+    ratio = _timing.per_repeat_ratio(
+      f"step_ratio_{replicas}_replicas", rates[1], rates[replicas]
     )
     results.append(ratio)
     print(

@@ -117,10 +117,8 @@ def speed(args) -> list[_timing.Measurement]:
     _timing.Measurement(f"{k}_tables", "examples/s", v)
     for k, v in rates.items()
   ]
-  ratio = _timing.Measurement(
-    "step_ratio_dynamic_vs_fixed",
-    "x",
-    [f / d for f, d in zip(rates["fixed"], rates["dynamic"], strict=True)],
+  ratio = _timing.per_repeat_ratio(
+    "step_ratio_dynamic_vs_fixed", rates["fixed"], rates["dynamic"]
   )
   print(f"fixed tables (key mod rows): {results[0].describe()}")
   print(f"dynamic tables (raw keys)  : {results[1].describe()}")

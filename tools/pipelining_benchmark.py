@@ -194,21 +194,14 @@ def timed_in_turn(args, unpipelined_step, pipelined_step, batches):
   """
   times: dict[str, list[float]] = {"unpipelined": [], "pipelined": []}
   steps = {"unpipelined": unpipelined_step, "pipelined": pipelined_step}
-  for step in steps.values():  # traced before any timing
-    step(
-      [batches[k % len(batches)] for k in range(args.steps_per_call)]
-    ).numpy()
   for repeat in range(args.repeats):
     order = list(steps) if repeat % 2 == 0 else list(steps)[::-1]
     for name in order:
       times[name].append(1000 * seconds_per_step(steps[name], batches, args))
-  ratio = _timing.Measurement(
+  ratio = _timing.per_repeat_ratio(
     "step_ratio_unpipelined_vs_pipelined",
-    "x",
-    [
-      u / p
-      for u, p in zip(times["unpipelined"], times["pipelined"], strict=True)
-    ],
+    times["unpipelined"],
+    times["pipelined"],
   )
   unpipelined, pipelined = (
     _timing.Measurement(f"{name}_step", "ms/step", values)
