@@ -1,10 +1,11 @@
 """Runs the checkout's command-line scripts (``tools/``, ``examples/``).
 
 ``run_script("tools/export.py", "--help")`` starts the script with this
-interpreter in a temporary working directory (not the checkout, so that
-it imports the installed packages, as the tests do) and returns the
-finished process; it fails the test, showing the output, when the exit
-code is not the expected one.
+interpreter (forked, as ``tests/processes.py`` explains) in a temporary
+working directory (not the checkout, so that it imports the installed
+packages, as the tests do) and returns the finished process; it fails
+the test, showing the output, when the exit code is not the expected
+one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from tests import processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +33,7 @@ def run_script(
   """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
   with tempfile.TemporaryDirectory() as cwd:
-    process = subprocess.run(
+    process = processes.run(
       [sys.executable, os.path.join(ROOT, path), *args],
       capture_output=True,
       text=True,

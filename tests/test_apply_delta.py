@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import resource
-import subprocess
 import sys
 
 import numpy as np
@@ -28,6 +27,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import processes
 from tests.scripts import run_tool
 from tpu_embedding import checkpoint_files
 from tpu_embedding import export
@@ -563,7 +563,7 @@ def test_a_failed_write_leaves_the_previous_versions(run, capsys):
   def limit_file_size():  # a file beyond 1 KiB fails to be written
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
-  process = subprocess.run(
+  process = processes.run(
     [sys.executable, os.path.join(ROOT, "tools", "export.py"), *args],
     capture_output=True,
     text=True,

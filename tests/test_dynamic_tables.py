@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests import oracle
+from tests import processes
 from tests.conftest import mirrored_strategy
 from tests.vocabulary_oracle import OracleVocabulary
 from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary
@@ -512,7 +513,6 @@ def test_export_serves_raw_keys(tmp_path):
   ``saved_model_cli``."""
   import json
   import os
-  import subprocess
   import sys
 
   from tpu_embedding.export import FeatureSpec
@@ -577,7 +577,7 @@ def test_export_serves_raw_keys(tmp_path):
   cli = [os.path.join(os.path.dirname(sys.executable), "saved_model_cli")]
   if not os.path.exists(cli[0]):
     cli = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
-  run = subprocess.run(
+  run = processes.run(
     [
       *cli, "run", "--dir", result.export_dir, "--tag_set", "serve",
       "--signature_def", "serving_default", "--input_exprs",

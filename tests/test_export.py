@@ -26,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import processes
 from tests.conftest import mirrored_strategy
 from tpu_embedding import export
 from tpu_embedding.export import FeatureSpec
@@ -368,14 +369,14 @@ def exported(tmp_path_factory):
   if not os.path.exists(cli[0]):  # a venv using the system's TensorFlow
     cli = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
   procs = {
-    "show": subprocess.Popen(
+    "show": processes.Popen(
       [*cli, "show", "--all", "--dir", str(base / "ranking")],
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
       env=env,
     ),
-    "run": subprocess.Popen(
+    "run": processes.Popen(
       [
         *cli,
         "run",
@@ -396,7 +397,7 @@ def exported(tmp_path_factory):
       text=True,
       env=env,
     ),
-    "load": subprocess.Popen(
+    "load": processes.Popen(
       [sys.executable, "-c", _LOADER, json.dumps(jobs)],
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,

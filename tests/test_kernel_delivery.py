@@ -20,20 +20,21 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import processes
 from tpu_embedding.kernels import build as builder
 from tpu_embedding.kernels import library
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: Trains 3 steps on one device and 3 on 2 replicas (row-sharded
-#: tables) with the library ``choose`` is forced to give (FORCE: keyword
-#: arguments of ``library.choose``, as JSON) and saves every table and slot.
+#: tables) with the library ``choose`` is forced to give
+#: (``TPU_EMBEDDING_TEST_FORCE``: keyword arguments of ``library.choose``,
+#: as JSON) and saves every table and slot.
 _TRAIN = """
 import json, os, sys
 import numpy as np
@@ -42,7 +43,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from tpu_embedding.kernels import library
-force = json.loads(os.environ.get("FORCE", "null"))
+force = json.loads(os.environ.get("TPU_EMBEDDING_TEST_FORCE", "null"))
 if force is not None:
   original = library.choose
   library.choose = lambda: original(**{
@@ -111,12 +112,12 @@ def _train(tmp_path, name: str, force=None, env=None):
   environment = {
     k: v
     for k, v in os.environ.items()
-    if k not in ("TPU_EMBEDDING_KERNELS", "FORCE")
+    if k not in ("TPU_EMBEDDING_KERNELS", "TPU_EMBEDDING_TEST_FORCE")
   }
-  environment.update(env or {})
+  environment.update(TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
   if force is not None:
-    environment["FORCE"] = json.dumps(force)
-  done = subprocess.run(
+    environment["TPU_EMBEDDING_TEST_FORCE"] = json.dumps(force)
+  done = processes.run(
     [sys.executable, "-c", _TRAIN, str(out)],
     cwd=tmp_path,  # Not the checkout: the installed package is imported.
     env=environment,
@@ -248,10 +249,13 @@ def test_a_checkout_run_from_its_root_loads_the_installed_kernels():
     "print(tpu_embedding.__file__); c = library.choose(); "
     "print(c.origin, c.path, kernels.load() is not None)"
   )
-  done = subprocess.run(
+  done = processes.run(
     [sys.executable, "-c", code],
     cwd=ROOT,
-    env={k: v for k, v in os.environ.items() if k != "TPU_EMBEDDING_KERNELS"},
+    env={
+      **{k: v for k, v in os.environ.items() if k != "TPU_EMBEDDING_KERNELS"},
+      "TF_CPP_MIN_LOG_LEVEL": "3",
+    },
     capture_output=True,
     text=True,
     timeout=300,
@@ -295,7 +299,7 @@ def test_choice_reasons_name_what_is_wrong(tmp_path):
 def test_an_install_without_a_compiler_succeeds(tmp_path):
   """setup.py's build step with no compiler: the package, no libraries."""
   build_lib = tmp_path / "lib"
-  done = subprocess.run(
+  done = processes.run(
     [
       sys.executable,
       "setup.py",

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import processes
 from tests.conftest import op_types
 from tpu_embedding import kernels
 from tpu_embedding.gradients import PickedRows
@@ -367,7 +368,7 @@ def test_a_subclass_gets_the_kernel_only_when_it_names_the_rule():
 
 def _run(code: str, env: dict, *args: str) -> subprocess.CompletedProcess:
   """``python -c code`` (or ``python *args``) with ``env`` added."""
-  return subprocess.run(
+  return processes.run(
     [sys.executable, *(args or ("-c", code))],
     cwd="/",  # Not the checkout: the installed package is imported.
     env={**os.environ, **env},

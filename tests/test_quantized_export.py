@@ -26,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import processes
 from tpu_embedding import export
 from tpu_embedding.export import FeatureSpec
 
@@ -285,7 +286,7 @@ def exported(tmp_path_factory):
     ],
   }
   running = {
-    name: subprocess.Popen(
+    name: processes.Popen(
       cmd,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,

@@ -24,10 +24,11 @@ import math
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests import processes
 
 README = pathlib.Path(__file__).parents[1] / "README.md"
 TEXT = README.read_text()
@@ -64,7 +65,7 @@ TINY_RUN = (
 
 def _run(args, cwd, timeout=300):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  done = subprocess.run(
+  done = processes.run(
     args,
     cwd=str(cwd),
     env=env,

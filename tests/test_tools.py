@@ -27,6 +27,7 @@ from model_garden import cli
 from model_garden.ranking import saved_model
 from model_garden.ranking.configs import params_file
 from model_garden.ranking.task import RankingTask
+from tests import processes
 from tests.scripts import ROOT
 from tests.scripts import run_script
 from tests.scripts import run_tool
@@ -457,7 +458,7 @@ def ranking_run(tmp_path_factory):
   """A tiny ``model_garden.ranking.train`` run (its model_dir)."""
   model_dir = tmp_path_factory.mktemp("run")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  subprocess.run(
+  processes.run(
     [
       sys.executable, "-m", "model_garden.ranking.train",
       "--experiment=dcn_criteo_cpu_small", f"--model_dir={model_dir}",
@@ -502,7 +503,7 @@ def test_export_a_ranking_run_from_its_model_dir_alone(ranking_run, tmp_path):
     }
   )
   np.testing.assert_allclose(served, tf.sigmoid(logits).numpy(), atol=1e-5)
-  show = subprocess.run(
+  show = processes.run(
     [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli",
      "show", "--dir", str(export_dir), "--tag_set", "serve",
      "--signature_def", "serving_default"],

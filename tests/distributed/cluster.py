@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from tests import processes
+
 
 class Finished(NamedTuple):
   """A finished process: exit code and its whole output."""
@@ -51,7 +53,7 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 def _start(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-  return subprocess.Popen(
+  return processes.Popen(
     [sys.executable, *map(str, args)],
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -122,13 +124,13 @@ def run_job(
     The workers' results, in task order (killed ones: returncode -9).
   """
   with tempfile.TemporaryDirectory() as directory:
-    outputs, processes = [], []
+    outputs, workers = [], []
     for index, worker_env in enumerate(_worker_envs(num_workers, env)):
       out = open(os.path.join(directory, f"{index}.out"), "w+")  # noqa: SIM115
       err = open(os.path.join(directory, f"{index}.err"), "w+")  # noqa: SIM115
       outputs.append((out, err))
-      processes.append(
-        subprocess.Popen(
+      workers.append(
+        processes.Popen(
           [sys.executable, *map(str, args)],
           stdout=out,
           stderr=err,
@@ -138,19 +140,19 @@ def run_job(
       )
     deadline = time.monotonic() + timeout
     try:
-      while any(p.poll() is None for p in processes):
-        if any(p.poll() not in (None, 0) for p in processes):
+      while any(p.poll() is None for p in workers):
+        if any(p.poll() not in (None, 0) for p in workers):
           break
         if time.monotonic() > deadline:
           raise TimeoutError(f"{args} ran past {timeout} s")
         time.sleep(0.1)
     finally:
-      for process in processes:
+      for process in workers:
         if process.poll() is None:
           process.kill()
         process.wait()
     finished = []
-    for process, (out, err) in zip(processes, outputs, strict=True):
+    for process, (out, err) in zip(workers, outputs, strict=True):
       out.seek(0)
       err.seek(0)
       finished.append(Finished(process.returncode, out.read(), err.read()))

@@ -25,6 +25,7 @@ from absl.testing import flagsaver
 from model_garden import cli
 from model_garden.ranking import preflight
 from model_garden.ranking import train
+from tests import processes
 
 train.define_flags()
 FLAGS = flags.FLAGS
@@ -60,7 +61,7 @@ def train_command(*args: str, cwd, debug: bool = False):
   }
   if debug:
     env["TPE_DEBUG"] = "1"
-  return subprocess.run(
+  return processes.run(
     [sys.executable, "-m", "model_garden.ranking.train", *args],
     capture_output=True,
     text=True,

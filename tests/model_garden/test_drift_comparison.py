@@ -17,6 +17,7 @@ from model_garden.ranking import embedding
 from model_garden.ranking.configs import definitions
 from model_garden.ranking.data import drifting
 from model_garden.ranking.data import synthetic
+from tests import processes
 
 SIZES = synthetic.capped_vocab_sizes(5000)
 
@@ -155,7 +156,6 @@ def test_ranking_trainer_with_dynamic_tables(tmp_path):
   evaluates, checkpoints, and its SavedModel serves raw keys as the
   restored model looks them up (unknown keys read the default row)."""
   import re
-  import subprocess
   import sys
 
   from model_garden.ranking import saved_model
@@ -170,7 +170,7 @@ def test_ranking_trainer_with_dynamic_tables(tmp_path):
     "task.train_data.global_batch_size=1024,"
     "task.validation_data.global_batch_size=1024"
   )
-  finished = subprocess.run(
+  finished = processes.run(
     [
       sys.executable, "-m", "model_garden.ranking.train",
       "--experiment=dlrm_criteo_cpu_small", f"--model_dir={tmp_path}",
@@ -178,6 +178,7 @@ def test_ranking_trainer_with_dynamic_tables(tmp_path):
       f"--params_override={overrides}",
     ],
     capture_output=True, text=True, timeout=600,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
   )  # fmt: skip
   assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]
   assert "17 row-sharded" in finished.stdout

@@ -18,10 +18,12 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests import processes
+
 
 def start(*flags: str, cwd) -> subprocess.Popen:
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.Popen(
+  return processes.Popen(
     [sys.executable, "-m", "model_garden.movielens", *flags],
     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     cwd=str(cwd),
@@ -98,7 +100,7 @@ def test_ranking_writes_tensorboard_per_epoch(runs):
 
 
 def _saved_model_cli(export_dir) -> str:
-  return subprocess.run(
+  return processes.run(
     [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show",
      "--dir", str(export_dir), "--tag_set", "serve", "--signature_def",
      "serving_default"],

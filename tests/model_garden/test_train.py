@@ -32,6 +32,7 @@ import tensorflow as tf
 from model_garden.ranking import configs
 from model_garden.ranking import saved_model
 from model_garden.ranking.task import RankingTask
+from tests import processes
 
 STEPS = 40
 PARAMS = (
@@ -67,7 +68,7 @@ def start(args, cwd):
   checkout's root, so that the installed ``model_garden`` is the one run.
   """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.Popen(
+  return processes.Popen(
     args,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,

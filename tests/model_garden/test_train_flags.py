@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -24,6 +23,7 @@ from model_garden.ranking import preflight
 from model_garden.ranking import train
 from model_garden.ranking.configs import definitions
 from model_garden.ranking.configs import support
+from tests import processes
 
 train.define_flags()
 FLAGS = flags.FLAGS
@@ -285,7 +285,7 @@ def test_every_config_key_works_or_is_rejected():
 
 
 def test_the_command_line_shows_one_line_and_no_traceback(tmp_path):
-  result = subprocess.run(
+  result = processes.run(
     [
       sys.executable,
       "-m",

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from model_garden.ranking import train
 from model_garden.ranking.task import RankingTask
+from tests import processes
 
 STEPS = 30
 PARAMS = ",".join(
@@ -71,7 +72,7 @@ OVERFLOW = ",".join(
 def start(model_dir, params, *flags, cwd):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("TF_CONFIG", None)
-  return subprocess.Popen(
+  return processes.Popen(
     [
       sys.executable,
       "-m",

@@ -1,0 +1,177 @@
+"""``tests/processes.py``: a forked child is what a fresh ``python`` is.
+
+Each case runs the same command forked and as an ordinary subprocess
+(``TPU_EMBEDDING_TEST_FORK=0``) and expects the same: argv, ``sys.path[0]``,
+working directory, environment, streams and their buffering, exit codes,
+tracebacks, kills and timeouts. ``tensorflow`` already imported when the
+script starts tells the two apart: a test that could not fail if forking
+silently fell back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from tests import processes
+
+SCRIPT = textwrap.dedent(
+  """
+  import os, sys, time
+  import numpy as np
+  print("argv", sys.argv)
+  print("path0", sys.path[0])
+  print("cwd", os.getcwd())
+  print("config", os.environ.get("TF_CONFIG"))
+  print("preloaded", "tensorflow" in sys.modules)
+  print("hash", hash("a string"))
+  print("random", np.random.random())
+  print("to stderr", file=sys.stderr)
+  command = sys.argv[1]
+  if command == "raise":
+    raise ValueError("boom")
+  if command == "echo":
+    print("waiting", flush=False)
+    sys.stdin.read()
+  if command == "sleep":
+    time.sleep(60)
+  if command == "tensorflow":
+    import tensorflow as tf
+    print("sum", float(tf.reduce_sum(tf.ones([3]))))
+  sys.exit(int(command) if command.isdigit() else 0)
+  """
+)
+
+
+@pytest.fixture(params=["forked", "subprocess"])
+def mode(request, monkeypatch) -> str:
+  monkeypatch.setenv(
+    "TPU_EMBEDDING_TEST_FORK", "1" if request.param == "forked" else "0"
+  )
+  return request.param
+
+
+@pytest.fixture
+def script(tmp_path) -> str:
+  path = tmp_path / "script.py"
+  path.write_text(SCRIPT)
+  return str(path)
+
+
+def lines(output: str) -> dict[str, str]:
+  return dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+
+
+def test_a_script_runs_as_python_runs_it(mode, script, tmp_path):
+  cwd = tmp_path / "elsewhere"
+  cwd.mkdir()
+  env = {**processes.server_environment(), "TF_CONFIG": '{"task": 1}'}
+  done = processes.run(
+    [sys.executable, script, "tensorflow"],
+    capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr
+  out = lines(done.stdout)
+  assert out["argv"] == repr([script, "tensorflow"])
+  assert out["path0"] == str(tmp_path)
+  assert out["cwd"] == str(cwd)
+  assert out["config"] == '{"task": 1}'
+  assert out["preloaded"] == str(mode == "forked")
+  assert out["sum"] == "3.0"
+  assert "to stderr\n" in done.stderr
+
+
+@pytest.mark.parametrize("command, code", [("3", 3), ("raise", 1)])
+def test_exit_codes_and_tracebacks(mode, script, command, code):
+  done = processes.run(
+    [sys.executable, script, command], capture_output=True, text=True,
+    env=processes.server_environment(), timeout=60,
+  )  # fmt: skip
+  assert done.returncode == code
+  assert lines(done.stdout)["preloaded"] == str(mode == "forked")
+  if command == "raise":
+    assert done.stderr.startswith("to stderr\nTraceback (most recent call")
+    assert done.stderr.endswith("ValueError: boom\n")
+
+
+def test_a_module_runs_as_python_m_runs_it(mode, tmp_path):
+  package = tmp_path / "package"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "main.py").write_text(
+    "import os, sys\n"
+    "print(__name__, sys.argv[0] == __file__, sys.path[0] == os.getcwd())\n"
+    "print(sys.argv[1:], 'tensorflow' in sys.modules)\n"
+  )
+  done = processes.run(
+    [sys.executable, "-m", "package.main", "x", "-y"],
+    capture_output=True, text=True, cwd=tmp_path,
+    env=processes.server_environment(), timeout=60,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.splitlines() == [
+    "__main__ True True",
+    f"['x', '-y'] {mode == 'forked'}",
+  ]
+
+
+def test_kill_timeout_and_unbuffered_output(mode, script):
+  env = {**processes.server_environment(), "PYTHONUNBUFFERED": "1"}
+  process = processes.Popen(
+    [sys.executable, script, "echo"], stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+  )  # fmt: skip
+  seen: list[str] = []
+  reader = threading.Thread(
+    target=lambda: seen.extend(iter(process.stdout.readline, "waiting\n"))
+  )
+  reader.start()
+  reader.join(timeout=60)  # unbuffered: "waiting" arrives before it exits
+  assert not reader.is_alive()
+  assert lines("".join(seen))["preloaded"] == str(mode == "forked")
+  assert process.poll() is None
+  with pytest.raises(subprocess.TimeoutExpired):
+    process.wait(timeout=0.5)
+  os.kill(process.pid, 9)
+  assert process.wait(timeout=60) == -9
+  process.stdin.close()
+  process.stdout.close()
+  with pytest.raises(subprocess.TimeoutExpired):
+    processes.run(
+      [sys.executable, script, "sleep"], capture_output=True, env=env,
+      timeout=1,
+    )  # fmt: skip
+
+
+def test_forked_children_differ_where_processes_do(script):
+  """Consecutive children: different string-hash seeds (two servers in
+  turn, as for a 2-worker cluster) and numpy seeds."""
+  outputs = [
+    lines(
+      processes.run(
+        [sys.executable, script, "0"],
+        capture_output=True,
+        text=True,
+        env=processes.server_environment(),
+        timeout=60,
+      ).stdout  # fmt: skip
+    )
+    for _ in range(2)
+  ]
+  assert [o["preloaded"] for o in outputs] == ["True", "True"]
+  assert outputs[0]["hash"] != outputs[1]["hash"]
+  assert outputs[0]["random"] != outputs[1]["random"]
+
+
+def test_an_environment_the_servers_do_not_share_runs_afresh(script):
+  env = {**processes.server_environment(), "TF_CPP_MIN_LOG_LEVEL": "0"}
+  done = processes.run(
+    [sys.executable, script, "0"], capture_output=True, text=True, env=env,
+    timeout=60,
+  )  # fmt: skip
+  assert lines(done.stdout)["preloaded"] == "False"
