@@ -73,8 +73,8 @@ def serve(address: str) -> dict:
 def _standard_streams(unbuffered: bool) -> None:
   """New ``sys.stdout`` and ``sys.stderr``, buffered as at startup.
 
-  Python buffers stdout unless it is a terminal, line-buffers stderr,
-  and writes both through with ``PYTHONUNBUFFERED``; the server's own
+  Python buffers stdout (by line on a terminal) and line-buffers stderr,
+  or writes both straight through with ``PYTHONUNBUFFERED``; the server's own
   streams were made for the server's environment.
   """
   for name, fd in (("stdout", 1), ("stderr", 2)):
@@ -84,7 +84,7 @@ def _standard_streams(unbuffered: bool) -> None:
       raw if unbuffered else io.BufferedWriter(raw),
       encoding=old.encoding,
       errors=old.errors,
-      line_buffering=name == "stderr" or os.isatty(fd),
+      line_buffering=not unbuffered and (name == "stderr" or os.isatty(fd)),
       write_through=unbuffered,
     )
     setattr(sys, name, stream)

@@ -32,6 +32,10 @@ SCRIPT = textwrap.dedent(
   print("hash", hash("a string"))
   print("random", np.random.random())
   print("to stderr", file=sys.stderr)
+  for name in ("stdout", "stderr"):
+    stream = getattr(sys, name)
+    print(name, type(stream.buffer).__name__, stream.line_buffering,
+          stream.write_through, stream.encoding, stream.errors)
   command = sys.argv[1]
   if command == "raise":
     raise ValueError("boom")
@@ -148,9 +152,36 @@ def test_kill_timeout_and_unbuffered_output(mode, script):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("unbuffered", [True, False])
+def test_streams_are_buffered_as_at_startup(script, monkeypatch, unbuffered):
+  """The same stream types and buffering as a fresh interpreter's, with
+  ``PYTHONUNBUFFERED`` and without (the servers have their own)."""
+  env = processes.server_environment()
+  env.pop("PYTHONUNBUFFERED", None)
+  if unbuffered:
+    env["PYTHONUNBUFFERED"] = "1"
+  found = {}
+  for fork in ("0", "1"):
+    monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", fork)
+    out = lines(
+      processes.run(
+        [sys.executable, script, "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+      ).stdout  # fmt: skip
+    )
+    assert out["preloaded"] == str(fork == "1")
+    found[fork] = (out["stdout"], out["stderr"])
+  assert found["1"] == found["0"]
+  assert found["0"][0].startswith("FileIO" if unbuffered else "BufferedWriter")
+
+
 def test_forked_children_differ_where_processes_do(script):
   """Consecutive children: different string-hash seeds (two servers in
-  turn, as for a 2-worker cluster) and numpy seeds."""
+  turn, as for a 2-worker cluster); each its own numpy seed (the third
+  comes from the first one's server)."""
   outputs = [
     lines(
       processes.run(
@@ -161,11 +192,11 @@ def test_forked_children_differ_where_processes_do(script):
         timeout=60,
       ).stdout  # fmt: skip
     )
-    for _ in range(2)
+    for _ in range(3)
   ]
-  assert [o["preloaded"] for o in outputs] == ["True", "True"]
+  assert [o["preloaded"] for o in outputs] == ["True"] * 3
   assert outputs[0]["hash"] != outputs[1]["hash"]
-  assert outputs[0]["random"] != outputs[1]["random"]
+  assert len({o["random"] for o in outputs}) == 3
 
 
 def test_an_environment_the_servers_do_not_share_runs_afresh(script):
