@@ -1,32 +1,38 @@
 """The tests' Python processes, forked from a parent that imported TensorFlow.
 
-The suite starts about 150 Python processes: command-line tools, cluster
-workers, the Model Garden trainer. Each would import TensorFlow (and the
-Keras it imports) itself, 4-6 s of CPU on this 2-core machine, about a
-third of the suite's time. :class:`Popen` and :func:`run` are
-``subprocess``'s, except that a command ``[sys.executable, script, *args]``
-or ``[sys.executable, "-m", module, *args]`` is forked from a server
-process that has imported TensorFlow, Keras and numpy (and nothing of
-``tpu_embedding`` or of the tests). The child then sets itself up as
-``python script`` would: its argv, environment, working directory,
-``sys.path[0]``, standard streams; it runs the script as ``__main__``
-and exits as Python does (an uncaught exception: its traceback and exit
-code 1; killed: ``-9``). Its pid is real: ``kill``, ``os.kill`` and
-``/proc/PID`` work as for any process.
+The suite starts about 130 Python processes that import TensorFlow:
+command-line tools, cluster workers, the Model Garden trainer. Importing
+it (and the Keras it imports) costs 4-6 s of CPU on this 2-core machine;
+a forked child costs about 0.3 s. :class:`Popen` and :func:`run` are
+``subprocess``'s, except that a Python command (``[sys.executable,
+script | -m module | -c code, *args]``, or a console script such as
+``saved_model_cli`` whose ``#!`` line names this interpreter's directory)
+is forked from a server process that has imported TensorFlow, Keras and
+numpy, and nothing of ``tpu_embedding`` or of the tests
+(``tests/fork_server.py``). The child sets itself up as ``python`` would:
+argv, environment, working directory, ``sys.path[0]``, a new ``__main__``,
+standard streams buffered as at startup, numpy's seed; it exits as Python
+does (an uncaught exception: its traceback and exit code 1; killed:
+``-9``). Its pid is real: ``kill``, ``os.kill`` and ``/proc/PID`` work as
+for any process.
 
 A command is forked only where that is the same as starting it afresh:
 its environment may differ from the server's only in variables read after
-TensorFlow's import (``RUNTIME_VARIABLES``), and it passes no interpreter
-options. Anything else is an ordinary subprocess, as are the runs that
-measure a process's own memory (``tests/test_memory.py``: a forked child
-starts with its parent's resident pages).
+TensorFlow's import (``RUNTIME_VARIABLES``, ``RUNTIME_PREFIXES``), and it
+passes no interpreter options and no ``Popen`` option a forked child
+cannot honour (``preexec_fn``, ``start_new_session``, ...). Anything else
+is an ordinary subprocess, as are the runs that measure a process's own
+memory against a fresh one (``tests/test_memory.py``: a forked child
+starts with its parent's resident pages). ``tests/test_processes.py``
+checks each of these behaviours against a plain subprocess.
 
 What forking cannot give: each process its own string-hash seed. Two
 servers take the spawns in turn, so the workers of a 2-process cluster
 still hash strings differently, as separate interpreters do.
 
 ``TPU_EMBEDDING_TEST_FORK=0`` turns forking off (every command a real
-subprocess), to compare or to rule it out.
+subprocess), to compare or to rule it out; ``TPU_EMBEDDING_TEST_FORK_LOG=
+FILE`` appends each command and whether it was forked (or why not).
 """
 
 from __future__ import annotations
@@ -216,9 +222,12 @@ class Popen(subprocess.Popen):
   ):
     environment = dict(os.environ if env is None else env)
     command = _python_command(args)
-    if executable is not None or preexec_fn is not None or shell or pass_fds:
-      command = None
+    # ``rest``: restore_signals, gid, gids, uid, umask, start_new_session,
+    # process_group (3.11); a forked child honours none but the defaults.
+    plain = (True, None, None, None, -1, False, -1)[: len(rest)]
     reason = _why_not_forked(command, environment)
+    if executable or preexec_fn or shell or pass_fds or tuple(rest) != plain:
+      reason = "Popen options a forked child does not honour"
     _log(args, reason)
     if reason is not None:
       return super()._execute_child(
