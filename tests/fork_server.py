@@ -8,9 +8,9 @@ descriptors; the reply is the child's pid, and once it has exited, its
 wait status. The server exits when the process that started it does.
 
 The child leaves the server's loop and becomes ``python ARGV`` (a script
-path, or ``-m`` and a module), run as ``__main__``; it exits as an
-interpreter does, through Python's own handling of ``SystemExit`` and of
-uncaught exceptions.
+path, ``-m`` and a module, or ``-c`` and code), run as ``__main__``; it
+exits as an interpreter does, through Python's own handling of
+``SystemExit`` and of uncaught exceptions.
 """
 
 import builtins
@@ -41,12 +41,18 @@ def serve(address: str) -> dict:
   gc.collect()
   gc.freeze()
   print("ready", flush=True)
+  os.dup2(2, 1)  # nobody reads the pipe after "ready": to the log instead
   waiting: dict[int, socket.socket] = {}
   while os.getppid() == parent:
     readable, _, _ = select.select([listener], [], [], 0.05)
     if readable:
       connection, _ = listener.accept()
       message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+      if len(fds) != 3:  # the test process went away before asking
+        connection.close()
+        for fd in fds:
+          os.close(fd)
+        continue
       sys.stdout.flush()
       sys.stderr.flush()
       pid = os.fork()
