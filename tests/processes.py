@@ -120,7 +120,7 @@ class _Servers:
   def environment(self) -> dict[str, str]:
     """The servers' environment (what it will be, before they start)."""
     if self._servers:
-      return self._servers[0].environment
+      return dict(self._servers[0].environment)
     return {**os.environ, **SERVER_ENVIRONMENT}
 
   def next(self) -> _Server:

@@ -178,10 +178,11 @@ def test_streams_are_buffered_as_at_startup(script, monkeypatch, unbuffered):
   assert found["0"][0].startswith("FileIO" if unbuffered else "BufferedWriter")
 
 
-def test_forked_children_differ_where_processes_do(script):
+def test_forked_children_differ_where_processes_do(script, monkeypatch):
   """Consecutive children: different string-hash seeds (two servers in
   turn, as for a 2-worker cluster); each its own numpy seed (the third
   comes from the first one's server)."""
+  monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
   outputs = [
     lines(
       processes.run(
@@ -199,7 +200,10 @@ def test_forked_children_differ_where_processes_do(script):
   assert len({o["random"] for o in outputs}) == 3
 
 
-def test_an_environment_the_servers_do_not_share_runs_afresh(script):
+def test_an_environment_the_servers_do_not_share_runs_afresh(
+  script, monkeypatch
+):
+  monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
   env = {**processes.server_environment(), "TF_CPP_MIN_LOG_LEVEL": "0"}
   done = processes.run(
     [sys.executable, script, "0"], capture_output=True, text=True, env=env,
