@@ -200,55 +200,22 @@ class Popen(subprocess.Popen):
 
   _status: socket.socket | None = None
 
-  def _execute_child(
-    self,
-    args,
-    executable,
-    preexec_fn,
-    close_fds,
-    pass_fds,
-    cwd,
-    env,
-    startupinfo,
-    creationflags,
-    shell,
-    p2cread,
-    p2cwrite,
-    c2pread,
-    c2pwrite,
-    errread,
-    errwrite,
-    *rest,
-  ):
+  def _execute_child(self, *arguments):
+    # subprocess.Popen's (POSIX) arguments, in its order; ``rest``:
+    # restore_signals, gid, gids, uid, umask, start_new_session,
+    # process_group (3.11). A forked child honours none but the defaults.
+    (args, executable, preexec_fn, _, pass_fds, cwd, env, _, _, shell,
+     p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+     *rest) = arguments  # fmt: skip
     environment = dict(os.environ if env is None else env)
     command = _python_command(args)
-    # ``rest``: restore_signals, gid, gids, uid, umask, start_new_session,
-    # process_group (3.11); a forked child honours none but the defaults.
     plain = (True, None, None, None, -1, False, -1)[: len(rest)]
     reason = _why_not_forked(command, environment)
     if executable or preexec_fn or shell or pass_fds or tuple(rest) != plain:
       reason = "Popen options a forked child does not honour"
     _log(args, reason)
     if reason is not None:
-      return super()._execute_child(
-        args,
-        executable,
-        preexec_fn,
-        close_fds,
-        pass_fds,
-        cwd,
-        env,
-        startupinfo,
-        creationflags,
-        shell,
-        p2cread,
-        p2cwrite,
-        c2pread,
-        c2pwrite,
-        errread,
-        errwrite,
-        *rest,
-      )
+      return super()._execute_child(*arguments)
     stdin = p2cread if p2cread != -1 else 0
     stdout = c2pwrite if c2pwrite != -1 else 1
     stderr = errwrite if errwrite != -1 else 2
