@@ -73,7 +73,11 @@ class _Server:
 
   def __init__(self, environment: Mapping[str, str]):
     self.environment = dict(environment)
+    # A Unix socket's path must fit in 108 bytes: /tmp where TMPDIR is deep.
     self.directory = tempfile.mkdtemp(prefix="fork_server_")
+    if len(self.directory) > 80:
+      os.rmdir(self.directory)
+      self.directory = tempfile.mkdtemp(prefix="fork_server_", dir="/tmp")
     self.address = os.path.join(self.directory, "socket")
     self.log = os.path.join(self.directory, "stderr")
     with open(self.log, "wb") as log:
