@@ -67,6 +67,17 @@ def script(tmp_path) -> str:
   return str(path)
 
 
+def python(*args, env=None, timeout=60, **kwargs):
+  """``python *args`` through ``processes.run``, its output captured as
+  text, in the servers' environment unless ``env`` is given."""
+  if env is None:
+    env = processes.server_environment()
+  return processes.run(
+    [sys.executable, *args], capture_output=True, text=True, env=env,
+    timeout=timeout, **kwargs,
+  )  # fmt: skip
+
+
 def lines(output: str) -> dict[str, str]:
   return dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
 
@@ -75,10 +86,7 @@ def test_a_script_runs_as_python_runs_it(mode, script, tmp_path):
   cwd = tmp_path / "elsewhere"
   cwd.mkdir()
   env = {**processes.server_environment(), "TF_CONFIG": '{"task": 1}'}
-  done = processes.run(
-    [sys.executable, script, "tensorflow"],
-    capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
-  )  # fmt: skip
+  done = python(script, "tensorflow", env=env, cwd=cwd, timeout=120)
   assert done.returncode == 0, done.stderr
   out = lines(done.stdout)
   assert out["argv"] == repr([script, "tensorflow"])
@@ -92,10 +100,7 @@ def test_a_script_runs_as_python_runs_it(mode, script, tmp_path):
 
 @pytest.mark.parametrize("command, code", [("3", 3), ("raise", 1)])
 def test_exit_codes_and_tracebacks(mode, script, command, code):
-  done = processes.run(
-    [sys.executable, script, command], capture_output=True, text=True,
-    env=processes.server_environment(), timeout=60,
-  )  # fmt: skip
+  done = python(script, command)
   assert done.returncode == code
   assert lines(done.stdout)["preloaded"] == str(mode == "forked")
   if command == "raise":
@@ -112,11 +117,7 @@ def test_a_module_runs_as_python_m_runs_it(mode, tmp_path):
     "print(__name__, sys.argv[0] == __file__, sys.path[0] == os.getcwd())\n"
     "print(sys.argv[1:], 'tensorflow' in sys.modules)\n"
   )
-  done = processes.run(
-    [sys.executable, "-m", "package.main", "x", "-y"],
-    capture_output=True, text=True, cwd=tmp_path,
-    env=processes.server_environment(), timeout=60,
-  )  # fmt: skip
+  done = python("-m", "package.main", "x", "-y", cwd=tmp_path)
   assert done.returncode == 0, done.stderr
   assert done.stdout.splitlines() == [
     "__main__ True True",
@@ -146,10 +147,7 @@ def test_kill_timeout_and_unbuffered_output(mode, script):
   process.stdin.close()
   process.stdout.close()
   with pytest.raises(subprocess.TimeoutExpired):
-    processes.run(
-      [sys.executable, script, "sleep"], capture_output=True, env=env,
-      timeout=1,
-    )  # fmt: skip
+    python(script, "sleep", env=env, timeout=1)
 
 
 @pytest.mark.parametrize("unbuffered", [True, False])
@@ -163,15 +161,7 @@ def test_streams_are_buffered_as_at_startup(script, monkeypatch, unbuffered):
   found = {}
   for fork in ("0", "1"):
     monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", fork)
-    out = lines(
-      processes.run(
-        [sys.executable, script, "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-      ).stdout  # fmt: skip
-    )
+    out = lines(python(script, "0", env=env).stdout)
     assert out["preloaded"] == str(fork == "1")
     found[fork] = (out["stdout"], out["stderr"])
   assert found["1"] == found["0"]
@@ -183,18 +173,7 @@ def test_forked_children_differ_where_processes_do(script, monkeypatch):
   turn, as for a 2-worker cluster); each its own numpy seed (the third
   comes from the first one's server)."""
   monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
-  outputs = [
-    lines(
-      processes.run(
-        [sys.executable, script, "0"],
-        capture_output=True,
-        text=True,
-        env=processes.server_environment(),
-        timeout=60,
-      ).stdout  # fmt: skip
-    )
-    for _ in range(3)
-  ]
+  outputs = [lines(python(script, "0").stdout) for _ in range(3)]
   assert [o["preloaded"] for o in outputs] == ["True"] * 3
   assert outputs[0]["hash"] != outputs[1]["hash"]
   assert len({o["random"] for o in outputs}) == 3
@@ -205,8 +184,4 @@ def test_an_environment_the_servers_do_not_share_runs_afresh(
 ):
   monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
   env = {**processes.server_environment(), "TF_CPP_MIN_LOG_LEVEL": "0"}
-  done = processes.run(
-    [sys.executable, script, "0"], capture_output=True, text=True, env=env,
-    timeout=60,
-  )  # fmt: skip
-  assert lines(done.stdout)["preloaded"] == "False"
+  assert lines(python(script, "0", env=env).stdout)["preloaded"] == "False"
