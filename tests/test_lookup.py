@@ -295,6 +295,34 @@ def test_direct_lookup_is_differentiable_with_respect_to_tables():
   assert np.count_nonzero(grad.sum(axis=1)) == 2
 
 
+@pytest.mark.parametrize("run", ["eager", "function"])
+def test_a_training_step_is_differentiated_at_its_activations_only(run):
+  """As from TPU's dequeue: a tape over a training step differentiates
+  the watched activations, not the gathers into the tables (the tables
+  get their gradients from apply_gradients). Traced, the gathers'
+  gradients were half of a 26-table step's ops, for nothing."""
+  table = tpe.TableConfig(VOCAB, DIM, combiner="sum", name="t")
+  emb = tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.SGD(0.1))
+  emb.build()
+  variable = emb.embedding_tables[table]
+
+  def step():
+    emb.enqueue(tf.ragged.constant([[1, 1], [4]]), training=True)
+    with tf.GradientTape() as tape:
+      activations = emb.dequeue()
+      tape.watch(activations)
+      loss = tf.reduce_sum(activations * 3.0)
+    to_activations, to_table = tape.gradient(loss, [activations, variable])
+    emb.apply_gradients(to_activations)
+    return to_activations, to_table is None
+
+  if run == "function":
+    step = tf.function(step)
+  to_activations, no_table_gradient = step()
+  assert bool(no_table_gradient)
+  np.testing.assert_array_equal(to_activations.numpy(), np.full([2, DIM], 3))
+
+
 def test_none_gradient_is_a_zero_gradient():
   table = tpe.TableConfig(VOCAB, DIM, name="t")
   features = {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)}

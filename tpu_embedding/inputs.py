@@ -164,13 +164,15 @@ class Check:
   Attributes:
     valid: scalar bool tensor, True when the input is good.
     message: what is wrong, naming the feature.
-    details: tensors for the message (e.g. the offending ids), built only
-      on the failure path.
+    ids: int64 ids the failure message reports those of outside
+      ``[0, vocabulary_size)`` (the first 10); none for other checks.
+    vocabulary_size: the end of the ids' valid range.
   """
 
   valid: tf.Tensor
   message: str
-  details: Callable[[], list[tf.Tensor]] = lambda: []
+  ids: Any = ()
+  vocabulary_size: int = 0
 
 
 def ids_in_range_check(
@@ -184,12 +186,34 @@ def ids_in_range_check(
   message = errors.IDS_OUT_OF_RANGE.format(
     path=path, vocabulary_size=vocabulary_size, table=table_name
   )
+  return Check(valid, message, ids, vocabulary_size)
 
-  def offending() -> list[tf.Tensor]:
-    bad = tf.logical_or(ids < 0, ids >= vocabulary_size)
-    return [tf.boolean_mask(ids, bad)[:10]]
 
-  return Check(valid, message, offending)
+def _flat_int64(ids: Any) -> tf.Tensor:
+  """``ids`` as an int64 vector (no op when they are one already)."""
+  ids = tf.cast(ids, tf.int64)
+  return ids if ids.shape.rank == 1 else tf.reshape(ids, [-1])
+
+
+def _offending_ids(checks: list[Check], failing: tf.Tensor) -> tf.Tensor:
+  """The first 10 ids out of range of check number ``failing``.
+
+  One pass over every check's ids at once (ops per check: one ``Size``),
+  so that a step's failure path stays small however many features it
+  has: it is traced, and optimized, with every step.
+  """
+  ids = [_flat_int64(c.ids) for c in checks]
+  sizes = tf.stack([tf.size(i, out_type=tf.int64) for i in ids])
+  owner = tf.repeat(tf.range(len(checks), dtype=tf.int64), sizes)
+  ends = tf.repeat(
+    tf.constant([c.vocabulary_size for c in checks], tf.int64), sizes
+  )
+  every = tf.concat(ids, 0)
+  bad = tf.logical_and(
+    tf.equal(owner, tf.cast(failing, tf.int64)),
+    tf.logical_or(every < 0, every >= ends),
+  )
+  return tf.boolean_mask(every, bad)[:10]
 
 
 def run_checks(checks: list[Check]) -> tf.Tensor | None:
@@ -197,40 +221,43 @@ def run_checks(checks: list[Check]) -> tf.Tensor | None:
 
   Eagerly, the first failing check raises at once. In a graph, all checks
   are folded into one condition, so a passing step pays for a single
-  branch; the failing branch asserts each check in turn, and the first
-  failing one raises with its message.
+  branch; the failing branch raises with the first failing check's
+  message and ids (found for all checks at once: a few ops per check).
 
   Raises:
     tf.errors.InvalidArgumentError: (eagerly) for the first failing check.
   """
   if not checks:
     return None
+  valid = tf.stack([c.valid for c in checks])
   if tf.executing_eagerly():
-    for check in checks:
-      if not bool(check.valid):
-        details = "; ".join(
-          ", ".join(str(x) for x in d.numpy().ravel().tolist())
-          for d in check.details()
-        )
-        raise tf.errors.InvalidArgumentError(
-          None, None, f"{check.message} {details}".strip()
-        )
+    failing = [i for i, ok in enumerate(valid.numpy()) if not ok]
+    if failing:
+      ids = _offending_ids(checks, tf.constant(failing[0])).numpy()
+      details = ", ".join(str(x) for x in ids.tolist())
+      raise tf.errors.InvalidArgumentError(
+        None, None, f"{checks[failing[0]].message} {details}".strip()
+      )
     return None
 
   def fail() -> tf.Tensor:
+    failing = tf.argmin(tf.cast(valid, tf.int32), output_type=tf.int32)
+    offending = _offending_ids(checks, failing)
     asserts: list[tf.Operation] = []
-    for check in checks:
+    for check in checks:  # in turn: the first failing check raises
       with tf.control_dependencies(asserts):
+        # The op itself: tf.debugging.Assert would wrap each in a cond.
         asserts = [
-          tf.debugging.Assert(
-            check.valid, [check.message, *check.details()], summarize=10
+          tf.raw_ops.Assert(
+            condition=check.valid,
+            data=[check.message, offending],
+            summarize=10,
           )
         ]
     with tf.control_dependencies(asserts):
       return tf.constant(False)
 
-  valid = tf.reduce_all(tf.stack([c.valid for c in checks]))
-  return tf.cond(valid, lambda: tf.constant(True), fail)
+  return tf.cond(tf.reduce_all(valid), lambda: tf.constant(True), fail)
 
 
 def check_ids_in_range(

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.backends.stacks import create_stacked_tables
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import XLA_OPS
@@ -364,8 +366,18 @@ class OffTPUEngine(Engine, Trackable):
     for name, given in new_rows.items():
       self._backend.drop_held_rows(name, given)
 
-    def training_rows(requests: Any) -> list[tf.Tensor]:
-      return self._backend.gather_for_training(requests, ops)
+    def training_rows(requests: Any) -> list[PickedRows]:
+      # A training step's gradients reach the tables through
+      # apply_gradients only, as from TPU's dequeue: a tape sees the
+      # activations (tape.watch), not the tables. Left differentiable, a
+      # tape would trace each gather's gradient into its table, for
+      # nothing: half of the ops of a 26-table step.
+      return [
+        dataclasses.replace(
+          rows, pieces=[tf.stop_gradient(p) for p in rows.pieces]
+        )
+        for rows in self._backend.gather_for_training(requests, ops)
+      ]
 
     return look_up(self.config, prepared, training_rows, self._stacks, ops=ops)
 
