@@ -249,17 +249,21 @@ class AllToAll(RowExchange):
         key = (k,)
       kinds.setdefault(key, []).append(k)
     groups = list(kinds.values())
+    # Lists that travel together also send their sizes, to be split apart.
+    together = [g for g, group in enumerate(groups) if len(group) > 1]
     packed: list[list[tf.Tensor]] = []
-    sizes: list[list[tf.Tensor]] = []
-    for group in groups:
+    sizes: list[list[tf.Tensor]] = [[] for _ in together]
+    for g, group in enumerate(groups):
       packed.append([])
-      sizes.append([])
       for dest in range(n):
         parts = [lists[k][dest] for k in group]
         if dest == here:  # Stays here: an empty stand-in travels.
-          parts = [parts[0][:0]]
+          parts = [_no_rows_like(parts[0])]
         packed[-1].append(_concat(parts))
-        sizes[-1].append(tf.stack([tf.shape(p)[0] for p in parts]))
+        if g in together:
+          sizes[together.index(g)].append(
+            tf.stack([_row_count(p) for p in parts])
+          )
     got = context.merge_call(_transpose, args=(packed + sizes,))[here]
     received: list[list[tf.Tensor | None]] = [[None] * n for _ in lists]
     for g, group in enumerate(groups):
@@ -269,9 +273,8 @@ class AllToAll(RowExchange):
         elif len(group) == 1:
           pieces = [got[g][source]]
         else:
-          pieces = tf.split(
-            got[g][source], got[len(groups) + g][source], num=len(group)
-          )
+          split = got[len(groups) + together.index(g)][source]
+          pieces = tf.split(got[g][source], split, num=len(group))
         for k, piece in zip(group, pieces, strict=True):
           received[k][source] = piece
     return received
@@ -305,6 +308,23 @@ def _picked_rows(
 
 def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
   return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
+
+
+# A step's exchanges size and stand in for many small tensors: one op each
+# where the shapes allow, not a shape, a slice and its constants (a traced
+# 2-replica step of 26 tables held some 2,000 such ops).
+
+
+def _row_count(t: tf.Tensor) -> tf.Tensor:
+  """``tf.shape(t)[0]``, in one op for a vector."""
+  return tf.size(t) if t.shape.rank == 1 else tf.shape(t)[0]
+
+
+def _no_rows_like(t: tf.Tensor) -> tf.Tensor:
+  """``t[:0]``: a constant where ``t``'s row shape is static."""
+  if t.shape[1:].is_fully_defined():
+    return tf.zeros([0, *t.shape[1:].as_list()], t.dtype)
+  return t[:0]
 
 
 def _transpose(

@@ -422,9 +422,9 @@ class OffTPUEngine(Engine, Trackable):
       ids, occurrences, index = key_mapping(stack.config).updated_rows(
         ids, occurrences, index
       )
-      if skip is not None:
-        rows = tf.where(skip, 0, tf.shape(ids)[0])
-        count = tf.where(skip, 0, tf.shape(index)[0])
+      if skip is not None:  # Nothing to update: no rows, no occurrences.
+        kept = tf.cast(tf.logical_not(skip), tf.int32)
+        rows, count = tf.size(ids) * kept, tf.size(index) * kept
         ids, index = ids[:rows], index[:count]
         occurrences = concat_pieces(occurrences)[:count]
       updates.append(TableUpdate(stack.config, ids, occurrences, index))

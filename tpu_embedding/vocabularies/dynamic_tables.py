@@ -277,13 +277,17 @@ class DynamicTables:
     ]
     values = self._sharing.first_replica(values)
     first, size = store.block_rows(block)
-    mine = tf.logical_and(rows >= first, rows < first + size)
-    local = tf.boolean_mask(rows - first, mine)
+    # The positions of this block's rows, found once (a boolean_mask per
+    # variable would build its shape arithmetic each time).
+    mine = tf.reshape(
+      tf.where(tf.logical_and(rows >= first, rows < first + size)), [-1]
+    )
+    local = tf.gather(rows, mine) - first
     for (key, _, _), value in zip(specs, values, strict=True):
       tf.raw_ops.ResourceScatterUpdate(
         resource=store.blocks[block][key].handle,
         indices=local,
-        updates=tf.boolean_mask(value, mine),
+        updates=tf.gather(value, mine),
       )
     store.mark_rows(block, local)
 

@@ -123,15 +123,21 @@ def slices_of(
 ) -> list[tf.Tensor]:
   """Per feature, this replica's slice of ``values`` (one element per
   element of ``flat(parts)``, in that order); ``mine``: this replica's
-  place."""
-  result = []
-  offset = tf.constant(0, tf.int64)
-  for feature in parts:
-    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in feature])
-    start = offset + tf.reduce_sum(sizes[:mine])
-    result.append(values[start:][: sizes[mine]])
-    offset += tf.reduce_sum(sizes)
-  return result
+  place.
+
+  One gather and one split for all features: a few ops per step, not a
+  few per feature and replica (they are traced with every step).
+  """
+  replicas = len(parts[0])
+  sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in flat(parts)])
+  starts = tf.cumsum(sizes, exclusive=True)
+  picked = tf.range(len(parts), dtype=tf.int64) * replicas + tf.cast(
+    mine, tf.int64
+  )
+  lengths = tf.gather(sizes, picked)
+  first = tf.gather(starts, picked)
+  at = tf.ragged.range(first, first + lengths).flat_values
+  return tf.split(tf.gather(values, at), lengths, num=len(parts))
 
 
 def for_strategy(strategy: tf.distribute.Strategy) -> ReplicaSharing:
