@@ -511,3 +511,49 @@ def test_two_features_sharing_a_table_match_oracle(opt_name):
       ref.slots[name],
       f"{what}: slot {name!r}",
     )
+
+
+@pytest.mark.parametrize("run", ["eager", "function"])
+def test_each_learning_rate_callable_is_called_once_per_update(run):
+  """As TPU's apply_gradients: tables on one schedule share its value (3
+  tables, 2 callables: 2 calls per update, not 3), and the next update
+  calls them again (a rate read from a variable follows it: SGD moves
+  each looked-up row by -lr per step)."""
+  calls = []
+  lr = tf.Variable(0.5)
+
+  def shared():
+    calls.append("shared")
+    return lr
+
+  def own():
+    calls.append("own")
+    return 2.0 * lr
+
+  optimizers = [tpe.SGD(shared), tpe.SGD(shared), tpe.SGD(own)]
+  tables = [
+    tpe.TableConfig(4, 1, name=f"t{i}", optimizer=optimizers[i],
+                    initializer=tf.zeros_initializer())
+    for i in range(3)
+  ]  # fmt: skip
+  emb = tpe.TPUEmbedding(
+    {f"f{i}": tpe.FeatureConfig(t) for i, t in enumerate(tables)},
+    table_stacking=None,
+  )
+  emb.build()
+  features = {f"f{i}": tf.constant([1]) for i in range(3)}
+
+  def step():
+    emb.enqueue(features, training=True)
+    emb.apply_gradients(
+      tf.nest.map_structure(tf.ones_like, emb.dequeue())
+    )  # fmt: skip
+
+  if run == "function":
+    step = tf.function(step)
+  step()
+  assert sorted(calls) == ["own", "shared"], calls
+  lr.assign(0.25)
+  step()
+  parameters = [emb.embedding_tables[t].numpy()[1, 0] for t in tables]
+  np.testing.assert_allclose(parameters, [-0.75, -0.75, -1.5])

@@ -49,6 +49,7 @@ from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.kernels.ops import select_ops
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import occurrence_gradients
+from tpu_embedding.optimizers import learning_rates
 from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
@@ -399,14 +400,17 @@ class OffTPUEngine(Engine, Trackable):
     flat = checked_gradients(gradients, step, self.config.features)
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
-    self._backend.apply_updates(
-      self._updates(flat, step, skip), self._step_ops(), step_id
-    )
+    with learning_rates.once_per_update():  # as TPU: once per step
+      self._backend.apply_updates(
+        self._updates(flat, step, skip), self._step_ops(), step_id
+      )
 
   def _updates(self, flat: list, step: Step, skip: Any) -> list[TableUpdate]:
     """Each stack's (or table's) ids, occurrence gradients and index."""
     batches = step.batches or {}
     updates = []
+    # Skipped: every update has no rows and no occurrences (kept == 0).
+    kept = None if skip is None else tf.cast(tf.logical_not(skip), tf.int32)
     for stack in self._stacks:
       batch = batches.get(stack.name)
       if batch is None:
@@ -422,11 +426,11 @@ class OffTPUEngine(Engine, Trackable):
       ids, occurrences, index = key_mapping(stack.config).updated_rows(
         ids, occurrences, index
       )
-      if skip is not None:  # Nothing to update: no rows, no occurrences.
-        kept = tf.cast(tf.logical_not(skip), tf.int32)
-        rows, count = tf.size(ids) * kept, tf.size(index) * kept
-        ids, index = ids[:rows], index[:count]
-        occurrences = concat_pieces(occurrences)[:count]
+      if kept is not None:
+        count = tf.size(index) * kept
+        ids = _leading(ids, tf.size(ids) * kept)
+        index = _leading(index, count)
+        occurrences = _leading(concat_pieces(occurrences), count)
       updates.append(TableUpdate(stack.config, ids, occurrences, index))
     return updates
 
@@ -582,3 +586,9 @@ def _checked_skip(skip: Any, tables: Any) -> tf.Tensor:
         )
       )
   return skip
+
+
+def _leading(tensor: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+  """``tensor[:count]`` in one slice (half the ops of indexing)."""
+  rank = tensor.shape.rank
+  return tf.slice(tensor, [0] * rank, tf.stack([count] + [-1] * (rank - 1)))

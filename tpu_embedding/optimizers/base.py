@@ -42,6 +42,7 @@ from typing import Union
 import tensorflow as tf
 
 from tpu_embedding.initializers import Initializer
+from tpu_embedding.optimizers import learning_rates
 
 #: A learning rate: a Python float or a zero-argument callable returning a
 #: scalar (float or tensor), evaluated each time gradients are applied.
@@ -238,13 +239,11 @@ class Optimizer(metaclass=abc.ABCMeta):
   # --- the update ----------------------------------------------------------
 
   def learning_rate_tensor(self) -> tf.Tensor:
-    """The current learning rate as a float32 scalar."""
-    lr = (
-      self.learning_rate()
-      if callable(self.learning_rate)
-      else (self.learning_rate)
-    )
-    return tf.cast(lr, tf.float32)
+    """The current learning rate as a float32 scalar (a callable's value
+    is shared by every table of an update: ``learning_rates.py``)."""
+    if callable(self.learning_rate):
+      return learning_rates.evaluate(self.learning_rate)
+    return tf.cast(self.learning_rate, tf.float32)
 
   def apply(
     self, params: tf.Tensor, slots: SlotRows, grads: tf.Tensor, lr: tf.Tensor
