@@ -102,7 +102,7 @@ def split_with_tensorflow(
     boundaries = tf.constant(block_starts[1:], dtype=tf.int64)
     owner = tf.searchsorted(boundaries, ids, side="right", out_type=tf.int32)
   id_parts = [
-    part - start
+    part - start if start else part
     for part, start in zip(
       tf.dynamic_partition(ids, owner, num), block_starts, strict=True
     )

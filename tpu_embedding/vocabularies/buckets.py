@@ -114,8 +114,11 @@ class BucketLayout:
     buckets = tf.cast(buckets, tf.int64) + self.first_bucket
     first = buckets * self.capacity // self.num_buckets
     end = (buckets + 1) * self.capacity // self.num_buckets
-    rows = first[:, None] + tf.range(self.max_rows, dtype=tf.int64)[None, :]
-    valid = rows < end[:, None]
+    # (expand_dims and a constant: indexing with None builds a slice and
+    # its arguments, and this runs in every lookup of every table)
+    offsets = tf.constant([list(range(self.max_rows))], tf.int64)
+    rows = tf.expand_dims(first, 1) + offsets
+    valid = rows < tf.expand_dims(end, 1)
     rows = rows - self.row_offset
     return tf.where(valid, rows, tf.zeros_like(rows)), valid
 

@@ -160,7 +160,7 @@ def is_live(last: tf.Tensor, step: tf.Tensor, ttl: int | None) -> tf.Tensor:
 def _matches(keys, stored, live):
   """``(found, at)``: whether each key is in its live ``stored`` row
   entries ``[n, k]``, and at which column (0 when not)."""
-  match = tf.logical_and(live, tf.equal(stored, keys[:, None]))
+  match = tf.logical_and(live, tf.equal(stored, tf.expand_dims(keys, 1)))
   found = tf.reduce_any(match, axis=1)
   at = tf.argmax(tf.cast(match, tf.int32), axis=1, output_type=tf.int64)
   return found, at
@@ -192,15 +192,16 @@ def find(
     return tf.fill(tf.shape(keys, out_type=tf.int64), tf.constant(-1, tf.int64))
   owned, buckets = layout.local_buckets(flat)
   rows, valid = layout.rows(tf.where(owned, buckets, 0))
-  valid = tf.logical_and(valid, owned[:, None])
+  valid = tf.logical_and(valid, tf.expand_dims(owned, 1))
   stored = tf.gather(variables["keys"], rows)
   last = tf.gather(variables["last_step"], rows)
   live = tf.logical_and(
     valid, is_live(last, step, variables.vocabulary.ttl_steps)
   )
   found, at = _matches(flat, stored, live)
-  (row,) = _pick(at[:, None], rows)
-  result = layout.global_rows(tf.where(found, row[:, 0], layout.local_rows))
+  (row,) = _pick(tf.expand_dims(at, 1), rows)
+  row = tf.squeeze(row, 1)
+  result = layout.global_rows(tf.where(found, row, layout.local_rows))
   result = tf.where(owned, result, tf.constant(-1, tf.int64))
   return tf.reshape(result, tf.shape(keys, out_type=tf.int64))
 
