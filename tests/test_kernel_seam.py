@@ -167,3 +167,18 @@ def test_lookups_for_serving_take_tensorflow_ops():
     return emb.embedding_lookup(ids)
 
   assert not {t for t in op_types(serve, IDS) if t.startswith("Tpe")}
+
+
+@needs_kernels
+def test_a_step_on_kernels_marks_its_written_rows_by_the_kernel():
+  """The changed-row flags (delta checkpoints) are set by ``TpeMarkRows``,
+  not TensorFlow's scatter, and hold exactly the step's rows."""
+  emb = _engine(tpe.Adagrad(0.1))
+  train = _train(emb)
+  types = op_types(train, IDS)
+  assert "TpeMarkRows" in types
+  assert "ResourceScatterUpdate" not in types
+  store = emb.engine.table_stores["t"]
+  store.clear_changes()
+  train(IDS)
+  assert store.changed_rows().numpy().tolist() == [1, 2]

@@ -59,6 +59,7 @@ SOURCES = (
   "gather_rows.cc",
   "segment_sum.cc",
   "vocabulary_step.cc",
+  "mark_rows.cc",
 )
 
 #: Sources compiled once per level: their loops are arithmetic on rows.

@@ -1,10 +1,10 @@
 """The kernel seam: the row operations of a step, and who serves them.
 
 A training step's row operations (deduplication, row gathers, the
-combiner's sum, the split by owner, a dynamic vocabulary's step and the
-fused sparse update) come from one ``StepOps`` object, passed down
-explicitly from the engine to the lookup, the backends, the exchanges and
-the table stores:
+combiner's sum, the split by owner, a dynamic vocabulary's step, the
+fused sparse update and the changed-row flags) come from one ``StepOps``
+object, passed down explicitly from the engine to the lookup, the
+backends, the exchanges and the table stores:
 
 * ``TENSORFLOW_OPS`` (``StepOps``): TensorFlow's own ops. Always right;
   what lookups for serving, SavedModels, tables on a GPU, on parameter
@@ -50,6 +50,8 @@ from tpu_embedding.kernels.fused_update import fused_apply
 from tpu_embedding.kernels.gather_rows import gather_pieces_with_kernel
 from tpu_embedding.kernels.gather_rows import gather_pieces_with_tensorflow
 from tpu_embedding.kernels.gather_rows import gather_rows_with_kernel
+from tpu_embedding.kernels.mark_rows import mark_rows_with_kernel
+from tpu_embedding.kernels.mark_rows import mark_rows_with_tensorflow
 from tpu_embedding.kernels.segment_sum import segment_sum_with_kernel
 from tpu_embedding.kernels.segment_sum import segment_sum_with_tensorflow
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
@@ -135,6 +137,11 @@ class StepOps:
     ``tables/updates.apply_rows`` then runs (``fused_update.py``)."""
     del table, block, ids, grads, index
     return None
+
+  def mark_rows(self, flags: Any, rows: tf.Tensor) -> Any:
+    """Sets an int8 flag variable to 1 at ``rows`` (a store's changed
+    rows, ``tables/changed_rows.py``; ``mark_rows.py``)."""
+    return mark_rows_with_tensorflow(flags, rows)
 
   def __repr__(self) -> str:
     return "TENSORFLOW_OPS"
@@ -241,6 +248,9 @@ class KernelOps(StepOps):
     return fused_apply(
       self.module, table, block, ids, grads, index, self.spread
     )
+
+  def mark_rows(self, flags: Any, rows: tf.Tensor) -> Any:
+    return mark_rows_with_kernel(self.module, flags, rows)
 
   def __repr__(self) -> str:
     return f"KernelOps(spread={self.spread})"

@@ -279,12 +279,12 @@ class TableStore(metaclass=abc.ABCMeta):
     locks = getattr(self, "_locks", None)
     if locks is None:
       apply_rows(self.table, variables, rows, grads, size, index, ops)
-      self._mark_update(block, rows)
+      self._mark_update(block, rows, ops)
       return
 
     def locked_update() -> tf.Tensor:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
-      writes.append(self._mark_update(block, rows))
+      writes.append(self._mark_update(block, rows, ops))
       # The lock is released once this result exists: after the writes.
       with tf.control_dependencies([w for w in writes if w is not None]):
         return tf.constant(True)
@@ -295,23 +295,27 @@ class TableStore(metaclass=abc.ABCMeta):
     record = self._step_records[block]
     self._chain.run(locks[block], lambda: record.once(step_id, locked_update))
 
-  def _mark_update(self, block: int, rows: tf.Tensor) -> Any:
+  def _mark_update(self, block: int, rows: tf.Tensor, ops: StepOps) -> Any:
     """Records the rows an update of ``block`` wrote (every row, for an
     optimizer that changes all of them)."""
     if self.table.optimizer is not None and (
       self.table.optimizer.updates_all_rows
     ):
       return self._changes[block].mark_all()
-    return self._changes[block].mark(rows)
+    return self._changes[block].mark(rows, ops)
 
-  def mark_rows(self, block: int, rows: tf.Tensor) -> Any:
+  def mark_rows(
+    self, block: int, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS
+  ) -> Any:
     """Records that rows ``rows`` (local to ``block``) were written.
 
     Every write of a layout's rows reports here (``update_block`` does;
     a writer of its own, such as a dynamic vocabulary resetting rows for
     new keys, calls it): a delta checkpoint holds exactly those rows.
+    ``ops``: the step's row ops (``kernels/ops.py``), which write the
+    flags.
     """
-    return self._changes[block].mark(rows)
+    return self._changes[block].mark(rows, ops)
 
   def changed_rows(self) -> tf.Tensor:
     """Sorted int64 global ids of this process's rows written since the

@@ -29,6 +29,8 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import StepOps
 
 
 class ChangedRows:
@@ -46,16 +48,12 @@ class ChangedRows:
         tf.zeros([self.size], tf.int8), trainable=False, name="changed_rows"
       )
 
-  def mark(self, rows: tf.Tensor) -> Any:
+  def mark(self, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS) -> Any:
     """Sets the flags of ``rows`` (int, local to the block; repeats and any
-    order allowed). Returns the write (None when eager)."""
-    rows = tf.cast(tf.reshape(rows, [-1]), tf.int64)
+    order allowed) with ``ops`` (the step's row ops, ``kernels/ops.py``).
+    Returns the write (None when eager)."""
     with tf.device(self.flags.device):
-      return tf.raw_ops.ResourceScatterUpdate(
-        resource=self.flags.handle,
-        indices=rows,
-        updates=tf.ones_like(rows, tf.int8),
-      )
+      return ops.mark_rows(self.flags, rows)
 
   def mark_all(self) -> Any:
     """Sets every row's flag (an update that changes every row)."""

@@ -124,9 +124,11 @@ class StackMember(TableStore):
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)
 
-  def mark_rows(self, block: int, rows: tf.Tensor) -> Any:
+  def mark_rows(
+    self, block: int, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS
+  ) -> Any:
     """Marks rows of the stack's block ``block`` (stack rows)."""
-    return self.stack.mark_rows(block, rows)
+    return self.stack.mark_rows(block, rows, ops)
 
   def changed_rows(self) -> tf.Tensor:
     """The member's changed rows, from its stack's."""
