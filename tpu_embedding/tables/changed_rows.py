@@ -4,10 +4,12 @@ A ``ChangedRows`` is a ``[rows]`` int8 flag per row on the block's device
 (2 MB for 2,000,000 rows, next to the 64 bytes or more of each row it
 flags). Every write of the block's rows sets their flags in the same step
 (``TableStore.update_block``, ``write_rows``, ``write_rows_at``; a dynamic
-vocabulary's row resets through ``TableStore.mark_rows``): one scatter of
-ones at the written rows, no deduplication, so repeats, any order and
-rows past the block (which XLA's scatter drops: ``kernels/
-static_unique.py``) all mark exactly the rows written. A delta checkpoint
+vocabulary's row resets through ``TableStore.mark_rows``): one write of
+ones at the written rows by the step's ops (``kernels/mark_rows.py``: a
+kernel on this process's CPU, else TensorFlow's scatter), no
+deduplication, so repeats, any order and rows past the block (which XLA's
+scatter drops: ``kernels/static_unique.py``) all mark exactly the rows
+written. A delta checkpoint
 (``tpu_embedding.checkpoint_deltas``) reads the set flags and clears them
 once its save is committed.
 
