@@ -11,6 +11,7 @@ engine's tables are made to report another device.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -182,3 +183,56 @@ def test_a_step_on_kernels_marks_its_written_rows_by_the_kernel():
   store.clear_changes()
   train(IDS)
   assert store.changed_rows().numpy().tolist() == [1, 2]
+
+
+def _dequeue(emb, ids):
+  @tf.function
+  def step(ids):
+    emb.enqueue(ids, training=True)
+    activations = emb.dequeue()
+    emb.apply_gradients(tf.nest.map_structure(tf.zeros_like, activations))
+    return activations
+
+  return step, step(ids)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+  "ids, straight",
+  [
+    (tf.constant([4, 1, 4, 29], tf.int64), True),  # one id per output row
+    (tf.ragged.constant([[4, 1], [4], [29, 4, 4]], tf.int64), False),  # bags
+  ],
+  ids=["one_per_row", "bags"],
+)
+def test_rows_of_one_id_per_output_row_are_read_straight_from_the_table(
+  ids, straight
+):
+  """On the kernels, an activation that is one id's row is gathered from
+  the table in occurrence order (the distinct rows are not gathered and
+  then copied again); bags sum the distinct rows in place. Either way the
+  activations are the table's rows (summed per bag)."""
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(
+      tpe.TableConfig(
+        30,
+        4,
+        name="t",
+        combiner="sum",
+        initializer=tf.random_uniform_initializer(seed=3),
+      )
+    ),
+    tpe.SGD(0.1),
+  )
+  emb.build()
+  table = emb.variables["t"]["parameters"].numpy()
+  step, activations = _dequeue(emb, ids)
+  if straight:
+    expected = table[ids.numpy()]
+  else:
+    expected = np.stack([table[row].sum(axis=0) for row in ids.to_list()])
+  np.testing.assert_array_equal(activations.numpy(), expected)
+  types = op_types(step, ids)
+  assert "TpeGatherPieces" not in types
+  assert ("TpeSegmentSum" in types) is not straight
+  assert "TpeGatherRows" in types

@@ -22,8 +22,8 @@ Example:
   ...     config, {"f": tf.ragged.constant([[1, 2], [3]])}, None, "features")
   >>> from tpu_embedding.lookup import occurrence_rows
   >>> def rows(requests):  # row i holds the value i
-  ...   return [occurrence_rows(tf.cast(ids, tf.float32)[:, None], index)
-  ...           for _, ids, index in requests]
+  ...   return [occurrence_rows(tf.cast(r.ids, tf.float32)[:, None], r.index)
+  ...           for r in requests]
   >>> from tpu_embedding.kernels.ops import TENSORFLOW_OPS
   >>> activations, _ = look_up(config, prepared, rows, ops=TENSORFLOW_OPS)
   >>> activations["f"].numpy().ravel().tolist()
@@ -45,6 +45,7 @@ from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.inputs import gate_on_all_checks
 from tpu_embedding.inputs import prepare_feature
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.lookup import RowRequest
 from tpu_embedding.lookup import TableBatch
 from tpu_embedding.lookup import combine
 from tpu_embedding.lookup import group_table
@@ -54,14 +55,13 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.structure import check_same_structure
 
-#: Reads the rows of several tables at once: ``[(table, unique ids,
-#: index)]`` → per request the row of each id occurrence,
-#: ``rows(unique ids)[index]``, as ``PickedRows`` (each distinct row read
-#: once and left in place: ``lookup.occurrence_rows``; the combiner reads
-#: each occurrence's row where it is).
-RowSource = Callable[
-  [Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]], Sequence[PickedRows]
-]
+#: Reads the rows of several tables at once: ``[lookup.RowRequest]`` →
+#: per request the row of each id occurrence, ``rows(unique ids)[index]``,
+#: as ``PickedRows``: each distinct row read once and left in place
+#: (``lookup.occurrence_rows``; the combiner reads each occurrence's row
+#: where it is), or, for occurrences that are output rows of their own,
+#: possibly each occurrence's row in order (positions None).
+RowSource = Callable[[Sequence[RowRequest]], Sequence[PickedRows]]
 
 
 def prepare_features(
@@ -150,11 +150,11 @@ def look_up(
   return tf.nest.pack_sequence_as(config.structure, flat), batches
 
 
-def _request(
-  table: TableConfig, batch: TableBatch
-) -> tuple[TableConfig, tf.Tensor, tf.Tensor]:
+def _request(table: TableConfig, batch: TableBatch) -> RowRequest:
   """What a row source is asked for one table (or stack)."""
-  return table, batch.unique_ids, batch.unique_index
+  return RowRequest(
+    table, batch.unique_ids, batch.unique_index, batch.segments is None
+  )
 
 
 def stack_features(config: ResolvedConfig, stack: TableStack) -> list[int]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -202,6 +203,28 @@ def _member_segments(
   )
 
 
+class RowRequest(NamedTuple):
+  """What a row source (``activations.RowSource``) reads for one table or
+  stack: the row of each id occurrence, ``rows(ids)[index]``.
+
+  Attributes:
+    table: the table, or a stack as one table.
+    ids: ``[u]`` int64, the distinct ids.
+    index: ``[n]`` int32, the position in ``ids`` of each occurrence.
+    one_per_row: whether each occurrence is an output row of its own (the
+      features are dense: one id per output row), so that its row is the
+      activation itself. A source that reads rows in place may then read
+      each occurrence's row straight from the table
+      (``StepOps.gather_occurrences``), where picking it out of the
+      distinct rows would copy every row twice.
+  """
+
+  table: TableConfig
+  ids: tf.Tensor
+  index: tf.Tensor
+  one_per_row: bool = False
+
+
 def occurrence_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> PickedRows:
   """The row of each id occurrence, in place in the rows of the distinct ids.
 
@@ -219,7 +242,8 @@ def combine(rows: PickedRows, batch: TableBatch, ops: StepOps) -> tf.Tensor:
   Args:
     rows: the row of each id occurrence, in the order of
       ``batch.unique_index``, picked out of the rows a row source read
-      (``occurrence_rows``; ungrouped, without scales).
+      (``occurrence_rows``; ungrouped, without scales), or read in that
+      order (positions None: ``StepOps.gather_occurrences``).
     batch: the ids' ``TableBatch``.
     ops: the step's row ops (``kernels/ops.py``): they gather and sum.
   """
@@ -228,7 +252,11 @@ def combine(rows: PickedRows, batch: TableBatch, ops: StepOps) -> tf.Tensor:
   if quantization is not None:
     pieces = [quantization.quantize(piece) for piece in pieces]
   if batch.segments is None:  # One id per output row.
-    one_per_row = ops.gather_pieces(pieces, rows.positions)
+    one_per_row = (
+      concat_pieces(pieces)  # Read in occurrence order already.
+      if rows.positions is None
+      else ops.gather_pieces(pieces, rows.positions)
+    )
     if batch.scales is None:
       return one_per_row
     return one_per_row * batch.scales[:, None]

@@ -31,15 +31,15 @@ from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.lookup import occurrence_rows
+from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tracking import VariableTracker
 
-#: ``[(table, ids, index)]``: the distinct ids to gather from each table
-#: and the position in ``ids`` of each occurrence (``activations.RowSource``).
-GatherRequests = Sequence[tuple[TableConfig, tf.Tensor, tf.Tensor]]
+#: Per table (or stack) the distinct ids to gather and the position in
+#: them of each occurrence (``lookup.RowRequest``, ``activations.RowSource``).
+GatherRequests = Sequence[RowRequest]
 
 
 class TableUpdate(NamedTuple):
@@ -168,8 +168,8 @@ class Backend(metaclass=abc.ABCMeta):
   ) -> list[PickedRows]:
     """Rows read by the calling host from each table's store."""
     return [
-      occurrence_rows(self._stores[table_name(t)].gather(ids, ops=ops), index)
-      for t, ids, index in requests
+      self._stores[table_name(request.table)].gather_occurrences(request, ops)
+      for request in requests
     ]
 
   def gather_for_training(

@@ -48,7 +48,6 @@ from tpu_embedding.backends.exchanges import RowExchange
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.planning import Planner
 from tpu_embedding.planning import on_accelerators
 from tpu_embedding.replicas import current_replica
@@ -168,15 +167,16 @@ class ShardedBackend(Backend):
     local = replica - self._first
     results: dict[int, PickedRows] = {}
     sharded, row_requests = [], []
-    for i, (table, ids, index) in enumerate(requests):
-      placement = self._plan.placements[table_name(table)]
-      store = self._stores[table_name(table)]
+    for i, request in enumerate(requests):
+      placement = self._plan.placements[table_name(request.table)]
+      store = self._stores[table_name(request.table)]
       if placement.sharded:
         sharded.append(i)
-        row_requests.append((placement, store, ids, index))
+        row_requests.append((placement, store, request.ids, request.index))
       else:  # A replicated table: this replica's own copy.
-        rows = ops.gather_rows(store.blocks[local]["parameters"], ids)
-        results[i] = occurrence_rows(rows, index)
+        results[i] = ops.gather_occurrences(
+          store.blocks[local]["parameters"], *request[1:]
+        )
     if sharded:
       rows = self._exchange.gather(replica, row_requests, ops)
       for i, value in zip(sharded, rows, strict=True):

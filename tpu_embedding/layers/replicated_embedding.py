@@ -170,8 +170,8 @@ class ReplicatedEmbedding(Layer):
 
     def rows(requests):
       return [
-        occurrence_rows(tf.gather(readable[table.name], ids), index)
-        for table, ids, index in requests
+        occurrence_rows(tf.gather(readable[r.table.name], r.ids), r.index)
+        for r in requests
       ]
 
     activations, _ = look_up(self._config, prepared, rows, ops=ops)

@@ -53,11 +53,13 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.changed_rows import ChangedRows
@@ -223,6 +225,15 @@ class TableStore(metaclass=abc.ABCMeta):
       RuntimeError: where this host cannot read every row (a table
         sharded over several workers: look it up inside ``strategy.run``).
     """
+
+  def gather_occurrences(
+    self, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
+  ) -> PickedRows:
+    """The parameters' row of each id occurrence of ``request``
+    (``lookup.RowRequest``): its distinct rows, gathered once and picked
+    in place; a layout holding its rows in one variable lets ``ops``
+    choose (``StepOps.gather_occurrences``)."""
+    return PickedRows([self.gather(request.ids, ops=ops)], request.index)
 
   def read(self, key: str = "parameters") -> tf.Tensor:
     """The whole ``[vocabulary_size, dim]`` value of ``key``.

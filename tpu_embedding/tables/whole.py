@@ -27,9 +27,11 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
+from tpu_embedding.gradients import PickedRows
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -128,3 +130,13 @@ class WholeTable(TableStore):
     ops: StepOps = TENSORFLOW_OPS,
   ) -> tf.Tensor:
     return ops.gather_rows(self._variables[key], ids)
+
+  def gather_occurrences(
+    self, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
+  ) -> PickedRows:
+    return ops.gather_occurrences(
+      self._variables["parameters"],
+      request.ids,
+      request.index,
+      request.one_per_row,
+    )
