@@ -230,8 +230,9 @@ class KernelOps(StepOps):
   ) -> PickedRows:
     if not one_per_row:
       return super().gather_occurrences(variable, ids, index, one_per_row)
-    # Measured on 26 one-hot tables: 3-4 % faster steps; for bags 12-31 %
-    # slower (each repeat's row copied again), hence only one per row.
+    # Measured on 26 one-hot tables: steps 4 % (Zipf ids) to 16 % (uniform)
+    # faster; for bags 12-31 % slower (each repeat's row copied again where
+    # the sum reads the distinct rows in place), hence one per row only.
     occurrences = tf.gather(ids, index)
     return PickedRows([self.gather_rows(variable, occurrences)], None)
 
