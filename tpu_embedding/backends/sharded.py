@@ -175,7 +175,10 @@ class ShardedBackend(Backend):
         row_requests.append((placement, store, request.ids, request.index))
       else:  # A replicated table: this replica's own copy.
         results[i] = ops.gather_occurrences(
-          store.blocks[local]["parameters"], *request[1:]
+          store.blocks[local]["parameters"],
+          request.ids,
+          request.index,
+          request.one_per_row,
         )
     if sharded:
       rows = self._exchange.gather(replica, row_requests, ops)

@@ -39,8 +39,5 @@ def mark_rows_with_tensorflow(flags: Any, rows: tf.Tensor) -> Any:
 
 def mark_rows_with_kernel(module: Any, flags: Any, rows: tf.Tensor) -> Any:
   """``mark_rows_with_tensorflow`` by the ``TpeMarkRows`` kernel of
-  ``module``; a variable other than a plain resource goes to
-  TensorFlow's op."""
-  if not hasattr(flags, "handle"):
-    return mark_rows_with_tensorflow(flags, rows)
+  ``module`` (the flags are always the store's own resource variable)."""
   return module.tpe_mark_rows(flags.handle, _ids(rows))

@@ -60,6 +60,7 @@ from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import RowRequest
+from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.changed_rows import ChangedRows
@@ -233,7 +234,7 @@ class TableStore(metaclass=abc.ABCMeta):
     (``lookup.RowRequest``): its distinct rows, gathered once and picked
     in place; a layout holding its rows in one variable lets ``ops``
     choose (``StepOps.gather_occurrences``)."""
-    return PickedRows([self.gather(request.ids, ops=ops)], request.index)
+    return occurrence_rows(self.gather(request.ids, ops=ops), request.index)
 
   def read(self, key: str = "parameters") -> tf.Tensor:
     """The whole ``[vocabulary_size, dim]`` value of ``key``.
