@@ -264,39 +264,53 @@ def test_benchmark_floor_needs_the_cached_rates(tmp_path, capsys):
   assert "--extra 4:0.001" in line
 
 
-@pytest.mark.parametrize("dense", ["xla", "ops"])
-def test_pipelining_benchmark(dense, tmp_path):
+@pytest.mark.parametrize("dense, control", [("xla", False), ("ops", True)])
+def test_pipelining_benchmark(dense, control, tmp_path):
   out = run_tool(
     "pipelining_benchmark.py",
     f"--dense={dense}",
     "--tables=2", "--rows=500", "--dim=4", "--batch_size=32", "--hidden=8",
     "--layers=1", "--steps=4", "--steps_per_call=2", "--warmup=1",
     "--repeats=2", f"--json={tmp_path / 'p.json'}",
+    *(["--control"] if control else []),
   ).stdout  # fmt: skip
-  assert re.search(r"pipelined step +: [\d.]+ ms/step \(median of 2", out)
+  assert re.search(
+    r"pipelined step +: [\d.]+ ms/step \(median of 2.*; cores busy [\d.]+$",
+    out,
+    re.MULTILINE,
+  ), out
   # Timed in turn: the ratio is taken within each repeat.
   assert re.search(
     r"ratio \(unpipelined / pipelined\), per repeat: [\d.]+ x \(median of 2",
     out,
   ), out
+  assert ("A/A control (unpipelined / unpipelined again)" in out) == control
   written = _json(tmp_path / "p.json")
+  steps = ["unpipelined", "pipelined"] + ["unpipelined_again"] * control
   _check_measurements(
     written,
-    [
-      "embedding_part", "dense_part", "unpipelined_step", "pipelined_step",
-      "step_ratio_unpipelined_vs_pipelined",
-    ],
+    ["embedding_part", "dense_part", "step_ratio_unpipelined_vs_pipelined"]
+    + ["step_ratio_unpipelined_vs_again"] * control
+    + [f"{step}_step" for step in steps]
+    + [f"{step}_cores_busy" for step in steps],
     2,
-  )  # fmt: skip
-  steps = written["measurements"]
-  pairs = zip(
-    steps["unpipelined_step"]["values"],
-    steps["pipelined_step"]["values"],
-    strict=True,
   )
-  assert steps["step_ratio_unpipelined_vs_pipelined"]["values"] == [
-    u / p for u, p in pairs
-  ]
+  measured = written["measurements"]
+  for step in steps:
+    # Processor time over wall time: above 0, at most every core (and a
+    # little for the clocks' granularity).
+    for busy in measured[f"{step}_cores_busy"]["values"]:
+      assert 0 < busy <= os.cpu_count() + 0.5, (step, busy)
+  for other, ratio in [
+    ("pipelined", "step_ratio_unpipelined_vs_pipelined"),
+    ("unpipelined_again", "step_ratio_unpipelined_vs_again"),
+  ][: 1 + control]:
+    pairs = zip(
+      measured["unpipelined_step"]["values"],
+      measured[f"{other}_step"]["values"],
+      strict=True,
+    )
+    assert measured[ratio]["values"] == [u / p for u, p in pairs]
 
 
 @pytest.mark.parametrize(

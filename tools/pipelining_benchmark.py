@@ -13,20 +13,21 @@ dense part is one XLA op on one core (``--dense xla``: an accelerator of
 its own), every op runs on one thread and two ops run at once, and a call
 runs 8 steps in one graph (``--steps_per_call``, as Keras'
 ``steps_per_execution``): while the dense part computes on one core, the
-other core applies the held update and prepares the next step's lookup
-(1.32x, per-repeat ratios 1.25-1.64x, 9 repeats, 2026-11-27). With
-TensorFlow's ops for the dense part (``--dense ops``) its backward runs two
-matmuls at once and leaves less room; with every core on each op
-(``--intra_op_threads 0 --inter_op_threads 0``) there is nothing left to
-overlap on a CPU and the two steps take about the same time (median ratio
-0.96x with ``--dense ops`` and 0.98x with ``--dense xla``, per-repeat
-ratios 0.88-1.09x over 15 repeats each: within this machine's noise, and
-below 1 by the held update's bookkeeping at most).
+other core applies the held update and prepares the next step's lookup.
+Each step's "cores busy" (processor time over wall time) shows the idle
+resource: on 2 cores, 2026-11-27, the unpipelined step kept 1.37 cores
+busy and the pipelined one 1.87, 1.40x faster (7 repeats, 1.35-1.51x).
+With TensorFlow's ops for the dense part and every core on each op
+(``--dense ops --intra_op_threads 0 --inter_op_threads 0``) both steps
+keep 1.73-1.74 cores busy: nothing is left to overlap on a CPU, and the
+ratio, 0.997x (11 repeats, 0.89-1.09x), is the A/A control's, 1.008x
+(0.90-1.12x): ``--control`` times a second unpipelined model in turn
+with the others, so that a ratio can be told from this machine's noise.
 
 Run:
   python3 tools/pipelining_benchmark.py
   python3 tools/pipelining_benchmark.py --dense ops --intra_op_threads 0 \
-    --inter_op_threads 0  # TensorFlow's ops, every core on each op
+    --inter_op_threads 0 --control  # every core on each op, with an A/A
   python3 tools/pipelining_benchmark.py --hidden 256 --steps_per_call 1
   python3 tools/pipelining_benchmark.py --repeats 5 --json /tmp/pipe.json
 
@@ -165,6 +166,11 @@ def calls(args, step):
 
 def seconds_per_step(step, batches, args) -> float:
   """Seconds per step, ``args.steps_per_call`` steps per call."""
+  return wall_and_processor_seconds(step, batches, args)[0]
+
+
+def wall_and_processor_seconds(step, batches, args) -> tuple[float, float]:
+  """Wall and processor seconds (this process, all threads) per step."""
   per_call = args.steps_per_call
 
   def group(i: int) -> list:
@@ -173,41 +179,64 @@ def seconds_per_step(step, batches, args) -> float:
   for i in range(args.warmup):
     step(group(i)).numpy()
   count = args.steps // per_call
-  start = time.perf_counter()
+  processor_start, start = time.process_time(), time.perf_counter()
   for i in range(count):
     loss = step(group(i))
   loss.numpy()
-  return (time.perf_counter() - start) / (count * per_call)
+  wall = time.perf_counter() - start
+  processor = time.process_time() - processor_start
+  return wall / (count * per_call), processor / (count * per_call)
 
 
-def timed_in_turn(args, unpipelined_step, pipelined_step, batches):
-  """Both training steps timed in turn, ``args.repeats`` times each.
+def timed_in_turn(
+  args, steps: dict, batches: list
+) -> dict[str, _timing.Measurement]:
+  """The training steps timed in turn, ``args.repeats`` times each.
 
   The machine's speed drifts over a run, by more than pipelining changes
-  a step on two CPU cores: each repeat times both steps one after the
-  other (which goes first alternates) and the ratio is taken within the
-  repeat, so that the ratios' median and range compare like with like.
+  a step on two CPU cores: each repeat times every step one after the
+  other (the order reverses every other repeat) and ratios are taken
+  within the repeat, so that their median and range compare like with
+  like. With ``--control`` a second unpipelined model is timed as well:
+  its ratio to the first (an A/A comparison) is this machine's noise.
+
+  Args:
+    args: the parsed flags.
+    steps: ``unpipelined``, ``pipelined`` and optionally
+      ``unpipelined_again``: each a step function.
+    batches: the steps' inputs, cycled through.
 
   Returns:
-    ``(unpipelined, pipelined, ratio)``: ms/step of each, and per repeat
-    unpipelined / pipelined (above 1: pipelining is faster).
+    Measurements by name: ``{name}_step`` (ms/step) and
+    ``{name}_cores_busy`` (processor time over wall time) of each step,
+    ``step_ratio_unpipelined_vs_pipelined`` (above 1: pipelining is
+    faster) and, with the control, ``step_ratio_unpipelined_vs_again``.
   """
-  times: dict[str, list[float]] = {"unpipelined": [], "pipelined": []}
-  steps = {"unpipelined": unpipelined_step, "pipelined": pipelined_step}
+  times: dict[str, list[float]] = {name: [] for name in steps}
+  busy: dict[str, list[float]] = {name: [] for name in steps}
   for repeat in range(args.repeats):
     order = list(steps) if repeat % 2 == 0 else list(steps)[::-1]
     for name in order:
-      times[name].append(1000 * seconds_per_step(steps[name], batches, args))
-  ratio = _timing.per_repeat_ratio(
-    "step_ratio_unpipelined_vs_pipelined",
-    times["unpipelined"],
-    times["pipelined"],
-  )
-  unpipelined, pipelined = (
-    _timing.Measurement(f"{name}_step", "ms/step", values)
-    for name, values in times.items()
-  )
-  return unpipelined, pipelined, ratio
+      wall, processor = wall_and_processor_seconds(steps[name], batches, args)
+      times[name].append(1000 * wall)
+      busy[name].append(processor / wall)
+  measurements = {}
+  for name in steps:
+    measurements[f"{name}_step"] = _timing.Measurement(
+      f"{name}_step", "ms/step", times[name]
+    )
+    measurements[f"{name}_cores_busy"] = _timing.Measurement(
+      f"{name}_cores_busy", "cores", busy[name]
+    )
+  for other, key in (
+    ("pipelined", "step_ratio_unpipelined_vs_pipelined"),
+    ("unpipelined_again", "step_ratio_unpipelined_vs_again"),
+  ):
+    if other in steps:
+      measurements[key] = _timing.per_repeat_ratio(
+        key, times["unpipelined"], times[other]
+      )
+  return measurements
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--inter_op_threads 2 leaves a core to the update beside the dense part.",
   )
   parser.add_argument(
+    "--control",
+    action="store_true",
+    help="Also time a second unpipelined model in turn with the others: "
+    "its ratio to the first (A/A) shows how far noise alone moves a ratio.",
+  )
+  parser.add_argument(
     "--inter_op_threads",
     type=int,
     default=2,
@@ -349,23 +384,40 @@ def main(argv: list[str] | None = None) -> None:
     "dense_part", dense_only_step(args, *plain[1:]), dense_input
   )
   print(f"dense part alone     : {dense.describe('{:.1f}')}", flush=True)
-  pipelined_model = make_model(args, pipelined=True)
-  unpipelined, pipelined, ratio = timed_in_turn(
-    args,
-    training_step(args, *plain),
-    training_step(args, *pipelined_model),
-    batches,
-  )
-  print(f"unpipelined step     : {unpipelined.describe('{:.1f}')}", flush=True)
-  print(f"pipelined step       : {pipelined.describe('{:.1f}')}", flush=True)
+  steps = {
+    "unpipelined": training_step(args, *plain),
+    "pipelined": training_step(args, *make_model(args, pipelined=True)),
+  }
+  if args.control:
+    steps["unpipelined_again"] = training_step(
+      args, *make_model(args, pipelined=False)
+    )
+  timed = timed_in_turn(args, steps, batches)
+  labels = {
+    "unpipelined": "unpipelined step     ",
+    "pipelined": "pipelined step       ",
+    "unpipelined_again": "unpipelined again    ",
+  }
+  for name in steps:
+    step_time, busy = timed[f"{name}_step"], timed[f"{name}_cores_busy"]
+    print(
+      f"{labels[name]}: {step_time.describe('{:.1f}')}; cores busy "
+      f"{busy.median:.2f}",
+      flush=True,
+    )
+  ratio = timed["step_ratio_unpipelined_vs_pipelined"]
   print(
     "step-time ratio (unpipelined / pipelined), per repeat: "
     f"{ratio.describe('{:.3f}')}"
   )
-  if args.json:
-    _timing.write_json(
-      args.json, vars(args), [sparse, dense, unpipelined, pipelined, ratio]
+  if args.control:
+    control = timed["step_ratio_unpipelined_vs_again"]
+    print(
+      "A/A control (unpipelined / unpipelined again), per repeat: "
+      f"{control.describe('{:.3f}')}: this machine's noise"
     )
+  if args.json:
+    _timing.write_json(args.json, vars(args), [sparse, dense, *timed.values()])
     print(f"wrote {args.json}")
 
 
