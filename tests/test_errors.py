@@ -187,19 +187,41 @@ def test_weights_on_a_sequence_feature_are_rejected():
 @pytest.mark.parametrize(
   "features, error, match",
   [
-    ({"clicks": tf.constant([1])}, ValueError, "feature paths"),
-    ([tf.constant([1]), tf.constant([1])], (ValueError, TypeError), "clicks"),
+    (
+      {"clicks": tf.constant([1])},
+      ValueError,
+      r"missing feature\(s\) \['views'\]\. Expected the feature paths",
+    ),
+    (
+      [tf.constant([1]), tf.constant([1])],
+      (ValueError, TypeError),
+      r"missing feature\(s\) \['clicks', 'views'\]; unexpected feature\(s\) "
+      r"\['0', '1'\]",
+    ),
     (
       {"clicks": tf.constant([1]), "views": tf.constant([1]), "x": 1},
       ValueError,
-      "feature paths",
+      r": unexpected feature\(s\) \['x'\]\. Expected the feature paths "
+      r"\['clicks', 'views'\]",
+    ),
+    (
+      {"click": tf.constant([1]), "views": tf.constant([1])},
+      ValueError,
+      r"missing feature\(s\) \['clicks'\]; unexpected feature\(s\) \['click'\]",
+    ),
+    (
+      tf.constant([1]),
+      ValueError,
+      "got a single tensor where the config has 2 feature",
     ),
   ],
+  ids=["missing", "list_for_dict", "extra", "misspelt", "bare_tensor"],
 )
-def test_wrong_structure_is_rejected(features, error, match):
+def test_wrong_structure_is_named_in_one_line(features, error, match):
   emb = make_embedding()
-  with pytest.raises(error, match=match):
+  with pytest.raises(error, match=match) as raised:
     emb.enqueue(features)
+  assert "\n" not in str(raised.value)
 
 
 def test_gradient_checks():
@@ -215,8 +237,13 @@ def test_gradient_checks():
     emb.apply_gradients(
       {"clicks": activations["clicks"], "views": np.ones([2, 2])}
     )
-  with pytest.raises(ValueError, match="feature paths"):
+  with pytest.raises(ValueError, match=r"missing feature\(s\) \['views'\]"):
     emb.apply_gradients({"clicks": activations["clicks"]})
+  with pytest.raises(
+    ValueError, match=r"gradients .*: unexpected feature\(s\) \['other'\]"
+  ) as raised:
+    emb.apply_gradients({**activations, "other": activations["clicks"]})
+  assert "\n" not in str(raised.value)
 
 
 def test_loop_order_errors():

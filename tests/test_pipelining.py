@@ -214,6 +214,17 @@ def test_pipelined_sharded_equals_pipelined_single_device(rng):
 
   for features in data:
     step(features)
+  held = tf.convert_to_tensor(sharded.variables["t"]["parameters"]).numpy()
+  # Outside strategy.run: one line naming the call, and nothing applied.
+  with pytest.raises(
+    RuntimeError,
+    match=r"^flush_pipeline under MirroredStrategy with 2 replicas must run "
+    r"inside strategy.run: .*\(strategy.run\(embedding.flush_pipeline\)\)\.$",
+  ):
+    sharded.flush_pipeline()
+  np.testing.assert_array_equal(
+    tf.convert_to_tensor(sharded.variables["t"]["parameters"]).numpy(), held
+  )
   strategy.run(tf.function(sharded.flush_pipeline))
   np.testing.assert_allclose(
     tf.convert_to_tensor(sharded.variables["t"]["parameters"]).numpy(),

@@ -53,7 +53,9 @@ from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import local_replica
+from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
@@ -230,6 +232,14 @@ class PipelinedBackend(Backend):
     self._holding().hold(local_replica(self._strategy), updates)
 
   def flush(self, ops: StepOps) -> None:
+    replicas = self._strategy.num_replicas_in_sync
+    if replicas > 1 and current_replica(self._strategy) is None:
+      raise RuntimeError(
+        f"flush_pipeline under {strategy_name(self._strategy)} with "
+        f"{replicas} replicas must run inside strategy.run: each replica "
+        "applies its own held update "
+        "(strategy.run(embedding.flush_pipeline))."
+      )
     self._inner.apply_updates(
       self._holding().take(local_replica(self._strategy)), ops
     )

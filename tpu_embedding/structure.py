@@ -33,7 +33,10 @@ def check_same_structure(
   what: str,
   error: type[Exception] | None = None,
 ) -> None:
-  """Raises an error naming ``what`` when the nests differ.
+  """Raises a one-line error naming ``what`` when the nests differ.
+
+  The message names the missing and the unexpected feature paths (or,
+  where the paths agree, what differs) and the expected paths.
 
   Args:
     expected: the reference nest (the feature config).
@@ -49,10 +52,47 @@ def check_same_structure(
       ``error`` is None.
   """
   try:
-    tf.nest.assert_same_structure(expected, given)
+    tf.nest.assert_same_structure(expected, given, expand_composites=False)
   except (ValueError, TypeError) as e:
     expected_paths = [p for p, _ in flatten_with_paths(expected)]
     raise (error or type(e))(
-      f"The {what} do not match the structure of the feature config. "
-      f"Expected the feature paths {expected_paths}. Details: {e}"
+      f"The {what} do not match the structure of the feature config: "
+      f"{structure_difference(expected, given, e)}. Expected the feature "
+      f"paths {expected_paths}."
     ) from e
+
+
+def structure_difference(
+  expected: Nested, given: Nested, mismatch: Exception
+) -> str:
+  """What differs between two nests, in one line.
+
+  Args:
+    expected: the reference nest.
+    given: the other nest.
+    mismatch: ``tf.nest.assert_same_structure``'s error for them.
+
+  Returns:
+    ``"missing feature(s) [...]; unexpected feature(s) [...]"``, or where
+    the paths agree, the first line of ``mismatch``.
+
+  Example:
+    >>> structure_difference({"a": 1, "b": 2}, {"a": 1, "c": 2}, ValueError())
+    "missing feature(s) ['b']; unexpected feature(s) ['c']"
+  """
+  want = [p for p, _ in flatten_with_paths(expected)]
+  if tf.nest.is_nested(expected) and not tf.nest.is_nested(given):
+    kind = "tensor" if hasattr(given, "shape") else type(given).__name__
+    return f"got a single {kind} where the config has {len(want)} feature(s)"
+  have = [p for p, _ in flatten_with_paths(given)]
+  missing = [p for p in want if p not in have]
+  unexpected = [p for p in have if p not in want]
+  parts = []
+  if missing:
+    parts.append(f"missing feature(s) {missing}")
+  if unexpected:
+    parts.append(f"unexpected feature(s) {unexpected}")
+  if parts:
+    return "; ".join(parts)
+  lines = str(mismatch).strip().splitlines()
+  return lines[0] if lines else "a different nesting of the same paths"

@@ -193,8 +193,9 @@ class ShardedBackend(Backend):
     replica = current_replica(self._strategy)
     if replica is None:
       raise RuntimeError(
-        "apply_gradients on sharded tables must run inside strategy.run "
-        "(in replica context), like dequeue."
+        f"apply_gradients under {strategy_name(self._strategy)} with "
+        f"{self._strategy.num_replicas_in_sync} replicas must run inside "
+        "strategy.run (in replica context), like dequeue."
       )
     if not updates:
       return

@@ -27,6 +27,7 @@ from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.serving import lookup_with_readers
 from tpu_embedding.structure import flatten_with_paths
+from tpu_embedding.structure import structure_difference
 from tpu_embedding.tables.base import TableStore
 
 #: Optimizer names the layers accept, with Keras' default learning rates
@@ -101,26 +102,13 @@ def check_structure(expected: Any, given: Any, layer: str, what: str) -> None:
   """
   try:
     tf.nest.assert_same_structure(expected, given, expand_composites=False)
-    return
   except (ValueError, TypeError) as e:
-    details = str(e)
-  want = [p for p, _ in flatten_with_paths(expected)]
-  try:
-    have = [p for p, _ in flatten_with_paths(given)]
-  except (ValueError, TypeError):
-    have = []
-  missing = [p for p in want if p not in have]
-  unexpected = [p for p in have if p not in want]
-  parts = []
-  if missing:
-    parts.append(f"missing feature(s) {missing}")
-  if unexpected:
-    parts.append(f"unexpected feature(s) {unexpected}")
-  summary = "; ".join(parts) or f"a different structure ({details})"
-  raise ValueError(
-    f"Layer '{layer}': the {what} passed do not match its feature config: "
-    f"{summary}. Expected the features {want}."
-  )
+    want = [p for p, _ in flatten_with_paths(expected)]
+    raise ValueError(
+      f"Layer '{layer}': the {what} passed do not match its feature config: "
+      f"{structure_difference(expected, given, e)}. Expected the features "
+      f"{want}."
+    ) from None
 
 
 def creation_strategy() -> tf.distribute.Strategy:
