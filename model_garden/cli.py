@@ -230,6 +230,44 @@ def positive_int(text: str) -> int:
   return value
 
 
+def positive_ints(text: str) -> list[int]:
+  """An ``argparse`` type: comma-separated integers >= 1.
+
+  Example:
+    >>> from model_garden import cli
+    >>> cli.positive_ints("1,2,4")
+    [1, 2, 4]
+  """
+  try:
+    values = [int(v) for v in text.split(",")]
+  except ValueError:
+    values = []
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(
+      f"expected comma-separated integers >= 1 (e.g. 1,2,4), got {text!r}"
+    )
+  return values
+
+
+def non_negative_int(text: str) -> int:
+  """An ``argparse`` type: an integer >= 0.
+
+  Example:
+    >>> from model_garden import cli
+    >>> cli.non_negative_int("0")
+    0
+  """
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+      f"expected an integer >= 0, got {text!r}"
+    ) from None
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+  return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """``argparse`` with one-line usage errors (exit 2) and ``--debug``.
 

@@ -605,3 +605,19 @@ def test_fdo_report_tool(tmp_path):
   assert set(config.max_ids_per_table) == set(report["tables"])
   bad = run_tool("fdo_report.py", "--topology=v4-8", returncode=2)
   assert "Unknown TPU topology 'v4-8'" in bad.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+  "content, reason",
+  [("not json", "not JSON"), ("[1]", "format None"), ('{"format": 0}', "0")],
+)
+def test_a_file_of_another_kind_is_named(content, reason, tmp_path):
+  path = tmp_path / "limits.json"
+  path.write_text(content)
+  with pytest.raises(ValueError) as raised:
+    fdo.load_sparse_core_config(str(path))
+  message = str(raised.value)
+  assert message.startswith(f"{path} is not a tpu_embedding FDO file ("), (
+    message
+  )
+  assert reason in message and "\n" not in message, message

@@ -249,6 +249,57 @@ def test_benchmark_multi_hot_mlperf_floor(tmp_path):
   assert base["ours"] > 0 and base["keras"] > 0
 
 
+@pytest.mark.parametrize(
+  "content",
+  ["[1, 2, 3]", '{"foo": 1}', "not json", '{"results": [1]}'],
+  ids=["list", "no_results", "not_json", "results_not_measurements"],
+)
+def test_benchmark_names_a_membench_file_of_another_kind(
+  content, tmp_path, capsys
+):
+  membench = tmp_path / "m.json"
+  membench.write_text(content)
+  failed = run_in_process(
+    capsys, "benchmark.py", "--tables=1", "--rows=50", "--dim=4",
+    f"--membench={membench}", returncode=1,
+  )  # fmt: skip
+  (line,) = failed.stderr.strip().splitlines()
+  assert line.startswith(f"--membench: {membench} "), line
+  assert line.endswith("expected the file membench.py --json writes."), line
+
+
+@pytest.mark.parametrize(
+  "tool, flag",
+  [
+    ("benchmark.py", "--replicas=1,x"),
+    ("benchmark.py", "--replicas=0"),
+    ("benchmark.py", "--sweep_rows=100,1e3"),
+    ("benchmark.py", "--warmup=-1"),
+    ("sharding_report.py", "--replicas=2,0"),
+    ("quantized_export_report.py", "--batch_sizes=1,x"),
+  ],
+)
+def test_tools_refuse_a_bad_number_before_any_work(tool, flag, capsys):
+  name = flag.split("=")[0]
+  bad = run_in_process(capsys, tool, flag, returncode=2)
+  (line,) = bad.stderr.strip().splitlines()
+  assert f"argument {name}: " in line and flag.split("=")[1] in line, line
+
+
+def test_a_bad_replica_list_is_one_line_and_exit_2():
+  # The command-line contract, in a process of its own.
+  bad = run_tool("benchmark.py", "--replicas=1,x", returncode=2)
+  assert "Traceback" not in bad.stderr
+  assert (
+    bad.stderr.strip()
+    .splitlines()[-1]
+    .startswith(
+      "benchmark.py: argument --replicas: expected comma-separated "
+      "integers >= 1 (e.g. 1,2,4), got '1,x'"
+    )
+  ), bad.stderr
+
+
 def test_benchmark_floor_needs_the_cached_rates(tmp_path, capsys):
   membench = tmp_path / "m.json"
   membench.write_text(json.dumps({"results": [

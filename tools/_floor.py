@@ -71,14 +71,29 @@ def rates(path: str, dim: int, dist: str) -> Rates:
       measures it).
   """
   with open(path, encoding="utf-8") as f:
-    results = [
-      r
-      for r in json.load(f)["results"]
-      if r.get("impl") == "c"
-      and r.get("pages") == "4k"
-      and r.get("threads") == 2
-      and r.get("dim") == dim
-    ]
+    try:
+      data = json.load(f)
+    except ValueError as error:
+      raise ValueError(
+        f"{path} is not JSON ({error}): expected the file membench.py "
+        "--json writes."
+      ) from None
+  listed = data.get("results") if isinstance(data, dict) else None
+  if not isinstance(listed, list) or not all(
+    isinstance(r, dict) for r in listed
+  ):
+    raise ValueError(
+      f"{path} has no 'results' list of measurements: expected the file "
+      "membench.py --json writes."
+    )
+  results = [
+    r
+    for r in listed
+    if r.get("impl") == "c"
+    and r.get("pages") == "4k"
+    and r.get("threads") == 2
+    and r.get("dim") == dim
+  ]
   sizes = sorted({r.get("rows", 0) for r in results})
   if len(sizes) < 2:
     raise ValueError(

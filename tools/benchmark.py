@@ -321,7 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     "--steps", type=cli.positive_int, default=20, help="Timed steps per repeat."
   )
   parser.add_argument(
-    "--warmup", type=int, default=3, help="Untimed steps before each repeat."
+    "--warmup",
+    type=cli.non_negative_int,
+    default=3,
+    help="Untimed steps before each repeat.",
   )
   parser.add_argument(
     "--distinct_batches",
@@ -331,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--replicas",
-    default="1",
+    type=cli.positive_ints,
+    default=[1],
     help="Comma-separated replica counts for sharded runs, e.g. 1,2,4.",
   )
   parser.add_argument(
@@ -371,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
   )
   parser.add_argument(
     "--sweep_rows",
-    default="100000,250000,500000,1000000,2000000",
+    type=cli.positive_ints,
+    default=[100000, 250000, 500000, 1000000, 2000000],
     help="Rows per table of the rows sweep.",
   )
   parser.add_argument(
@@ -511,7 +516,7 @@ def dist_sweep(args) -> list[dict]:
 
 def rows_sweep(args) -> list[dict]:
   results = []
-  sizes = [int(r) for r in args.sweep_rows.split(",")]
+  sizes = args.sweep_rows
   for rows in sizes:
     variant = argparse.Namespace(
       **{**vars(args), "rows": rows, "tables": args.sweep_tables}
@@ -564,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
                      else "zipf")  # fmt: skip
       except (OSError, ValueError, KeyError) as error:
         raise cli.FixableError(f"--membench: {error}") from None
-  replica_counts = [int(r) for r in args.replicas.split(",")]
+  replica_counts = args.replicas
   cpus = tf.config.list_physical_devices("CPU")
   tf.config.set_logical_device_configuration(
     cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(replica_counts)

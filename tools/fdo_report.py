@@ -136,7 +136,10 @@ def parse_limits(text: str):
         f"--limits {text!r}: expected MAX_IDS,MAX_UNIQUE, 'default' or a file."
       ) from None
     return (max_ids, max_unique)
-  return fdo.load_sparse_core_config(text)
+  try:
+    return fdo.load_sparse_core_config(text)
+  except (OSError, ValueError, KeyError) as error:
+    raise cli.UsageError(f"--limits: {error}") from None
 
 
 def experiment_inputs(args, num_chips: int):

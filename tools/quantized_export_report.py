@@ -198,7 +198,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
       ),
     }
     progress("%s: exported and evaluated (AUC %.5f)", t, aucs["auc"])
-  sizes = [int(b) for b in args.batch_sizes.split(",")]
+  sizes = args.batch_sizes
   timings: dict[str, dict[int, list[float]]] = {
     t: {b: [] for b in sizes} for t in types
   }
@@ -274,7 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     help="comma-separated table types (float32 is always the reference)",
   )
   parser.add_argument(
-    "--batch_sizes", default="1,512", help="serving batch sizes to time"
+    "--batch_sizes",
+    type=cli.positive_ints,
+    default=[1, 512],
+    help="serving batch sizes to time",
   )
   parser.add_argument(
     "--calls", default=200, type=int, help="calls per timed block at batch 1"

@@ -248,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     "--dim", type=cli.positive_int, default=64, help="Table width."
   )
   parser.add_argument(
-    "--replicas", default="1,2,4", help="Comma-separated replica counts."
+    "--replicas",
+    type=cli.positive_ints,
+    default=[1, 2, 4],
+    help="Comma-separated replica counts.",
   )
   parser.add_argument(
     "--row_threshold",
@@ -291,19 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def replica_counts(text: str) -> list[int]:
-  try:
-    counts = [int(r) for r in text.split(",")]
-  except ValueError:
-    counts = []
-  if not counts or min(counts) < 1:
-    raise cli.UsageError(
-      f"--replicas {text!r}: expected comma-separated positive counts "
-      "(e.g. 1,2,4)."
-    )
-  return counts
-
-
 def main(argv: list[str] | None = None) -> None:
   args = build_parser().parse_args(argv)
   cli.run(lambda: report(args), _flag_values)
@@ -318,7 +308,7 @@ def _flag_values(error: BaseException) -> BaseException | None:
 
 def report(args: argparse.Namespace) -> None:
   """Prints (and with ``--json`` writes) the plans."""
-  counts = replica_counts(args.replicas)
+  counts = args.replicas
   figures: list[dict] = []
   if args.build:
     cpus = tf.config.list_physical_devices("CPU")

@@ -55,11 +55,17 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
   if os.path.isdir(path):
     path = os.path.join(path, "fdo_stats.json")
   with open(path) as f:
-    data = json.load(f)
-  if data.get("format") != FORMAT:
+    try:
+      data = json.load(f)
+    except ValueError as error:
+      raise ValueError(
+        f"{path} is not a tpu_embedding FDO file (not JSON: {error})."
+      ) from None
+  found = data.get("format") if isinstance(data, dict) else None
+  if found != FORMAT:
     raise ValueError(
-      f"{path} is not a tpu_embedding FDO file (format "
-      f"{data.get('format')!r}, expected {FORMAT!r})."
+      f"{path} is not a tpu_embedding FDO file (format {found!r}, "
+      f"expected {FORMAT!r})."
     )
   return data
 
