@@ -70,6 +70,7 @@ from model_garden import cli
 if __name__ == "__main__":
   cli.quiet_tensorflow()  # before TensorFlow is imported
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
@@ -539,58 +540,89 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  task = RankingTask(config, strategy, seed=seed)
-  inputs = RankingInputs(config.task, strategy)
-  tracker = None
-  if fdo_stats_dir:
-    from tpu_embedding import fdo  # noqa: PLC0415
+  with _new_run_dir_removed_on_failure(model_dir, chief):
+    task = RankingTask(config, strategy, seed=seed)
+    inputs = RankingInputs(config.task, strategy)
+    tracker = None
+    if fdo_stats_dir:
+      from tpu_embedding import fdo  # noqa: PLC0415
 
-    tracker = fdo.FdoTracker(
-      fdo.FdoCollector(
-        ranking_embedding.feature_config(config.task.model),
-        fdo_topology,
-        optimizer=task.embedding_optimizer,
-      ),
-      fdo_stats_dir,
-      fdo_every_n_steps,
-    )
-  loop = Trainer(
-    task,
-    inputs,
-    model_dir,
-    kill_at_step=kill_at_step,
-    progress_bar=progress_bar,
-    fdo=tracker,
-  )
-  if chief and mode in TRAINING_MODES:
-    # After the restore: a checkpoint of another experiment stops the run
-    # before its directory gets this experiment's params.yaml.
-    write_params(config, model_dir)
-  _describe(loop, experiment or "experiment")
-  summary: dict[str, Any] = {"model_dir": model_dir}
-  if mode == "eval":
-    if loop.restored is None:
-      raise ValueError(f"--mode eval: no checkpoint in {model_dir}.")
-    summary["validation"] = loop.evaluate()
-  elif mode == "continuous_eval":
-    summary["validation"] = loop.continuous_evaluate(timeout=eval_timeout)
-  elif mode == "train":
-    loop.train()
-  else:
-    summary["validation"] = loop.train_and_evaluate()
-  if mode in TRAINING_MODES:
-    summary["examples_per_second"] = loop.train_examples_per_second
-    summary["skipped_steps"] = loop.skipped_steps
-    summary["checkpoint"] = loop.manager.latest_checkpoint
-    if config.trainer.export_saved_model and chief:
-      export_dir = os.path.join(model_dir, "saved_model", str(loop.step))
-      result = saved_model.export_from_checkpoint(
-        config, loop.manager.latest_checkpoint, export_dir
+      tracker = fdo.FdoTracker(
+        fdo.FdoCollector(
+          ranking_embedding.feature_config(config.task.model),
+          fdo_topology,
+          optimizer=task.embedding_optimizer,
+        ),
+        fdo_stats_dir,
+        fdo_every_n_steps,
       )
-      summary["saved_model"] = result.export_dir
-  summary["seconds"] = time.perf_counter() - start
-  _report(loop, summary)
-  return summary
+    loop = Trainer(
+      task,
+      inputs,
+      model_dir,
+      kill_at_step=kill_at_step,
+      progress_bar=progress_bar,
+      fdo=tracker,
+    )
+    if chief and mode in TRAINING_MODES:
+      # After the restore: a checkpoint of another experiment stops the run
+      # before its directory gets this experiment's params.yaml.
+      write_params(config, model_dir)
+    _describe(loop, experiment or "experiment")
+    summary: dict[str, Any] = {"model_dir": model_dir}
+    if mode == "eval":
+      if loop.restored is None:
+        raise ValueError(f"--mode eval: no checkpoint in {model_dir}.")
+      summary["validation"] = loop.evaluate()
+    elif mode == "continuous_eval":
+      summary["validation"] = loop.continuous_evaluate(timeout=eval_timeout)
+    elif mode == "train":
+      loop.train()
+    else:
+      summary["validation"] = loop.train_and_evaluate()
+    if mode in TRAINING_MODES:
+      summary["examples_per_second"] = loop.train_examples_per_second
+      summary["skipped_steps"] = loop.skipped_steps
+      summary["checkpoint"] = loop.manager.latest_checkpoint
+      if config.trainer.export_saved_model and chief:
+        export_dir = os.path.join(model_dir, "saved_model", str(loop.step))
+        result = saved_model.export_from_checkpoint(
+          config, loop.manager.latest_checkpoint, export_dir
+        )
+        summary["saved_model"] = result.export_dir
+    summary["seconds"] = time.perf_counter() - start
+    _report(loop, summary)
+    return summary
+
+
+@contextlib.contextmanager
+def _new_run_dir_removed_on_failure(model_dir: str, chief: bool):
+  """Removes ``model_dir`` if this run made it and fails before its first
+  checkpoint (a bad record in the first batches, a wrong key...): a
+  failed run leaves no half-made run directory behind. A directory that
+  was there, or holds a checkpoint, is kept. The chief decides.
+  """
+  fresh = chief and not _exists(model_dir)
+  try:
+    yield
+  except BaseException:
+    if fresh and _exists(model_dir) and not _has_checkpoint(model_dir):
+      import tensorflow as tf  # noqa: PLC0415
+
+      tf.io.gfile.rmtree(model_dir)
+    raise
+
+
+def _exists(path: str) -> bool:
+  import tensorflow as tf  # noqa: PLC0415
+
+  return bool(tf.io.gfile.exists(path))
+
+
+def _has_checkpoint(model_dir: str) -> bool:
+  import tensorflow as tf  # noqa: PLC0415
+
+  return tf.train.latest_checkpoint(model_dir) is not None
 
 
 def _describe(loop: Any, experiment: str) -> None:

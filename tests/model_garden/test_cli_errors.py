@@ -131,6 +131,9 @@ def test_bad_record_names_file_line_and_the_policy_key(tmp_path):
     "to drop bad records set task.train_data.on_bad_record=count (counted "
     "in the logs) or skip"
   )
+  # The run made its directory and failed before a checkpoint: nothing of
+  # it is left behind.
+  assert not (tmp_path / "run").exists()
 
 
 def test_another_experiments_run_dir_is_refused_and_kept(tmp_path):
