@@ -135,6 +135,26 @@ def test_usage_errors_are_one_line_before_anything_is_built(
 
 
 @pytest.mark.parametrize(
+  "content, expected",
+  [
+    (
+      "task:\n  model: [unclosed\n",
+      ": not valid YAML (while parsing a flow sequence in the file, line 2, "
+      "column 10",
+    ),
+    ("- 1\n- 2\n", ": expected a mapping of config fields, got [1, 2]."),
+  ],
+  ids=["unparsable", "not_a_mapping"],
+)
+def test_a_bad_config_file_is_named(run_main, tmp_path, content, expected):
+  path = tmp_path / "bad.yaml"
+  path.write_text(content)
+  line = usage_error(run_main, f"--config_file={path}")
+  assert line.startswith(f"{path}{expected}"), line
+  assert "<unicode string>" not in line, line
+
+
+@pytest.mark.parametrize(
   "strategy, tf_config, expected",
   [
     ("parameter_server", "{not json", "TF_CONFIG is not valid JSON"),

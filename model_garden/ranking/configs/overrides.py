@@ -261,15 +261,21 @@ def parse_params_override(text: str) -> dict[str, Any]:
   return changes
 
 
-def parse_yaml(text: str) -> dict[str, Any]:
+def parse_yaml(text: str, source: str = "") -> dict[str, Any]:
   """A YAML (or JSON) mapping as a dict.
 
   Uses PyYAML when it is installed; otherwise only JSON (a subset of
   YAML) is understood.
 
+  Args:
+    text: the YAML.
+    source: the file it came from, named by every error ("": the text
+      was given inline, and an error quotes its start instead).
+
   Raises:
     ValueError: if the text is not a mapping, or is YAML without PyYAML.
   """
+  where = f"{source}: " if source else ""
   try:
     import yaml  # noqa: PLC0415 (optional dependency)
   except ImportError:
@@ -278,21 +284,25 @@ def parse_yaml(text: str) -> dict[str, Any]:
     try:
       value = yaml.safe_load(text)
     except yaml.YAMLError as e:
-      raise ValueError(
-        f"Not valid YAML ({' '.join(str(e).split())}): {text[:200]!r}"
-      ) from None
+      detail = " ".join(str(e).split())
+      if source:
+        detail = detail.replace('"<unicode string>"', "the file")
+        raise ValueError(f"{where}not valid YAML ({detail}).") from None
+      raise ValueError(f"Not valid YAML ({detail}): {text[:200]!r}") from None
   else:
     try:
       value = json.loads(text)
     except json.JSONDecodeError as e:
       raise ValueError(
-        "Reading YAML needs PyYAML (`pip install pyyaml`); without it only "
-        f"JSON is understood ({e})."
+        f"{where}reading YAML needs PyYAML (`pip install pyyaml`); without "
+        f"it only JSON is understood ({e})."
       ) from None
   if value is None:
     return {}
   if not isinstance(value, dict):
-    raise ValueError(f"Expected a mapping of config fields, got {value!r}.")
+    raise ValueError(
+      f"{where}expected a mapping of config fields, got {value!r}."
+    )
   return value
 
 
@@ -316,7 +326,7 @@ def load_yaml(path: str) -> dict[str, Any]:
   if not tf.io.gfile.exists(path):
     raise ValueError(f"Config file {path!r} does not exist.")
   with tf.io.gfile.GFile(path, "r") as f:
-    return parse_yaml(f.read())
+    return parse_yaml(f.read(), source=path)
 
 
 def _is_yaml_file(text: str) -> bool:

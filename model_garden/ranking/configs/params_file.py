@@ -45,6 +45,6 @@ def read_params(model_dir: str) -> definitions.ExperimentConfig:
       "model_garden.ranking.train (it saves its config there)."
     )
   with tf.io.gfile.GFile(path) as f:
-    values = overrides.parse_yaml(f.read())
+    values = overrides.parse_yaml(f.read(), source=path)
   config = overrides.override(definitions.ExperimentConfig(), values)
   return definitions.validate(config)
