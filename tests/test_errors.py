@@ -424,3 +424,21 @@ def test_direct_lookup_refuses_dense_ids_for_a_sequence_feature():
   # enqueue follows the TPU's rules: one id per row, no sequence.
   emb.enqueue({"s": tf.constant([1, 2])}, training=False)
   assert emb.dequeue()["s"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("where", ["eager", "graph"])
+def test_an_output_shape_the_batch_does_not_fill_is_one_line(where):
+  emb = make_embedding(output_shape=[8])
+  features = {"clicks": tf.constant([1, 2, 3, 4]), "views": tf.constant([1])}
+  expected = (
+    "Feature clicks: FeatureConfig.output_shape (8,) has 8 elements but "
+    "the input gives 4 output rows."
+  )
+  if where == "graph":  # Known when the step runs: the assert says it.
+    with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+      tf.function(emb.enqueue)(features, training=False)
+    assert f"assertion failed: [{expected}]" in str(raised.value)
+  else:  # Known at once: raised at once.
+    with pytest.raises(ValueError) as raised:
+      emb.enqueue(features, training=False)
+    assert str(raised.value) == expected

@@ -508,14 +508,21 @@ def _apply_configured_shape(
       "FeatureConfig."
     )
   expected = configured.num_elements()
+  message = (
+    f"Feature {path}: FeatureConfig.output_shape {configured} has "
+    f"{expected} elements but the input gives {{}} output rows."
+  )
+  known = tf.get_static_value(num_segments)
+  if known is not None:  # Eagerly, or a static batch: raised here.
+    if int(known) != expected:
+      raise ValueError(message.format(int(known)))
+    return (
+      tf.constant(configured.as_list(), tf.int64),
+      tf.constant(expected, tf.int64),
+    )
   check = tf.debugging.Assert(
     tf.equal(num_segments, expected),
-    [
-      f"Feature {path}: FeatureConfig.output_shape {configured} has "
-      f"{expected} elements but the input gives",
-      num_segments,
-      "output rows.",
-    ],
+    [tf.strings.format(message, num_segments)],
   )
   with tf.control_dependencies([check]):
     num_segments = tf.identity(tf.constant(expected, tf.int64))
