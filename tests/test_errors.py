@@ -442,3 +442,26 @@ def test_an_output_shape_the_batch_does_not_fill_is_one_line(where):
     with pytest.raises(ValueError) as raised:
       emb.enqueue(features, training=False)
     assert str(raised.value) == expected
+
+
+def test_a_checkpoint_of_another_width_restored_before_build_is_named(
+  tmp_path,
+):
+  def embedding(dim):
+    table = tpe.TableConfig(VOCAB, dim, name="items")
+    return tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.Adagrad(0.5))
+
+  saved = embedding(2)
+  saved.build()
+  path = tf.train.Checkpoint(embedding=saved).save(str(tmp_path / "c"))
+  wider = embedding(3)
+  tf.train.Checkpoint(embedding=wider).restore(path)
+  with pytest.raises(ValueError) as raised:
+    wider.build()
+  # The parameters are created first, so they are the ones named.
+  assert str(raised.value) == (
+    f"Table 'items': the checkpoint restored into this embedding holds its "
+    f"parameters as ({VOCAB}, 2), but its TableConfig gives ({VOCAB}, 3) "
+    "(vocabulary_size, dim): restore into tables configured as the "
+    "checkpoint's."
+  )
