@@ -271,10 +271,30 @@ def test_enqueue_in_one_function_and_dequeue_in_another_is_explained():
 def test_inconsistent_batch_shape_is_rejected():
   emb = make_embedding()
   emb.enqueue({"clicks": tf.constant([1, 2]), "views": tf.constant([3, 4])})
-  with pytest.raises(ValueError, match="Inconsistent shape .* clicks"):
+  with pytest.raises(ValueError, match="Inconsistent shape .* clicks") as e:
     emb.enqueue(
       {"clicks": tf.constant([1, 2, 3]), "views": tf.constant([3, 4, 5])}
     )
+  # TensorFlow's words, then what to do.
+  assert str(e.value).endswith(
+    "But got incoming output shape (3,). Every step must give each replica "
+    "the per-replica batch the embedding was built with: feed per-replica "
+    "values (strategy.experimental_distribute_dataset), keep the batch size "
+    "fixed (batch(..., drop_remainder=True)), or build with "
+    "per_replica_input_shapes of unknown batch size."
+  )
+  # As it says: built with an unknown batch, any batch size is taken.
+  flexible = make_embedding()
+  flexible.build(
+    per_replica_input_shapes={
+      "clicks": tf.TensorShape([None]),
+      "views": tf.TensorShape([None]),
+    }
+  )
+  for n in (2, 3):
+    ids = tf.range(n)
+    flexible.enqueue({"clicks": ids, "views": ids}, training=False)
+    assert flexible.dequeue()["clicks"].shape == (n, 2)
 
 
 def test_table_without_optimizer_cannot_train():

@@ -65,7 +65,11 @@ RAGGED_RANK = (
 )
 INCONSISTENT_SHAPE = (
   "Inconsistent shape founded for input feature {path}, Output shape is set "
-  "to be {old}, But got incoming output shape {new}"
+  "to be {old}, But got incoming output shape {new}. Every step must give "
+  "each replica the per-replica batch the embedding was built with: feed "
+  "per-replica values (strategy.experimental_distribute_dataset), keep the "
+  "batch size fixed (batch(..., drop_remainder=True)), or build with "
+  "per_replica_input_shapes of unknown batch size."
 )
 GRADIENT_SHAPE = (
   "Found gradient of shape {shape} at path {path}. Expected shape {expected}."
