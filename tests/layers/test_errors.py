@@ -37,6 +37,26 @@ def test_a_missing_feature_is_named(kind):
     layer({"user": IDS["user"]})
 
 
+@pytest.mark.parametrize("kind", sorted(LAYERS) + ["distributed"])
+def test_a_functional_model_missing_a_feature_is_told_so_first(kind):
+  # Keras 3 infers a functional model's output by calling the layer; the
+  # structure is checked before, so the user reads our line, not Keras'
+  # "could not automatically infer the output shape".
+  if kind == "distributed":
+    layer = tpe.layers.DistributedEmbedding(features(), name="emb")
+  else:
+    layer = LAYERS[kind](features())
+  with pytest.raises(ValueError) as raised:
+    layer({"user": keras.Input((), dtype="int64")})
+  message = str(raised.value)
+  # (Inside Keras' usual "Exception encountered when calling" wrapper.)
+  assert (
+    "Layer 'emb': the features passed do not match its feature config: "
+    "missing feature(s) ['item']." in message
+  ), message
+  assert "infer the output" not in message, message
+
+
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_an_unexpected_feature_is_named(kind):
   layer = LAYERS[kind](features())

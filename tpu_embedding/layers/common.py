@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +80,33 @@ def embedding_optimizer(optimizer: Any) -> Optimizer | None:
 
 
 # --- checks -----------------------------------------------------------------
+
+
+class ChecksStructureFirst:
+  """A layer mixin: a call's feature structure is checked before Keras 3
+  infers the call's output.
+
+  A functional model calls a layer on ``keras.Input``s to infer its
+  output; Keras 3 puts any error of that call under "Could not
+  automatically infer the output shape", which reads as a fault of the
+  layer. Checked here first, a missing or unexpected feature is the one
+  line ``check_inputs`` gives. The layer's ``call`` takes the features
+  first and ``weights`` (and ``serving_config``) by those names.
+  """
+
+  _config: ResolvedConfig
+  name: str
+
+  def compute_output_spec(self, *args: Any, **kwargs: Any) -> Any:
+    try:
+      given = inspect.signature(self.call).bind(*args, **kwargs)  # type: ignore[attr-defined]
+    except TypeError:
+      given = None  # Keras reports a wrong call itself.
+    if given is not None and given.arguments.get("serving_config") is None:
+      features, *_ = given.arguments.values()
+      weights = given.arguments.get("weights")
+      check_inputs(self._config.structure, features, weights, self.name)
+    return super().compute_output_spec(*args, **kwargs)  # type: ignore[misc]
 
 
 def check_inputs(structure: Any, features: Any, weights: Any, layer: str):

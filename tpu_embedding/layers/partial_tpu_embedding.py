@@ -76,7 +76,7 @@ def _uses_mid_level_api(table: TableConfig, size_threshold: int | None) -> bool:
 
 @register_serializable
 @distributed_fit.fixes_models_holding
-class PartialTPUEmbedding(Layer):
+class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
   """The mid-level API for large tables, Keras weights for small ones.
 
   A drop-in for ``tfrs.experimental.layers.embedding.PartialTPUEmbedding``

@@ -57,7 +57,7 @@ def _with_dense_gradient(table: tf.Tensor) -> Any:
 
 @register_serializable
 @distributed_fit.fixes_models_holding
-class ReplicatedEmbedding(Layer):
+class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
   """Embedding tables as Keras weights, with the mid-level API's lookups.
 
   Each table is one ``[vocabulary_size, dim]`` trainable weight named after

@@ -66,7 +66,7 @@ DUMMY_NAME = "tpu_embedding_helper_dummy"
 
 @register_serializable
 @distributed_fit.fixes_models_holding
-class TPUEmbedding(Layer):
+class TPUEmbedding(common.ChecksStructureFirst, Layer):
   """A Keras layer looking up, and training, ``tpu_embedding`` tables.
 
   A drop-in for ``tfrs.layers.embedding.TPUEmbedding`` that trains on the
