@@ -457,7 +457,8 @@ def test_an_output_shape_the_batch_does_not_fill_is_one_line(where):
   if where == "graph":  # Known when the step runs: the assert says it.
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
       tf.function(emb.enqueue)(features, training=False)
-    assert f"assertion failed: [{expected}]" in str(raised.value)
+    said, rows = expected.split(" 4 ")
+    assert f"assertion failed: [{said}] [4] [{rows}]" in str(raised.value)
   else:  # Known at once: raised at once.
     with pytest.raises(ValueError) as raised:
       emb.enqueue(features, training=False)
@@ -484,4 +485,17 @@ def test_a_checkpoint_of_another_width_restored_before_build_is_named(
     f"parameters as ({VOCAB}, 2), but its TableConfig gives ({VOCAB}, 3) "
     "(vocabulary_size, dim): restore into tables configured as the "
     "checkpoint's."
+  )
+
+
+def test_a_nest_for_a_single_feature_config_is_named():
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(tpe.TableConfig(VOCAB, 2, name="items")), tpe.SGD(0.1)
+  )
+  with pytest.raises(ValueError) as raised:
+    emb.enqueue({"clicks": tf.constant([1])})
+  assert str(raised.value) == (
+    "The features passed to enqueue do not match the structure of the "
+    "feature config: got a nest where the config has a single feature. "
+    "Expected the feature paths ['']."
   )

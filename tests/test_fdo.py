@@ -609,7 +609,11 @@ def test_fdo_report_tool(tmp_path):
 
 @pytest.mark.parametrize(
   "content, reason",
-  [("not json", "not JSON"), ("[1]", "format None"), ('{"format": 0}', "0")],
+  [
+    ("not json", "not JSON"),
+    ("[1]", "format None,"),
+    ('{"format": 0}', "format 0,"),
+  ],
 )
 def test_a_file_of_another_kind_is_named(content, reason, tmp_path):
   path = tmp_path / "limits.json"

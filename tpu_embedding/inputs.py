@@ -508,21 +508,21 @@ def _apply_configured_shape(
       "FeatureConfig."
     )
   expected = configured.num_elements()
-  message = (
+  said = (
     f"Feature {path}: FeatureConfig.output_shape {configured} has "
-    f"{expected} elements but the input gives {{}} output rows."
+    f"{expected} elements but the input gives"
   )
-  known = tf.get_static_value(num_segments)
-  if known is not None:  # Eagerly, or a static batch: raised here.
+  known = tf.get_static_value(num_segments)  # Eagerly: raised at once.
+  if known is not None:
     if int(known) != expected:
-      raise ValueError(message.format(int(known)))
+      raise ValueError(f"{said} {int(known)} output rows.")
     return (
       tf.constant(configured.as_list(), tf.int64),
       tf.constant(expected, tf.int64),
     )
+  # Plain strings and the count (no string op: XLA compiles the step).
   check = tf.debugging.Assert(
-    tf.equal(num_segments, expected),
-    [tf.strings.format(message, num_segments)],
+    tf.equal(num_segments, expected), [said, num_segments, "output rows."]
   )
   with tf.control_dependencies([check]):
     num_segments = tf.identity(tf.constant(expected, tf.int64))

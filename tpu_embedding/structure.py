@@ -84,7 +84,12 @@ def structure_difference(
   if tf.nest.is_nested(expected) and not tf.nest.is_nested(given):
     kind = "tensor" if hasattr(given, "shape") else type(given).__name__
     return f"got a single {kind} where the config has {len(want)} feature(s)"
-  have = [p for p, _ in flatten_with_paths(given)]
+  if tf.nest.is_nested(given) and not tf.nest.is_nested(expected):
+    return "got a nest where the config has a single feature"
+  try:
+    have = [p for p, _ in flatten_with_paths(given)]
+  except (TypeError, ValueError):  # e.g. a dict of unsortable keys
+    have = []
   missing = [p for p in want if p not in have]
   unexpected = [p for p in have if p not in want]
   parts = []

@@ -60,7 +60,7 @@ class VariableTracker:
     except ValueError as error:
       # A checkpoint restored before build holds another shape.
       found = _RESTORED_SHAPE.search(str(error))
-      if found is None:
+      if found is None or self.pending_restore(name) is None:
         raise
       table, _, slot = name.partition("/")
       raise ValueError(

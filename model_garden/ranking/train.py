@@ -73,6 +73,7 @@ if __name__ == "__main__":
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
 from absl import app  # noqa: E402
@@ -513,6 +514,9 @@ def run(
     "checkpoint", "saved_model", "seconds", "model_dir"}`` (what
     applies).
 
+  A training run that creates ``model_dir`` and fails before its first
+  checkpoint removes it again.
+
   Raises:
     ValueError: for an unknown mode, or ``"eval"`` without a checkpoint.
   """
@@ -540,7 +544,12 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  with _new_run_dir_removed_on_failure(model_dir, chief):
+  made_here = (
+    _made_by_this_run(model_dir)
+    if chief and mode in TRAINING_MODES
+    else contextlib.nullcontext()
+  )
+  with made_here:
     task = RankingTask(config, strategy, seed=seed)
     inputs = RankingInputs(config.task, strategy)
     tracker = None
@@ -596,20 +605,27 @@ def run(
 
 
 @contextlib.contextmanager
-def _new_run_dir_removed_on_failure(model_dir: str, chief: bool):
-  """Removes ``model_dir`` if this run made it and fails before its first
-  checkpoint (a bad record in the first batches, a wrong key...): a
-  failed run leaves no half-made run directory behind. A directory that
-  was there, or holds a checkpoint, is kept. The chief decides.
+def _made_by_this_run(model_dir: str) -> Iterator[None]:
+  """Removes ``model_dir`` if this training run made it and fails before
+  its first checkpoint (a bad record in the first batches, a wrong
+  key...): a failed run leaves no half-made run directory behind. A
+  directory that was there, or holds a checkpoint, is kept, and so is
+  one of a run stopped by the user (KeyboardInterrupt).
   """
-  fresh = chief and not _exists(model_dir)
+  fresh = not _exists(model_dir)
   try:
     yield
-  except BaseException:
+  except Exception:
     if fresh and _exists(model_dir) and not _has_checkpoint(model_dir):
       import tensorflow as tf  # noqa: PLC0415
 
-      tf.io.gfile.rmtree(model_dir)
+      try:
+        tf.io.gfile.rmtree(model_dir)
+        logging.warning(
+          "Removed %s: the run failed before a checkpoint.", model_dir
+        )
+      except (OSError, tf.errors.OpError) as error:
+        logging.warning("Could not remove %s: %s", model_dir, error)
     raise
 
 

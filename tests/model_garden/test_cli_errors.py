@@ -114,11 +114,15 @@ def test_input_glob_matching_nothing_is_one_line_exit_1(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_bad_record_names_file_line_and_the_policy_key(tmp_path):
+@pytest.mark.parametrize("run_dir", ["new", "there"])
+def test_bad_record_names_file_line_and_the_policy_key(run_dir, tmp_path):
   good = [tsv_line(label=str(i % 2), dense=str(i)) for i in range(24)]
   path = write_lines(
     tmp_path / "day.tsv", good[:11] + [tsv_line(dense="x")] + good[11:]
   )
+  if run_dir == "there":
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
   result = train_command(
     f"--model_dir={tmp_path / 'run'}", f"--data={path}", "--mode=train",
     f"--params_override={TINY}", cwd=tmp_path,
@@ -131,9 +135,12 @@ def test_bad_record_names_file_line_and_the_policy_key(tmp_path):
     "to drop bad records set task.train_data.on_bad_record=count (counted "
     "in the logs) or skip"
   )
-  # The run made its directory and failed before a checkpoint: nothing of
-  # it is left behind.
-  assert not (tmp_path / "run").exists()
+  if run_dir == "new":
+    # The run made its directory and failed before a checkpoint: nothing
+    # of it is left behind.
+    assert not (tmp_path / "run").exists()
+  else:  # A directory that was there is kept, with what it held.
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
 
 
 def test_another_experiments_run_dir_is_refused_and_kept(tmp_path):
