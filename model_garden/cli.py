@@ -219,14 +219,29 @@ def positive_int(text: str) -> int:
     >>> cli.positive_int("3")
     3
   """
+  return _int_at_least(1, text)
+
+
+def non_negative_int(text: str) -> int:
+  """An ``argparse`` type: an integer >= 0.
+
+  Example:
+    >>> from model_garden import cli
+    >>> cli.non_negative_int("0")
+    0
+  """
+  return _int_at_least(0, text)
+
+
+def _int_at_least(minimum: int, text: str) -> int:
   try:
     value = int(text)
   except ValueError:
     raise argparse.ArgumentTypeError(
-      f"expected a positive integer, got {text!r}"
+      f"expected an integer >= {minimum}, got {text!r}"
     ) from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+  if value < minimum:
+    raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
   return value
 
 
@@ -247,25 +262,6 @@ def positive_ints(text: str) -> list[int]:
       f"expected comma-separated integers >= 1 (e.g. 1,2,4), got {text!r}"
     )
   return values
-
-
-def non_negative_int(text: str) -> int:
-  """An ``argparse`` type: an integer >= 0.
-
-  Example:
-    >>> from model_garden import cli
-    >>> cli.non_negative_int("0")
-    0
-  """
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-      f"expected an integer >= 0, got {text!r}"
-    ) from None
-  if value < 0:
-    raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-  return value
 
 
 class ArgumentParser(argparse.ArgumentParser):
