@@ -193,6 +193,12 @@ def restore_source(restore: Any) -> tuple[str, str]:
   return position.checkpoint.save_path_string, key
 
 
+def restore_shape(restore: Any) -> tf.TensorShape | None:
+  """The saved shape of a pending restore-on-create value (``restore``, as
+  for ``restore_source``); None where the checkpoint does not say."""
+  return restore.checkpoint_position.value_shape()
+
+
 def in_xla_context() -> bool:
   """Whether the function being traced will be compiled by XLA."""
   return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))

@@ -13,16 +13,12 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
-#: TensorFlow's message for an initial value of another shape.
-_RESTORED_SHAPE = re.compile(
-  r"initial value's shape \(\(([^)]*)\)\) is not compatible"
-)
+from tpu_embedding import compat
 
 
 class VariableTracker:
@@ -45,30 +41,29 @@ class VariableTracker:
     getter: Callable[..., Any],
     trainable: bool,
   ) -> Any:
-    # Trackable's restore-on-create entry point, as TensorFlow's own
-    # TPUEmbedding classes use it.
-    # pylint: disable=protected-access
-    try:
-      return self._owner._add_variable_with_custom_getter(
-        name=name,
-        shape=shape,
-        dtype=tf.float32,
-        initializer=initializer,
-        getter=getter,
-        trainable=trainable,
-      )
-    except ValueError as error:
-      # A checkpoint restored before build holds another shape.
-      found = _RESTORED_SHAPE.search(str(error))
-      if found is None or self.pending_restore(name) is None:
-        raise
+    # A checkpoint restored before build that holds another shape.
+    pending = self.pending_restore(name)
+    saved = None if pending is None else compat.restore_shape(pending)
+    if saved is not None and tuple(saved) != tuple(shape):
       table, _, slot = name.partition("/")
       raise ValueError(
         f"Table '{table}': the checkpoint restored into this embedding "
-        f"holds its {slot or 'parameters'} as ({found.group(1)}), but its "
-        f"TableConfig gives {tuple(shape)} (vocabulary_size, dim): restore "
-        "into tables configured as the checkpoint's."
-      ) from None
+        f"holds its {slot or 'parameters'} as "
+        f"({', '.join(str(d) for d in saved)}), but its TableConfig gives "
+        f"{tuple(shape)} (vocabulary_size, dim): restore into tables "
+        "configured as the checkpoint's."
+      )
+    # Trackable's restore-on-create entry point, as TensorFlow's own
+    # TPUEmbedding classes use it.
+    # pylint: disable=protected-access
+    return self._owner._add_variable_with_custom_getter(
+      name=name,
+      shape=shape,
+      dtype=tf.float32,
+      initializer=initializer,
+      getter=getter,
+      trainable=trainable,
+    )
 
   def register(self, name: str, variable: Any, restore: bool = False) -> None:
     """Tracks ``variable`` as ``name``.
