@@ -19,6 +19,24 @@ if NO_JAX not in _path:
 while NO_JAX in sys.path:
   sys.path.remove(NO_JAX)
 
+#: The tuned kernel library's cache (``TPU_EMBEDDING_KERNEL_DIR``): an
+#: empty directory of the test run's own, unless the caller set one, for
+#: this process and every process the tests start. A library the user
+#: once built into ``~/.cache/tpu_embedding/kernels`` (``python3 -m
+#: tpu_embedding.kernels build``) would load before the installed ones,
+#: and the tests must not depend on what that cache holds.
+if "TPU_EMBEDDING_KERNEL_DIR" not in os.environ:
+  import atexit  # noqa: E402
+  import shutil  # noqa: E402
+  import tempfile  # noqa: E402
+
+  os.environ["TPU_EMBEDDING_KERNEL_DIR"] = tempfile.mkdtemp(
+    prefix="tpe_test_kernel_cache_"
+  )
+  atexit.register(
+    shutil.rmtree, os.environ["TPU_EMBEDDING_KERNEL_DIR"], ignore_errors=True
+  )
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
