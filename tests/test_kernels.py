@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests import oracle
 from tests import processes
 from tests.conftest import op_types
 from tpu_embedding import kernels
@@ -145,6 +146,53 @@ def test_fused_update_equals_the_tensorflow_path(name, traced, spread, size):
   untouched = np.setdiff1d(np.arange(ROWS), touched)
   assert not np.array_equal(got["parameters"][touched], 0)
   assert untouched.size
+
+
+#: One gradient bound only (``clipvalue=(None, c)`` or ``(c, None)``):
+#: the other side must stay unclipped.
+ONE_BOUND = {"upper": (None, 0.25), "lower": (-0.5, None)}
+
+
+@pytest.mark.parametrize("bound", sorted(ONE_BOUND))
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_one_bound_gradient_clipping_equals_the_tensorflow_path(name, bound):
+  """The kernel and the TensorFlow path bit for bit, and both the numpy
+  oracle's per-row rule (``tests/oracle.py``, float64): summed gradients
+  beyond the bound are clipped to it, those beyond the other side are
+  not."""
+  clip = ONE_BOUND[bound]
+  kwargs = {"initial_accumulator_value": 0.2} if name == "adagrad" else {}
+  optimizer = {"sgd": tpe.SGD, "adagrad": tpe.Adagrad}[name]
+  table = _table(optimizer(0.3, clipvalue=clip, **kwargs))
+  rng = np.random.default_rng(11)
+  fused = _block(table, rng)
+  reference = {k: tf.Variable(v) for k, v in fused.items()}
+  start = _values(fused)
+  ids, index, grads = _update(rng, occurrences=80, unique=20)
+  summed = np.zeros((ids.size, DIM))
+  np.add.at(summed, index, grads.astype(np.float64))
+  low, high = (-np.inf if c is None else c for c in clip)
+  assert (summed > high).any() or (summed < low).any()  # the bound binds
+  other = summed < -1.0 if clip[0] is None else summed > 1.0
+  assert other.any()  # the side without a bound is reached, unclipped
+  assert (
+    fused_apply(table, fused, tf.constant(ids), tf.constant(grads), index)
+    is not None
+  )
+  _tensorflow_path(
+    table, reference, tf.constant(ids), tf.constant(grads), index
+  )
+  want, got = _values(reference), _values(fused)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  params = start["parameters"].astype(np.float64)
+  slots = {s: start[s].astype(np.float64) for s in table.optimizer.SLOT_NAMES}
+  oracle.Optimizer.create(
+    name, learning_rate=0.3, clipvalue=clip, **kwargs
+  ).apply(params, slots, dict(zip(ids.tolist(), summed, strict=True)))
+  np.testing.assert_allclose(got["parameters"], params, rtol=1e-5, atol=1e-6)
+  for slot, value in slots.items():
+    np.testing.assert_allclose(got[slot], value, rtol=1e-5, err_msg=slot)
 
 
 def test_pieces_are_read_as_their_concatenation():

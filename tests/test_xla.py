@@ -187,3 +187,74 @@ def test_keras_under_two_replicas_proceeds_without_xla():
     model, _ = _fit(mirrored_strategy(2), True)
   assert model.jit_compile is False
   assert any("jit_compile=True" in str(w.message) for w in caught)
+
+
+def test_truncated_sequence_on_a_later_stack_member_moves_no_other_row():
+  """Tables ``a`` and ``b`` stacked (``b`` after ``a``: its ids offset by
+  ``a``'s rows); ``b``'s sequence feature keeps 2 of up to 4 ids. Under
+  XLA the truncated ids stay as padding, which must reach no row: FTRL
+  moves any row it updates, even with a zero gradient, so a padding id
+  landing on a real row would show. Rows nobody looked up keep their
+  initial values; the rest equal the same steps without XLA."""
+  rng = np.random.default_rng(5)
+  rows = {"a": 7, "b": 11}
+  init = {
+    n: rng.uniform(-1, 1, (r, 2)).astype(np.float32) for n, r in rows.items()
+  }
+  batches = [
+    {
+      "a": tf.constant([0, 2, 2, 4], tf.int64),
+      "b": tf.ragged.constant([[1, 3, 9, 10], [3], [5, 1, 8], []], tf.int64),
+    },
+    {
+      "a": tf.constant([1, 1, 3, 0], tf.int64),
+      "b": tf.ragged.constant([[2, 5, 6, 7], [9, 10], [], [1]], tf.int64),
+    },
+  ]
+  kept = {"a": {0, 1, 2, 3, 4}, "b": {1, 3, 5, 2, 9, 10}}
+  results = []
+  for jit_compile in (False, True):
+    tables = {
+      n: tpe.TableConfig(
+        r, 2, name=n, initializer=tf.constant_initializer(init[n])
+      )
+      for n, r in rows.items()
+    }
+    emb = tpe.TPUEmbedding(
+      {
+        "a": tpe.FeatureConfig(tables["a"]),
+        "b": tpe.FeatureConfig(tables["b"], max_sequence_length=2),
+      },
+      tpe.FTRL(0.5, l1_regularization_strength=0.01),
+      table_stacking=[["a", "b"]],
+    )
+
+    @tf.function(jit_compile=jit_compile)
+    def step(features, emb=emb):
+      emb.enqueue(features, training=True)
+      with tf.GradientTape() as tape:
+        activations = emb.dequeue()
+        tape.watch(activations)
+        loss = tf.reduce_sum(activations["a"]) + tf.reduce_sum(
+          activations["b"] * tf.constant([1.0, -2.0])
+        )
+      emb.apply_gradients(tape.gradient(loss, activations))
+
+    for batch in batches:
+      step(batch)
+    stores = emb.table_stores
+    assert stores["b"].stack is stores["a"].stack  # b after a in one store
+    assert (stores["a"].offset, stores["b"].offset) == (0, rows["a"])
+    results.append(sharded.full_values(emb))
+  want, got = results
+  for name, count in rows.items():
+    untouched = sorted(set(range(count)) - kept[name])
+    np.testing.assert_array_equal(
+      got[(name, "parameters")][untouched], init[name][untouched], err_msg=name
+    )
+    assert not np.array_equal(
+      got[(name, "parameters")][sorted(kept[name])],
+      init[name][sorted(kept[name])],
+    )
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, atol=1e-5, err_msg=str(key))
