@@ -3,7 +3,7 @@
 A ranking run of this repository (``python -m model_garden.ranking.train
 --model_dir DIR``) needs nothing else: ``--model_dir DIR`` reads the
 run's saved config (``DIR/params.yaml``), rebuilds its model and exports
-its latest checkpoint (or ``--checkpoint``) with the ranking signature
+its latest save (or ``--checkpoint``) with the ranking signature
 (``model_garden.ranking.saved_model``: ``dense_features``, ``sparse_<i>``
 → ``predictions``)::
 
@@ -67,7 +67,11 @@ writes the next version from version ``V`` and a delta of that checkpoint
 spec, no config, no training job. It equals an export of the full
 checkpoint at the delta's step (tables in the base version's type) and is
 renamed into place once whole; a delta of another run, or one after a
-skipped delta, is refused in one line naming both digests::
+skipped delta, is refused in one line naming both digests. One writer
+per model: the versions' directory (``/tmp/serving/dlrm`` below) is
+locked while a version is written (``tpu_embedding.run_lock``), and a
+second ``--apply_delta`` into it is refused in one line naming the
+holder's pid, exit 1, writing nothing::
 
   python3 tools/export.py --apply_delta /tmp/tpe_dlrm/delta-2 \
       --base_export /tmp/serving/dlrm/1 --export_dir /tmp/serving/dlrm/2
@@ -92,6 +96,8 @@ if __name__ == "__main__":
 import tensorflow as tf  # noqa: E402
 from absl import logging  # noqa: E402
 
+from tpu_embedding import checkpoints  # noqa: E402
+from tpu_embedding import run_lock  # noqa: E402
 from tpu_embedding.export import TABLE_DTYPES  # noqa: E402
 from tpu_embedding.export import DeltaExport  # noqa: E402
 from tpu_embedding.export import ExportResult  # noqa: E402
@@ -99,6 +105,7 @@ from tpu_embedding.export import ExportSource  # noqa: E402
 from tpu_embedding.export import ExportSpec  # noqa: E402
 from tpu_embedding.export import apply_delta  # noqa: E402
 from tpu_embedding.export import export_for_serving  # noqa: E402
+from tpu_embedding.export import restore_for_export  # noqa: E402
 from tpu_embedding.export import serving_embedding_for  # noqa: E402
 from tpu_embedding.export import validate_signature  # noqa: E402
 
@@ -164,20 +171,13 @@ def load_spec(reference: str) -> ExportSpec:
 
 
 def checkpoint_path(path: str, flag: str = "--checkpoint") -> str:
-  """``path`` itself, or the latest checkpoint in directory ``path``."""
-  if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if latest is None:
-      raise ExportError(
-        f"{flag}: directory {path} has no checkpoint (no 'checkpoint' state "
-        "file, written by Checkpoint.save or CheckpointManager); train "
-        "first, or pass --checkpoint with a checkpoint's prefix (e.g. "
-        "ckpt-20)."
-      )
-    return latest
-  if not tf.io.gfile.glob(path + ".index"):
-    raise ExportError(f"{flag}: no checkpoint {path} ({path}.index).")
-  return path
+  """The save ``path`` names: itself, or a directory's latest save (its
+  last delta, if deltas follow its last full checkpoint)."""
+  try:
+    base, deltas = checkpoints.saved_chain(path)
+  except ValueError as e:
+    raise ExportError(f"{flag}: {e}") from None
+  return (deltas or [base])[-1]
 
 
 def restore(spec: ExportSpec, path: str, tables):
@@ -200,13 +200,8 @@ def restore(spec: ExportSpec, path: str, tables):
       )
     objects[spec.model_key] = spec.model
   checkpoint = tf.train.Checkpoint(**objects)
-  # read, not restore: no save_counter is created (a checkpoint written by
-  # Checkpoint.write or tpu_embedding.checkpoints has none to match it).
-  status = checkpoint.read(path)
-  embedding.build()  # creates the tables from the checkpoint's values
-  status.expect_partial()  # slots, other tables, the training optimizer
   try:
-    status.assert_existing_objects_matched()
+    restore_for_export(checkpoint, path, embedding)
   except AssertionError as e:
     keys = sorted({k.split("/")[0] for k, _ in tf.train.list_variables(path)})
     raise ExportError(
@@ -215,6 +210,23 @@ def restore(spec: ExportSpec, path: str, tables):
       f"keys are {keys}): {e}"
     ) from e
   return embedding, names, checkpoint
+
+
+def export_source(
+  spec: ExportSpec, path: str, checkpoint
+) -> ExportSource | None:
+  """What the export records as its source, or None (with a note) when
+  the model holds weights of its own (``model_key=None``): a version
+  whose values do not all come from the checkpoint cannot follow its
+  deltas (``--apply_delta`` refuses it)."""
+  if spec.model is not None and not spec.model_key and spec.model.variables:
+    progress(
+      "The spec's model holds its own weights (model_key=None), not the "
+      "checkpoint's: this version records no source checkpoint, so "
+      "--apply_delta cannot make the next one from it."
+    )
+    return None
+  return ExportSource(path, checkpoint)
 
 
 def export_ranking_run(args: argparse.Namespace) -> ExportResult:
@@ -293,15 +305,26 @@ def run_apply_delta(args: argparse.Namespace):
     )
   from model_garden.ranking import preflight  # noqa: PLC0415
 
+  # One version writer per model: its export directory (the versions'
+  # parent) is locked while the version is written.
+  model = os.path.dirname(os.path.abspath(args.export_dir.rstrip("/")))
+  what = "write the version when it is done"
+  try:
+    run_lock.check_free(model, what)
+  except run_lock.DirectoryInUseError as e:
+    raise ExportError(str(e)) from None
   preflight.check_model_dir(args.export_dir, flag="--export_dir")
   progress("Applying %s to %s", args.apply_delta, args.base_export)
   try:
-    result = apply_delta(
-      args.base_export,
-      args.apply_delta,
-      args.export_dir,
-      overwrite=args.overwrite,
-    )
+    with run_lock.RunLock(model, what):
+      result = apply_delta(
+        args.base_export,
+        args.apply_delta,
+        args.export_dir,
+        overwrite=args.overwrite,
+      )
+  except run_lock.DirectoryInUseError as e:
+    raise ExportError(str(e)) from None
   except ValueError as e:  # DeltaMismatchError included
     raise ExportError(str(e)) from None
   except (tf.errors.OpError, OSError) as e:  # a write that failed
@@ -352,7 +375,7 @@ def run(args: argparse.Namespace):
       feature_config=spec.feature_config,
       signature_name=args.signature_name,
       table_dtype=table_dtype(args),
-      source=ExportSource(path, checkpoint),
+      source=export_source(spec, path, checkpoint),
     )
   except (ValueError, TypeError) as e:
     raise ExportError(str(e)) from e
@@ -395,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     "--model_dir",
     default=None,
     help="a model_garden.ranking.train directory: its params.yaml and "
-    "latest checkpoint (no spec needed)",
+    "latest save, the deltas after its last full checkpoint included (no "
+    "spec needed)",
   )
   parser.add_argument(
     "--spec",
@@ -406,8 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--checkpoint",
     default=None,
-    help="a checkpoint prefix, or a directory (its latest checkpoint); "
-    "needed with --spec, default the latest of --model_dir",
+    help="a checkpoint prefix (full or delta), or a directory (its latest "
+    "save, deltas included); needed with --spec, default the latest of "
+    "--model_dir",
   )
   parser.add_argument(
     "--export_dir",

@@ -39,6 +39,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tpu_embedding import checkpoints  # noqa: E402
 from tpu_embedding.export import TABLE_DTYPES  # noqa: E402
 
 
@@ -88,7 +89,8 @@ def train_or_reuse(config: Any, model_dir: str) -> tuple[str, dict]:
   """The latest checkpoint of ``model_dir``, training first if none."""
   from model_garden.ranking import train  # noqa: PLC0415
 
-  latest = tf.train.latest_checkpoint(model_dir)
+  base, deltas = checkpoints.latest_with_deltas(model_dir)
+  latest = (deltas or [base])[-1]  # the last save, full or delta
   if latest:
     progress("Reusing %s", latest)
     return latest, {}

@@ -352,26 +352,46 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
   return metas
 
 
-def apply_deltas(checkpoint: Any, base: str, deltas: Sequence[str]) -> None:
+def apply_deltas(
+  checkpoint: Any, base: str, deltas: Sequence[str], *, partial: bool = False
+) -> None:
   """Writes ``deltas`` in order into ``checkpoint``, restored from ``base``.
 
   The tables must exist (build the embedding before). Every delta is
   checked before any is applied.
 
+  Args:
+    checkpoint: the ``tf.train.Checkpoint`` restored from ``base``.
+    base: the full checkpoint the first delta follows.
+    deltas: the deltas, in order.
+    partial: ``checkpoint`` holds a part of the saved state (a serving
+      export: tables without their optimizer slots, or a subset of the
+      tables), as ``expect_partial`` for ``base``: the delta's other
+      tables are not read. Every table ``checkpoint`` holds must still be
+      in each delta.
+
   Raises:
     DeltaMismatchError: a delta does not follow the save before it.
-    ValueError: a delta holds a table ``checkpoint`` does not have.
+    ValueError: a delta holds a table ``checkpoint`` does not have, or
+      (``partial``) lacks one it has.
   """
   metas = check_chain(base, deltas)
   tables, rest = _split(checkpoint)
   keys = {t.key for t in tables}
   for delta, meta in zip(deltas, metas, strict=True):
     missing = sorted(set(meta["tables"]) - keys)
-    if missing:
+    if missing and not partial:
       raise ValueError(
         f"Delta '{delta}' holds rows of {missing[0]}, which the checkpoint "
         "it is applied to does not have (build the embedding before "
         "restoring deltas, with the tables it was trained with)."
+      )
+    absent = sorted(keys - set(meta["tables"]))
+    if absent and partial:
+      raise ValueError(
+        f"Delta '{delta}' holds no rows of {absent[0]}, which the "
+        "checkpoint it is applied to has: it is not a delta of the run "
+        "that trained these tables."
       )
   for delta in deltas:
     for table in tables:

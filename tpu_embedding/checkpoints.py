@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,6 +58,7 @@ import tensorflow as tf
 
 from tpu_embedding import checkpoint_deltas
 from tpu_embedding import compat
+from tpu_embedding import run_lock
 from tpu_embedding.checkpoint_files import Workers as _Workers
 from tpu_embedding.checkpoint_files import checkpoint_keys as _checkpoint_keys
 from tpu_embedding.checkpoint_files import key_id
@@ -68,10 +70,14 @@ from tpu_embedding.tables import slicing
 
 __all__ = [
   "CheckpointManager",
+  "DeltaMismatchError",
+  "apply_deltas",
   "key_id",
   "latest_with_deltas",
   "restore",
+  "saved_chain",
   "write",
+  "write_chain",
   "write_delta",
 ]
 
@@ -239,6 +245,10 @@ def restore(
 
 #: Writes the rows changed since the last save (``checkpoint_deltas``).
 write_delta = checkpoint_deltas.write_delta
+#: Applies deltas after a restored full checkpoint (``checkpoint_deltas``).
+apply_deltas = checkpoint_deltas.apply_deltas
+#: A delta given after a save it does not follow.
+DeltaMismatchError = checkpoint_deltas.DeltaMismatchError
 
 
 def _held(
@@ -281,6 +291,21 @@ class _SlicedWriter:
     return path
 
 
+def _chief_task() -> bool:
+  """Whether ``TF_CONFIG`` (if any) makes this process the cluster's
+  chief: its ``chief`` task, or worker 0 of a cluster without one."""
+  try:
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = config.get("task") or {}
+    kind, index = task.get("type"), int(task.get("index") or 0)
+    cluster = config.get("cluster") or {}
+  except (ValueError, TypeError, AttributeError):
+    return True  # (TensorFlow itself refuses such a TF_CONFIG)
+  if kind in (None, "chief"):
+    return True
+  return kind == "worker" and index == 0 and "chief" not in cluster
+
+
 #: A directory's chain of deltas: ``{"base": name, "deltas": [names]}``.
 DELTA_STATE = "deltas.json"
 
@@ -308,8 +333,70 @@ def latest_with_deltas(directory: str) -> tuple[str | None, list[str]]:
   return latest, [os.path.join(directory, name) for name in chain["deltas"]]
 
 
-def _write_state(directory: str, base: str, deltas: list[str]) -> None:
-  """Writes ``DELTA_STATE`` atomically (a rename)."""
+def saved_chain(path: str) -> tuple[str, list[str]]:
+  """``(full checkpoint, deltas in order)`` whose restore gives the save
+  ``path``: the state a user means by it.
+
+  ``path`` is a ``CheckpointManager`` directory (its latest save, full or
+  delta: ``latest_with_deltas``), a full checkpoint's prefix (no deltas),
+  or a delta's prefix (its directory's ``deltas.json`` names the full
+  checkpoint it follows and the deltas before it).
+
+  Raises:
+    ValueError: no checkpoint there, or a delta whose directory does not
+      record its chain (one line naming it and what to pass instead).
+
+  Example:
+    >>> import tempfile
+    >>> import tensorflow as tf
+    >>> directory = tempfile.mkdtemp()
+    >>> manager = CheckpointManager(tf.train.Checkpoint(
+    ...     v=tf.Variable(1.0)), directory, 2, delta_interval=2)
+    >>> base, delta = manager.save(), manager.save()
+    >>> saved_chain(directory) == (base, [delta])
+    True
+    >>> saved_chain(base) == (base, [])
+    True
+  """
+  path = path.rstrip("/") or "/"
+  if tf.io.gfile.isdir(path):
+    base, deltas = latest_with_deltas(path)
+    if base is None:
+      raise ValueError(
+        f"Directory {path} has no checkpoint (no 'checkpoint' state file, "
+        "written by CheckpointManager or Checkpoint.save): train first, or "
+        "pass a checkpoint's prefix."
+      )
+    return base, deltas
+  if not tf.io.gfile.exists(path + ".index"):
+    raise ValueError(f"No checkpoint {path} ({path}.index does not exist).")
+  reader = tf.train.load_checkpoint(path)
+  if not reader.has_tensor(checkpoint_deltas.META_KEY):
+    return path, []
+  directory, name = os.path.split(path)
+  state = os.path.join(directory, DELTA_STATE)
+  chain = {"base": None, "deltas": []}
+  if tf.io.gfile.exists(state):
+    with tf.io.gfile.GFile(state) as f:
+      chain = json.load(f)
+  if name not in chain["deltas"]:
+    raise ValueError(
+      f"{path} is a delta checkpoint, and {state} does not name the full "
+      "checkpoint it follows (its chain was replaced by a newer full "
+      "save): pass the run's directory, or a full checkpoint."
+    )
+  deltas = chain["deltas"][: chain["deltas"].index(name) + 1]
+  return (
+    os.path.join(directory, chain["base"]),
+    [os.path.join(directory, d) for d in deltas],
+  )
+
+
+def write_chain(directory: str, base: str, deltas: Sequence[str]) -> None:
+  """Records ``base`` and its ``deltas`` (saves in ``directory``) as the
+  directory's chain, in ``DELTA_STATE``, atomically (a rename):
+  ``latest_with_deltas`` then returns them once ``base`` is its latest
+  checkpoint."""
   path = os.path.join(directory, DELTA_STATE)
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
     json.dump(
@@ -336,6 +423,16 @@ class CheckpointManager(tf.train.CheckpointManager):
   ``restore_or_initialize`` applies it); the deltas of an older full
   checkpoint are removed once a newer full one is committed.
 
+  One writer per directory: the chief (the process that keeps the state
+  file; under a ``TF_CONFIG`` cluster its chief, or worker 0 without
+  one) takes the directory's ``run_lock.RunLock`` at its first save and
+  holds it for the manager's life. A manager of another process saving
+  into the same directory is refused at its first save, before it writes
+  anything (``run_lock.DirectoryInUseError``: one line naming the directory
+  and the holder's pid). Managers of one process share the lock, as do a
+  training run that holds its directory and its manager; restoring
+  takes no lock.
+
   Example:
     >>> import tempfile
     >>> import tensorflow as tf
@@ -357,9 +454,34 @@ class CheckpointManager(tf.train.CheckpointManager):
     self.delta_interval = delta_interval
     #: The deltas written (or restored) after the latest full checkpoint.
     self.deltas: list[str] = []
+    self._lock: run_lock.RunLock | None = None
+
+  def _hold_directory(self) -> None:
+    """The chief takes the directory's writer lock (once, for the
+    manager's life: released when it is collected, or by the kernel when
+    the process ends)."""
+    if self._lock is not None or not (self._is_chief() and _chief_task()):
+      return
+    lock = run_lock.RunLock(
+      self._directory, "save into another directory"
+    ).acquire()
+    self._lock = lock
+    weakref.finalize(self, lock.release)
+
+  @property
+  def latest_save(self) -> str | None:
+    """The last save, full or delta (``latest_checkpoint`` names the last
+    full one): what ``saved_chain`` turns back into this state."""
+    return (self.deltas or [self._latest_checkpoint])[-1]
 
   def save(self, checkpoint_number=None, check_interval=True, options=None):
-    """A full save, or a delta if ``delta_interval`` says one is due."""
+    """A full save, or a delta if ``delta_interval`` says one is due.
+
+    Raises:
+      run_lock.DirectoryInUseError: (first save) another process writes the
+        directory.
+    """
+    self._hold_directory()
     latest = self._latest_checkpoint
     last = checkpoint_deltas.last_save(self._checkpoint)
     expected = (self.deltas or [latest])[-1] if latest else None
@@ -376,7 +498,7 @@ class CheckpointManager(tf.train.CheckpointManager):
     if path is not None and self.delta_interval:
       self.deltas = []
       if self._is_chief():
-        _write_state(self._directory, path, [])
+        write_chain(self._directory, path, [])
         for delta in old:
           for name in tf.io.gfile.glob(f"{delta}.*"):
             tf.io.gfile.remove(name)
@@ -394,7 +516,7 @@ class CheckpointManager(tf.train.CheckpointManager):
     path = checkpoint_deltas.write_delta(self._checkpoint, prefix)
     self.deltas.append(path)
     if self._is_chief():
-      _write_state(self._directory, self._latest_checkpoint, self.deltas)
+      write_chain(self._directory, self._latest_checkpoint, self.deltas)
     return path
 
   def _save_full(self, checkpoint_number, check_interval, options):

@@ -112,6 +112,7 @@ __all__ = [
   "id_in_cluster",
   "in_save_context",
   "keras_in_symbolic_scope",
+  "keras_inner_variable",
   "keras_learning_rate",
   "keras_tensorflow_trainer",
   "parameter_server_resolver",
@@ -129,7 +130,8 @@ __all__ = [
 
 
 def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
-  """``{id(object): [its checkpoint keys]}`` of a checkpoint's objects.
+  """``{id(object): [its checkpoint keys]}`` of a checkpoint's objects
+  (a Keras 3 variable's inner ``tf.Variable`` too: ``keras_inner_variable``).
 
   TensorFlow's own serialization of the object graph names them
   (``save_util.serialize_graph_view``); nothing is read or written. An
@@ -139,10 +141,28 @@ def checkpoint_keys(checkpoint: tf.train.Checkpoint) -> dict[int, list[str]]:
   serialized = _save_util.serialize_graph_view(
     _graph_view.ObjectGraphView(checkpoint)
   )[0]
-  return {
-    id(getattr(obj, "obj", obj)): list(by_key)
-    for obj, by_key in serialized.items()
-  }
+  keys = {}
+  for obj, by_key in serialized.items():
+    obj = getattr(obj, "obj", obj)
+    keys[id(obj)] = list(by_key)
+    inner = keras_inner_variable(obj)
+    if inner is not None:  # what functions traced on the model capture
+      keys.setdefault(id(inner), list(by_key))
+  return keys
+
+
+def keras_inner_variable(obj: object) -> tf.Variable | None:
+  """The ``tf.Variable`` a Keras 3 variable holds its value in, or None.
+
+  Keras 3's ``keras.Variable`` (TensorFlow backend) is the object a
+  checkpoint names, but functions traced on the model (a SavedModel's
+  signatures) capture the ``tf.Variable`` inside it (``_value``).
+  tf-keras and ``tf.Module`` variables are ``tf.Variable``s themselves.
+  """
+  if not type(obj).__module__.startswith("keras."):
+    return None
+  inner = getattr(obj, "_value", None)  # Keras 3's private attribute
+  return inner if isinstance(inner, tf.Variable) else None
 
 
 def serialized_tensors(checkpoint: Any) -> list[tuple[Any, dict[str, Any]]]:

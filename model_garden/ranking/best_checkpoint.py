@@ -5,11 +5,17 @@ With ``trainer.best_checkpoint_export_subdir`` set, every evaluation
 compares ``best_checkpoint_eval_metric`` (``auc``, ``loss``, ...) with the
 best so far (``best_checkpoint_metric_comp``: ``"higher"`` or ``"lower"``
 is better). A better checkpoint is copied to
-``model_dir/<subdir>/best_ckpt`` (a checkpoint prefix: restore it with
-``tf.train.Checkpoint.restore`` or ``task.init_checkpoint``; the
-directory's ``checkpoint`` file names it, so ``tf.train.latest_checkpoint``
-finds it too) and its metrics, with ``best_ckpt_global_step`` and the
-source checkpoint, are written to ``model_dir/<subdir>/info.json``. A
+``model_dir/<subdir>/best_ckpt`` (a checkpoint prefix; the directory's
+``checkpoint`` file names it, so ``tf.train.latest_checkpoint`` finds it
+too). A delta checkpoint (``trainer.checkpoint_delta_interval``) is kept
+with what it follows: the full checkpoint as ``best_ckpt``, the deltas up
+to it under their names, and the directory's ``deltas.json``, as in a
+run's directory. Restore the directory with ``task.init_checkpoint`` or
+``tpu_embedding.checkpoints.saved_chain`` (then ``restore(checkpoint,
+base, deltas=deltas)``); ``tf.train.Checkpoint.restore`` alone reads the
+full checkpoint, without the deltas. Its metrics, with
+``best_ckpt_global_step``, the source checkpoint and the deltas kept, are
+written to ``model_dir/<subdir>/info.json``. A
 restarted run (or a continuous evaluator) reads ``info.json`` and only
 replaces the checkpoint with a better one. All file operations go through
 ``tf.io.gfile`` (any TensorFlow filesystem).
@@ -37,6 +43,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
+
+import tpu_embedding as tpe
 
 #: ``best_checkpoint_metric_comp`` values.
 COMPARISONS = ("higher", "lower")
@@ -107,16 +115,31 @@ class BestCheckpointExporter:
     """
     if not self.is_better(metrics):
       return False
+    base, deltas = tpe.checkpoints.saved_chain(checkpoint)
     tf.io.gfile.makedirs(self.export_dir)
-    for source in tf.io.gfile.glob(checkpoint + ".*"):
-      suffix = source[len(checkpoint) :]
-      tf.io.gfile.copy(source, self.checkpoint_path + suffix, overwrite=True)
+    for stale in tf.io.gfile.glob(os.path.join(self.export_dir, "delta-*")):
+      tf.io.gfile.remove(stale)  # the previous best's deltas
+    kept = []
+    for source_prefix, prefix in [
+      (base, self.checkpoint_path),
+      *(
+        (d, os.path.join(self.export_dir, os.path.basename(d))) for d in deltas
+      ),
+    ]:
+      for source in tf.io.gfile.glob(source_prefix + ".*"):
+        suffix = source[len(source_prefix) :]
+        tf.io.gfile.copy(source, prefix + suffix, overwrite=True)
+      kept.append(prefix)
+    # A delta is kept with the full checkpoint and deltas it follows, as
+    # a run's directory keeps them (its digests name its parents).
+    tpe.checkpoints.write_chain(self.export_dir, kept[0], kept[1:])
     tf.compat.v1.train.update_checkpoint_state(
       self.export_dir, self.checkpoint_path
     )
     best = {name: float(value) for name, value in metrics.items()}
     best["best_ckpt_global_step"] = int(step)
     best["source_checkpoint"] = checkpoint
+    best["deltas"] = [os.path.basename(d) for d in kept[1:]]
     with tf.io.gfile.GFile(os.path.join(self.export_dir, INFO_NAME), "w") as f:
       json.dump(best, f, indent=2)
     self.best = best

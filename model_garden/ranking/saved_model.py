@@ -98,7 +98,9 @@ def export_from_checkpoint(
 
   Args:
     config: the experiment the checkpoint was trained with.
-    checkpoint: a checkpoint path (or a directory: its latest).
+    checkpoint: a save: a run directory (its latest save, the deltas
+      after its last full checkpoint applied), a full checkpoint's prefix,
+      or a delta's (applied after the saves it follows).
     export_dir: where to write the SavedModel.
     table_dtype: the type the tables are stored in (``export_for_serving``).
 
@@ -106,23 +108,19 @@ def export_from_checkpoint(
     ``tpu_embedding.export.ExportResult`` (``export_dir``, inputs, ...).
 
   Raises:
-    ValueError: if no checkpoint is found, or for an unknown
-      ``table_dtype``.
+    ValueError: if no checkpoint is found, a delta's chain is not
+      recorded, or for an unknown ``table_dtype``.
+    AssertionError: the checkpoint lacks a table or model variable.
   """
   check_table_dtype(table_dtype)  # before restoring anything
-  path = tf.train.latest_checkpoint(checkpoint) or checkpoint
-  if not tf.io.gfile.exists(path + ".index"):
-    raise ValueError(f"No checkpoint at {checkpoint!r}.")
   model_config = config.task.model
   tables = tpe.TPUEmbeddingForServing(
     ranking_embedding.feature_config(model_config), optimizer=None
   )
-  tables.build()
   model = ranking_model.build_model(model_config)
   model(ranking_model.example_inputs(model_config))
   checkpoint_objects = tf.train.Checkpoint(embedding=tables, model=model)
-  restore = checkpoint_objects.read(path)  # save() or write(): no counter
-  restore.expect_partial().assert_existing_objects_matched()
+  path = export.restore_for_export(checkpoint_objects, checkpoint, tables)
   return export.export_for_serving(
     export_dir,
     tables,

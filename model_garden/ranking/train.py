@@ -33,6 +33,12 @@ Flags:
   unless set) or a glob of raw Criteo TSV files. TFRecord files:
   ``task.use_tf_record_reader=true`` and ``task.train_data.input_path``
   (``tools/criteo_to_tfrecord.py`` converts TSV).
+* Training files alone (``--data GLOB``, or ``task.train_data.input_path``
+  without ``validation_data``'s): validation reads a split held out of
+  them, records 10, 20, 30, ... of each file (``task.holdout_every=10``;
+  training never reads those), and the log says so. Set
+  ``task.validation_data.input_path`` to validate on other files; a
+  validation set that shares files with training is warned about.
 * Malformed records: ``task.train_data.on_bad_record`` (and
   ``validation_data``'s): ``raise`` (default), ``count`` (drop; counts in
   the logs and TensorBoard) or ``skip`` (drop uncounted).
@@ -129,7 +135,10 @@ def define_flags() -> None:
     None,
     '"synthetic", "paddlerec" (the installed 80-record Criteo sample: 64 '
     "records train, 16 validate, batches of 16 unless set), or a glob of "
-    "Criteo TSV files (default: the experiment's).",
+    "Criteo TSV files (default: the experiment's). Files without "
+    "task.validation_data.input_path: every 10th record of each file "
+    "(records 10, 20, ...) is held out of training and validates "
+    "(task.holdout_every=10).",
   )
   flags.DEFINE_integer(
     "seed", None, "Seeds every initializer (runtime.seed): reproducible runs."
@@ -252,8 +261,6 @@ def build_config(
         "task.train_data.input_path": data,
       }
     )
-    if not config.task.validation_data.input_path:
-      changes["task.validation_data.input_path"] = data
   # The validation batch follows a training batch set by the user, unless
   # set too.
   default = configs.get_config(experiment).task
@@ -273,6 +280,18 @@ def build_config(
     changes["runtime.tpu"] = tpu
   if changes:
     config = configs.override(config, changes)
+  task = config.task
+  if (
+    task.train_data.input_path
+    and not task.validation_data.input_path
+    and not task.use_synthetic_data
+    and not task.holdout_every
+  ):
+    # Training files alone: validation is held out of them, never the
+    # training records themselves.
+    config = configs.override(
+      config, {"task.holdout_every": definitions.DEFAULT_HOLDOUT_EVERY}
+    )
   return configs.validate(config)
 
 
@@ -369,16 +388,53 @@ def prepare(tf_config: str = "") -> Plan:
 def check_resources(plan: Plan) -> None:
   """The checks of memory, input files and ``--model_dir`` (runtime
   failures: ``cli.FixableError``), after ``prepare`` and before anything is
-  written; ``--model_dir`` is left as it was."""
-  from model_garden.ranking import preflight  # noqa: PLC0415
+  written; ``--model_dir`` is left as it was.
 
+  A training run's chief first checks that no other run holds
+  ``--model_dir`` (``tpu_embedding.run_lock``), writing nothing there.
+  """
+  from model_garden.ranking import preflight  # noqa: PLC0415
+  from tpu_embedding import run_lock  # noqa: PLC0415
+
+  if writes_run_dir(plan.strategy, FLAGS.mode):
+    try:
+      run_lock.check_free(FLAGS.model_dir, USE_ANOTHER_DIR)
+    except run_lock.DirectoryInUseError as e:
+      raise cli.FixableError(str(e)) from None
   preflight.check_memory(
     plan.config,
     FLAGS.experiment,
     hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
   )
   preflight.check_inputs(plan.config, FLAGS.mode)
+  warning = preflight.shared_files_warning(plan.config, FLAGS.mode)
+  if warning:
+    plan.notes.append(warning)
   preflight.check_model_dir(FLAGS.model_dir)
+
+
+#: The way out a refused run's message offers (``run_lock``).
+USE_ANOTHER_DIR = "use another --model_dir"
+
+
+def writes_run_dir(strategy: str, mode: str) -> bool:
+  """Whether this process, by ``TF_CONFIG``, is the chief of a training
+  run: the one that holds ``--model_dir``'s lock (``run_lock``).
+
+  Example:
+    >>> from model_garden.ranking import train
+    >>> train.writes_run_dir("mirrored", "train"), train.writes_run_dir(
+    ...   "mirrored", "continuous_eval")
+    (True, False)
+  """
+  from model_garden.ranking import strategies  # noqa: PLC0415
+
+  if mode not in TRAINING_MODES:
+    return False
+  kind, index = strategies.task_type()
+  if strategy == "parameter_server":
+    return kind in (None, "chief")
+  return kind in (None, "chief") or (kind == "worker" and index == 0)
 
 
 def _parse_local_cluster(text: str) -> tuple[int, int]:
@@ -433,20 +489,33 @@ def main(argv: list[str]) -> None:
     print(note, flush=True)
   if plan.launch:
     from model_garden.ranking import launcher  # noqa: PLC0415
+    from tpu_embedding import run_lock  # noqa: PLC0415
 
     kill = (
       [f"--kill_at_step={FLAGS.kill_at_step}"]
       if (FLAGS.kill_at_step is not None)
       else []
     )
-    code = launcher.launch(
-      task_command(),
-      plan.strategy,
-      FLAGS.num_workers,
-      FLAGS.num_ps,
-      max_restarts=FLAGS.max_restarts,
-      first_attempt_only=kill,
+    # The launcher holds the run's directory for the tasks it starts and
+    # restarts (its children share the lock).
+    training = FLAGS.mode in TRAINING_MODES
+    fresh = training and not _exists(FLAGS.model_dir)
+    lock = (
+      run_lock.RunLock(FLAGS.model_dir, USE_ANOTHER_DIR)
+      if training
+      else contextlib.nullcontext()
     )
+    with lock:
+      code = launcher.launch(
+        task_command(),
+        plan.strategy,
+        FLAGS.num_workers,
+        FLAGS.num_ps,
+        max_restarts=FLAGS.max_restarts,
+        first_attempt_only=kill,
+      )
+      if code and fresh:
+        _remove_unfinished(FLAGS.model_dir)
     if code:
       sys.exit(code)
     return
@@ -515,10 +584,14 @@ def run(
     applies).
 
   A training run that creates ``model_dir`` and fails before its first
-  checkpoint removes it again.
+  checkpoint removes it again. A training run's chief holds
+  ``model_dir``'s lock (``tpu_embedding.run_lock``) for the run's life;
+  evaluations take none.
 
   Raises:
     ValueError: for an unknown mode, or ``"eval"`` without a checkpoint.
+    tpu_embedding.run_lock.DirectoryInUseError: another run holds ``model_dir``
+      (nothing was written).
   """
   import keras  # noqa: PLC0415
 
@@ -528,6 +601,7 @@ def run(
   from model_garden.ranking.inputs import RankingInputs  # noqa: PLC0415
   from model_garden.ranking.task import RankingTask  # noqa: PLC0415
   from model_garden.ranking.trainer import Trainer  # noqa: PLC0415
+  from tpu_embedding import run_lock  # noqa: PLC0415
 
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -544,12 +618,19 @@ def run(
   if seed is not None:
     keras.utils.set_random_seed(seed)
   chief = strategies.is_chief(strategy)
-  made_here = (
-    _made_by_this_run(model_dir)
-    if chief and mode in TRAINING_MODES
+  writer = chief and mode in TRAINING_MODES
+  # Whether the directory is there is known before the lock makes it; a
+  # run refused the lock never gets to remove anything.
+  fresh = writer and not _exists(model_dir)
+  lock = (
+    run_lock.RunLock(model_dir, USE_ANOTHER_DIR)
+    if writer
     else contextlib.nullcontext()
   )
-  with made_here:
+  made_here = (
+    _made_by_this_run(model_dir, fresh) if writer else contextlib.nullcontext()
+  )
+  with lock, made_here:
     task = RankingTask(config, strategy, seed=seed)
     inputs = RankingInputs(config.task, strategy)
     tracker = None
@@ -592,11 +673,12 @@ def run(
     if mode in TRAINING_MODES:
       summary["examples_per_second"] = loop.train_examples_per_second
       summary["skipped_steps"] = loop.skipped_steps
-      summary["checkpoint"] = loop.manager.latest_checkpoint
+      # The last save, full or delta: the state the run ends in.
+      summary["checkpoint"] = loop.manager.latest_save
       if config.trainer.export_saved_model and chief:
         export_dir = os.path.join(model_dir, "saved_model", str(loop.step))
         result = saved_model.export_from_checkpoint(
-          config, loop.manager.latest_checkpoint, export_dir
+          config, loop.manager.latest_save, export_dir
         )
         summary["saved_model"] = result.export_dir
     summary["seconds"] = time.perf_counter() - start
@@ -605,28 +687,35 @@ def run(
 
 
 @contextlib.contextmanager
-def _made_by_this_run(model_dir: str) -> Iterator[None]:
-  """Removes ``model_dir`` if this training run made it and fails before
-  its first checkpoint (a bad record in the first batches, a wrong
-  key...): a failed run leaves no half-made run directory behind. A
-  directory that was there, or holds a checkpoint, is kept, and so is
-  one of a run stopped by the user (KeyboardInterrupt).
+def _made_by_this_run(model_dir: str, fresh: bool) -> Iterator[None]:
+  """Removes ``model_dir`` if this training run made it (``fresh``: it was
+  not there before the run took its lock) and fails before its first
+  checkpoint (a bad record in the first batches, a wrong key...): a
+  failed run leaves no half-made run directory behind. A directory that
+  was there, or holds a checkpoint, is kept, and so is one of a run
+  stopped by the user (KeyboardInterrupt).
   """
-  fresh = not _exists(model_dir)
   try:
     yield
   except Exception:
-    if fresh and _exists(model_dir) and not _has_checkpoint(model_dir):
-      import tensorflow as tf  # noqa: PLC0415
-
-      try:
-        tf.io.gfile.rmtree(model_dir)
-        logging.warning(
-          "Removed %s: the run failed before a checkpoint.", model_dir
-        )
-      except (OSError, tf.errors.OpError) as error:
-        logging.warning("Could not remove %s: %s", model_dir, error)
+    if fresh:
+      _remove_unfinished(model_dir)
     raise
+
+
+def _remove_unfinished(model_dir: str) -> None:
+  """Removes a run's directory that holds no checkpoint (logged)."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  if not _exists(model_dir) or _has_checkpoint(model_dir):
+    return
+  try:
+    tf.io.gfile.rmtree(model_dir)
+    logging.warning(
+      "Removed %s: the run failed before a checkpoint.", model_dir
+    )
+  except (OSError, tf.errors.OpError) as error:
+    logging.warning("Could not remove %s: %s", model_dir, error)
 
 
 def _exists(path: str) -> bool:
@@ -662,6 +751,9 @@ def _describe(loop: Any, experiment: str) -> None:
     )
     + (f" (restored at step {loop.step})" if loop.restored else "")
   )
+  split = loop.inputs.split_note()
+  if split:
+    loop.log(split)
   for note in loop.inputs.policy_notes():
     loop.log(note)
 
@@ -692,9 +784,12 @@ def _report(loop: Any, summary: dict[str, Any]) -> None:
 def translate_error(error: BaseException) -> BaseException | None:
   """A run's failure the user can fix, as one ``cli`` line (or None)."""
   from model_garden.ranking.data import bad_records  # noqa: PLC0415
+  from tpu_embedding import run_lock  # noqa: PLC0415
 
   if isinstance(error, app.UsageError):
     return cli.UsageError(str(error))
+  if isinstance(error, run_lock.DirectoryInUseError):
+    return cli.FixableError(str(error))
   message = bad_records.describe_bad_record(error, _bad_record_key(error))
   if message is not None:
     return cli.FixableError(message)
@@ -735,11 +830,19 @@ def _bad_record_key(error: BaseException) -> str:
   text = str(getattr(error, "message", error))
   splits = ("train_data", "validation_data")
   if _RUNNING:
+    task = _RUNNING[-1].task
+    at = text.find("Bad record at ") + len("Bad record at ")
+    where = text[at:].split(":")
+    if definitions.holds_out(task) and len(where) > 1:
+      # Both splits read the files: the record's number says whose it is.
+      number = "".join(c for c in where[1][:20] if c.isdigit())
+      if number:
+        held = int(number) % task.holdout_every == 0
+        return f"task.{splits[held]}.on_bad_record"
     for split in splits:
-      paths = getattr(_RUNNING[-1].task, split).input_path.split(",")
+      paths = definitions.split_input_path(task, split).split(",")
       for pattern in (p.strip() for p in paths if p.strip()):
-        at = text.find("Bad record at ") + len("Bad record at ")
-        if fnmatch.fnmatch(text[at:].split(":")[0], pattern):
+        if fnmatch.fnmatch(where[0], pattern):
           return f"task.{split}.on_bad_record"
   return "task.train_data.on_bad_record (or validation_data's)"
 

@@ -59,6 +59,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 from typing import TextIO
 
@@ -253,8 +254,14 @@ class Trainer:
       return latest
     init = self.config.task.init_checkpoint
     if init:
-      path = tf.train.latest_checkpoint(init) or init
-      self.task.checkpoint.restore(path).expect_partial()
+      # A run's directory or a save in it: its last full checkpoint and
+      # the deltas after it (the state it names, never an older one).
+      base, deltas = tpe.checkpoints.saved_chain(init)
+      self.task.checkpoint.restore(base).expect_partial()
+      tpe.checkpoints.apply_deltas(
+        self.task.checkpoint, base, deltas, partial=True
+      )
+      path = (deltas or [base])[-1]
       self.log(f"Initialized from {path} (step {self.step}).")
       return path
     return None
@@ -513,7 +520,7 @@ class Trainer:
   ) -> None:
     if self.best_exporter is None:
       return
-    checkpoint = checkpoint or self.manager.latest_checkpoint or self.restored
+    checkpoint = checkpoint or self.manager.latest_save or self.restored
     if not checkpoint or not checkpoint.endswith(f"-{step}"):
       self.log(
         f"No checkpoint of step {step} to keep as the best "
@@ -548,7 +555,8 @@ class Trainer:
   def continuous_evaluate(
     self, timeout: float | None = None, poll_seconds: float = 1.0
   ) -> dict[str, float]:
-    """Evaluates each new checkpoint of ``model_dir`` once, as it appears.
+    """Evaluates each new save of ``model_dir`` once, as it appears (a
+    full checkpoint, or a delta: restored after the saves it follows).
 
     Model Garden's sidecar evaluator: another process trains and writes
     checkpoints; this one waits for them. It stops after evaluating the
@@ -564,13 +572,18 @@ class Trainer:
       f"Waiting for checkpoints in {self.model_dir} (until step {final}"
       + (f", or {timeout:.0f}s without a new one)." if timeout else ").")
     )
-    for path in tf.train.checkpoints_iterator(
-      self.model_dir, min_interval_secs=poll_seconds, timeout=timeout
-    ):
+    for base, deltas in self._new_saves(timeout, poll_seconds):
+      path = (deltas or [base])[-1]  # a full checkpoint, or its last delta
       try:
-        self.task.checkpoint.restore(path).assert_existing_objects_matched()
-      except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
-        self.log(f"Could not read {path} (deleted meanwhile?): {e}")
+        tpe.checkpoints.restore(
+          self.task.checkpoint, base, deltas=deltas
+        ).assert_existing_objects_matched()
+      except (
+        tf.errors.NotFoundError,
+        tf.errors.DataLossError,
+        tpe.checkpoints.DeltaMismatchError,
+      ) as e:
+        self.log(f"Could not read {path} (replaced meanwhile?): {e}")
         continue
       self.log(f"Evaluating {path} (step {self.step}).")
       results = self.evaluate(checkpoint=path)
@@ -579,6 +592,26 @@ class Trainer:
     else:
       self.log(f"No new checkpoint for {timeout:.0f}s: stopping.")
     return results
+
+  def _new_saves(
+    self, timeout: float | None, poll_seconds: float
+  ) -> Iterator[tuple[str, list[str]]]:
+    """``(full checkpoint, deltas)`` of each new save of ``model_dir``
+    (full or delta), as it appears; ends after ``timeout`` seconds
+    without one."""
+    last = None
+    waited_since = time.monotonic()
+    while True:
+      base, deltas = tpe.checkpoints.latest_with_deltas(self.model_dir)
+      latest = (deltas or [base])[-1]
+      if latest is not None and latest != last:
+        last = latest
+        yield base, deltas
+        waited_since = time.monotonic()
+        continue
+      if timeout is not None and time.monotonic() - waited_since > timeout:
+        return
+      time.sleep(poll_seconds)
 
   # --- modes ---------------------------------------------------------------
 

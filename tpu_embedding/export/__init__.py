@@ -12,7 +12,8 @@ One module per concept:
 * ``quantize``: ``QuantizedTable``, a serving table stored as float16,
   bfloat16 or row-wise int8 (``export_for_serving(table_dtype=...)``),
   and the functions that quantize and dequantize rows.
-* ``from_checkpoint``: ``ExportSpec`` and ``serving_embedding_for``, with
+* ``from_checkpoint``: ``ExportSpec``, ``serving_embedding_for`` and
+  ``restore_for_export`` (a run's latest save, deltas included), with
   which ``tools/export.py`` exports from a checkpoint.
 * ``from_delta``: ``apply_delta``, a new SavedModel version from the
   previous one and a delta checkpoint (``tools/export.py --apply_delta``),
@@ -27,6 +28,7 @@ Example:
 """
 
 from tpu_embedding.export.from_checkpoint import ExportSpec
+from tpu_embedding.export.from_checkpoint import restore_for_export
 from tpu_embedding.export.from_checkpoint import serving_embedding_for
 from tpu_embedding.export.from_delta import DeltaExport
 from tpu_embedding.export.from_delta import ExportSource
@@ -69,6 +71,7 @@ __all__ = [
   "padded_to_sparse",
   "quantize_rows",
   "read_source",
+  "restore_for_export",
   "serving_embedding_for",
   "validate_signature",
   "weights_name",

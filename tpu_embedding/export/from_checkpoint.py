@@ -6,7 +6,9 @@ included, whose tables cannot be copied live). A user function returns an
 ``ExportSpec`` (feature config, signature, model); ``serving_embedding_for``
 creates a ``TPUEmbeddingForServing`` holding only the selected tables,
 under their checkpoint keys, which the tool restores before calling
-``export_for_serving``.
+``export_for_serving``. ``restore_for_export`` restores them to the state
+a path means: a run directory's latest save, a full checkpoint, or a delta
+checkpoint applied after the saves it follows.
 
 Example:
   >>> import tpu_embedding as tpe
@@ -27,6 +29,8 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
+from tpu_embedding import checkpoint_deltas
+from tpu_embedding import checkpoints
 from tpu_embedding.export.saved_model import ServedModel
 from tpu_embedding.export.signature import FeatureSpec
 from tpu_embedding.export.subset import TableSelection
@@ -109,3 +113,66 @@ def serving_embedding_for(
     for index, feature in enumerate(subset.features.values())
   }
   return TPUEmbeddingForServing(features, optimizer=None), subset.names
+
+
+def restore_for_export(
+  checkpoint: tf.train.Checkpoint,
+  path: str,
+  embedding: TPUEmbeddingForServing,
+) -> str:
+  """Restores an export's embedding and model to the save ``path`` means.
+
+  ``path`` is a ``CheckpointManager`` directory (its latest save: the
+  last full checkpoint and the deltas after it), a full checkpoint's
+  prefix, or a delta's (the full checkpoint and the deltas up to it:
+  ``checkpoints.saved_chain``). Only the objects ``checkpoint`` holds are
+  read (no optimizer slot, no other table); every one of them must be in
+  the checkpoint, and in each delta.
+
+  Args:
+    checkpoint: ``tf.train.Checkpoint(embedding=embedding, model=...)``
+      under the keys they were trained under.
+    path: the save to export.
+    embedding: the serving embedding in ``checkpoint``, not yet built (it
+      is built here, its tables read on creation).
+
+  Returns:
+    The prefix of the save whose values ``checkpoint`` now holds (the last
+    delta applied, else the full checkpoint): the export's source.
+
+  Raises:
+    ValueError: no checkpoint at ``path``, a delta whose chain is not
+      recorded, or a delta of another run or model.
+    AssertionError: the checkpoint lacks an object ``checkpoint`` holds.
+
+  Example:
+    >>> import tempfile
+    >>> import tensorflow as tf
+    >>> import tpu_embedding as tpe
+    >>> from tpu_embedding.export import restore_for_export
+    >>> features = tpe.FeatureConfig(tpe.TableConfig(8, 2, name="t"))
+    >>> trained = tpe.TPUEmbedding(features, tpe.SGD(0.1))
+    >>> trained.build()
+    >>> directory = tempfile.mkdtemp()
+    >>> manager = tpe.checkpoints.CheckpointManager(
+    ...     tf.train.Checkpoint(embedding=trained), directory, 2,
+    ...     delta_interval=1)
+    >>> _ = manager.save()
+    >>> _ = trained.table_stores["t"].write_rows(3, tf.ones([1, 2]))
+    >>> delta = manager.save()
+    >>> served = tpe.TPUEmbeddingForServing(features, optimizer=None)
+    >>> restore_for_export(
+    ...     tf.train.Checkpoint(embedding=served), directory, served) == delta
+    True
+    >>> served.embedding_tables["t"].numpy()[3]
+    array([1., 1.], dtype=float32)
+  """
+  base, deltas = checkpoints.saved_chain(path)
+  # read, not restore: no save_counter is created (a checkpoint written by
+  # Checkpoint.write or tpu_embedding.checkpoints has none to match it).
+  status = checkpoint.read(base)
+  embedding.build()  # creates the tables from the checkpoint's values
+  status.expect_partial()  # slots, other tables, the training optimizer
+  status.assert_existing_objects_matched()
+  checkpoint_deltas.apply_deltas(checkpoint, base, deltas, partial=True)
+  return (deltas or [base])[-1]

@@ -73,9 +73,11 @@ __all__ = [
   "DeltaExport",
   "DeltaMismatchError",
   "ExportSource",
+  "SourceKeys",
   "apply_delta",
   "read_source",
   "record_source",
+  "source_keys",
 ]
 
 #: Where an export records its source, inside the SavedModel directory.
@@ -145,33 +147,100 @@ def _one_key(keys: list[str] | None) -> str | None:
   return keys[0] if keys is not None and len(keys) == 1 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceKeys:
+  """Each exported variable's key in an export's source checkpoint.
+
+  Attributes:
+    source: the source.
+    tables: ``{table name: its key there}``.
+    model: ``{id(model variable): its key there}``.
+  """
+
+  source: ExportSource
+  tables: dict[str, str]
+  model: dict[int, str]
+
+
+def _variable_names(variables: list[Any]) -> str:
+  names = [str(getattr(v, "name", v)) for v in variables]
+  shown = ", ".join(names[:5])
+  return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def source_keys(
+  source: ExportSource,
+  stores: Mapping[str, Any],
+  model_variables: list[Any],
+) -> SourceKeys:
+  """Finds every exported variable in ``source.checkpoint`` (nothing is
+  read or written): ``export_for_serving(..., source=...)`` calls it
+  before writing anything.
+
+  A Keras 3 model's variables are matched through the ``keras.Variable``
+  the checkpoint names (``compat.checkpoint_keys``); tf-keras and
+  ``tf.Module`` variables are themselves.
+
+  Args:
+    source: the checkpoint the values came from.
+    stores: ``{table name: TableStore}`` of the exported tables.
+    model_variables: the variables the exported model reads.
+
+  Raises:
+    ValueError: a table or model variable is not in ``source.checkpoint``
+      (one line naming them): an export recording it would make versions
+      from deltas that keep its old value.
+  """
+  with slicing.rows_apart():  # keys only: no table is read
+    trained = compat.checkpoint_keys(source.checkpoint)
+  tables = {}
+  for name, store in stores.items():
+    key = _one_key(trained.get(id(store.variables["parameters"])))
+    if key is None:
+      raise ValueError(
+        f"Table {name!r} is not in the source checkpoint's objects "
+        f"({source.path}): ExportSource.checkpoint must hold the exported "
+        "embedding under its key there."
+      )
+    tables[name] = key
+  model = {}
+  unmapped = []
+  for variable in model_variables:
+    key = _one_key(trained.get(id(variable)))
+    if key is None:
+      unmapped.append(variable)
+    else:
+      model[id(variable)] = key
+  if unmapped:
+    raise ValueError(
+      f"The exported model reads {len(unmapped)} variable(s) that "
+      f"ExportSource.checkpoint does not hold ({_variable_names(unmapped)}): "
+      f"put the model under its key in {source.path}'s objects "
+      "(tf.train.Checkpoint(embedding=..., model=model)), so that every "
+      "exported value has its source; nothing was written."
+    )
+  return SourceKeys(source, tables, model)
+
+
 def record_source(
   export_dir: str,
-  source: ExportSource,
+  keys: SourceKeys,
   root: Any,
-  stores: Mapping[str, Any],
   table_dtype: str,
 ) -> dict[str, Any]:
-  """Records ``source`` in the SavedModel ``export_dir`` just written.
-
-  ``export_for_serving(..., source=...)`` calls it.
+  """Records the export's source in the SavedModel ``export_dir`` just
+  written (``export_for_serving(..., source=...)`` calls it).
 
   Args:
     export_dir: the SavedModel, written from ``root``.
-    source: the checkpoint its values came from.
+    keys: ``source_keys`` of its tables and model variables.
     root: the saved object: its ``tables`` (``{name: copy}``),
       ``vocabularies`` and ``model_variables``.
-    stores: ``{table name: TableStore}`` the copies were read from.
     table_dtype: the type the tables are stored in.
 
   Returns:
     The record written to ``SOURCE_FILE``.
-
-  Raises:
-    ValueError: an exported table is not in ``source.checkpoint``.
   """
-  with slicing.rows_apart():  # keys only: no table is read
-    trained = compat.checkpoint_keys(source.checkpoint)
   saved = compat.checkpoint_keys(root)
   stored = tf.train.load_checkpoint(
     os.path.join(export_dir, _VARIABLES)
@@ -188,20 +257,13 @@ def record_source(
 
   tables = {}
   for name, copied in root.tables.items():
-    key = _one_key(trained.get(id(stores[name].variables["parameters"])))
-    if key is None:
-      raise ValueError(
-        f"Table {name!r} is not in the source checkpoint's objects "
-        f"({source.path}): ExportSource.checkpoint must hold the exported "
-        "embedding under its key there."
-      )
     parts = (
       {"values": copied.values, "scale": copied.scale, "offset": copied.offset}
       if isinstance(copied, QuantizedTable)
       else {"values": copied}
     )
     tables[name] = {
-      "key": key,
+      "key": keys.tables[name],
       "shape": copied.shape.as_list(),
       "variables": {
         part: saved_key(variable)
@@ -209,11 +271,11 @@ def record_source(
         if variable is not None
       },
     }
-  model = {}
-  for variable in root.model_variables:
-    key = _one_key(trained.get(id(variable)))
-    if key is not None:
-      model[key] = saved_key(variable)
+  model = {
+    keys.model[id(variable)]: saved_key(variable)
+    for variable in root.model_variables
+  }
+  source = keys.source
   name = os.path.basename(source.path.rstrip("/"))
   record = {
     "format": FORMAT,
@@ -224,7 +286,7 @@ def record_source(
     "tables": tables,
     "dynamic_tables": sorted(root.vocabularies),
     "model": model,
-    "unmapped_model_variables": len(root.model_variables) - len(model),
+    "unmapped_model_variables": 0,
   }
   _write_record(export_dir, record)
   return record
@@ -453,6 +515,15 @@ def apply_delta(
       f"{record['source']}), the source of SavedModel '{base_export}': "
       "apply the deltas of the run it was exported from, in order, each "
       "to the version made from the one before."
+    )
+  if record.get("unmapped_model_variables"):
+    raise ValueError(
+      f"SavedModel '{base_export}' reads {record['unmapped_model_variables']} "
+      "model variable(s) its source record does not map to the training "
+      "checkpoint (an export by an earlier version, which matched Keras 3 "
+      "variables by identity): a version made from it would keep their old "
+      "values. Export it anew from the checkpoint (tools/export.py), then "
+      "apply the deltas after that checkpoint."
     )
   if record["dynamic_tables"]:
     raise ValueError(

@@ -71,7 +71,9 @@ import tensorflow as tf
 from absl import logging
 
 from tpu_embedding.export.from_delta import ExportSource
+from tpu_embedding.export.from_delta import SourceKeys
 from tpu_embedding.export.from_delta import record_source
+from tpu_embedding.export.from_delta import source_keys
 from tpu_embedding.export.quantize import check_table_dtype
 from tpu_embedding.export.quantize import table_variables
 from tpu_embedding.export.signature import FeatureSpec
@@ -206,6 +208,24 @@ def _embedding_variable_ids(stores: Mapping[str, TableStore]) -> dict[int, str]:
   return found
 
 
+def _ordered(
+  variables: list[tf.Variable], keys: SourceKeys | None
+) -> list[tf.Variable]:
+  """``variables`` by their source checkpoint key (else their name); ties
+  (unnamed ``tf.Module`` variables) keep their order."""
+  return [
+    variable
+    for _, _, variable in sorted(
+      (
+        keys.model[id(variable)] if keys is not None else variable.name,
+        index,
+        variable,
+      )
+      for index, variable in enumerate(variables)
+    )
+  ]
+
+
 def export_for_serving(
   export_dir: str,
   embedding: TPUEmbedding | TPUEmbeddingForServing,
@@ -338,10 +358,18 @@ def export_for_serving(
         "directly; the exported model must receive activations (from the "
         "signature's lookups) instead of calling the embedding."
       )
+  keys = None
+  if source is not None:  # every exported value found, before any write
+    keys = source_keys(
+      source, {name: lookup.stores[name] for name in copies}, model_variables
+    )
   root = tf.Module()
   root.tables = copies
   root.vocabularies = vocabularies
-  root.model_variables = model_variables
+  # Keyed in the SavedModel by position: ordered by what the source
+  # checkpoint (else the variable) calls each, not by when the trace met
+  # it, so that every export of one model keys it alike.
+  root.model_variables = _ordered(model_variables, keys)
   root.serve = serve
   logging.info(
     "Writing SavedModel to %s (tables %s as %s, %d model variables).",
@@ -351,8 +379,8 @@ def export_for_serving(
     len(model_variables),
   )
   tf.saved_model.save(root, export_dir, signatures={signature_name: concrete})
-  if source is not None:
-    record_source(export_dir, source, root, lookup.stores, table_dtype)
+  if keys is not None:
+    record_source(export_dir, keys, root, table_dtype)
   outputs = {
     name: tf.TensorSpec(t.shape, t.dtype, name=name)
     for name, t in concrete.structured_outputs.items()
