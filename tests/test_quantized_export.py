@@ -29,6 +29,7 @@ import tpu_embedding as tpe
 from tests import processes
 from tpu_embedding import export
 from tpu_embedding.export import FeatureSpec
+from tpu_embedding.export import quantize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TYPES = ("float32", "float16", "bfloat16", "int8")
@@ -461,6 +462,54 @@ def test_float16_refuses_values_beyond_its_range(tmp_path):
       {"f": FeatureSpec()},
       table_dtype="float16",
     )
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("table_dtype", QUANTIZED)
+def test_tables_holding_nan_or_inf_are_refused_by_name(
+  tmp_path, table_dtype, value
+):
+  """A non-finite value has no quantized form (int8's row scale would be
+  inf or nan, every value of the row lost; bfloat16 and float16 would
+  serve it): the export is refused in one line naming the table, and
+  nothing is written. The same rows quantized on their own (as
+  ``apply_delta`` requantizes a delta's rows) are refused too."""
+  good = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+  bad = good.copy()
+  bad[2, 1] = value
+  tables = {
+    name: tpe.TableConfig(
+      4, 2, name=name, initializer=tf.constant_initializer(values)
+    )
+    for name, values in (("fine", good), ("broken", bad))
+  }
+  emb = tpe.TPUEmbedding(
+    {name: tpe.FeatureConfig(table) for name, table in tables.items()},
+    tpe.SGD(0.1),
+  )
+  emb.build()
+  assert np.isnan(emb.table_stores["broken"].read().numpy()[2, 1]) == (
+    np.isnan(value)
+  )
+  with pytest.raises(ValueError) as raised:
+    export.export_for_serving(
+      str(tmp_path / "m"),
+      emb,
+      None,
+      {"fine": FeatureSpec(), "broken": FeatureSpec()},
+      table_dtype=table_dtype,
+    )
+  message = str(raised.value)
+  assert "\n" not in message
+  assert "'broken'" in message and "non-finite" in message
+  assert table_dtype in message and "'fine'" not in message
+  assert not (tmp_path / "m").exists()
+  with pytest.raises(ValueError, match="Table 'broken' holds non-finite"):
+    quantize.quantize_rows(tf.constant(bad[1:3]), table_dtype, "broken")
+  rows = quantize.quantize_rows(tf.constant(good), table_dtype, "fine")
+  np.testing.assert_allclose(
+    quantize.dequantize_rows(rows).numpy(), good, atol=0.02
+  )
 
 
 def export_spec_for_cli() -> export.ExportSpec:

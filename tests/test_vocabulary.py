@@ -149,7 +149,8 @@ def test_steps_match_the_oracle(
 
 @pytest.mark.parametrize("num_shards", [2, 4, 7])  # 7: one owns no bucket
 @pytest.mark.parametrize(
-  "min_count, eviction, ttl_steps", [(3, "lru", 4), (1, "lfu", None)]
+  "min_count, eviction, ttl_steps",
+  [(3, "lru", 4), (1, "lfu", None), (1, "lru", None), (1, "lru", 4)],
 )
 @pytest.mark.parametrize("kernel", [False, True], ids=["tf_ops", "kernel"])
 def test_sharded_state_steps_match_the_oracle(
