@@ -632,3 +632,123 @@ def test_dynamic_vocabulary_tables_are_refused_in_one_line(
   assert "dyn" in err.strip().splitlines()[-1]
   assert not (tmp_path / "2").exists()
   assert not (tmp_path / "2_temp").exists()
+
+
+# --- one changed row, and deltas of another model ---------------------------
+
+
+def _one_run(directory, table_dtype):
+  """A fresh embedding and ranker, ``ckpt-1`` and version 1 from it."""
+  emb = tpe.TPUEmbedding(feature_config(), tpe.Adagrad(0.2))
+  emb.build()
+  model = Ranker()
+  checkpoint = tf.train.Checkpoint(embedding=emb, model=model)
+  full = tpe.checkpoints.write(checkpoint, str(directory / "ckpt-1"))
+  signature = {"user": export.FeatureSpec(), "item": export.FeatureSpec()}
+  export.export_for_serving(
+    str(directory / "v" / "1"),
+    emb,
+    model,
+    signature,
+    table_dtype=table_dtype,
+    source=export.ExportSource(full, checkpoint),
+  )
+  return emb, model, checkpoint, full, signature
+
+
+@pytest.mark.parametrize("table_dtype", ["float32", "int8"])
+def test_a_delta_of_exactly_one_changed_row(tmp_path, table_dtype):
+  """One row of one table written since ``ckpt-1``: the new version is
+  version 1 with that row rewritten (requantized for int8: numpy's
+  formulas), bit for bit everything else, and equals a fresh export of
+  the live state."""
+  emb, model, checkpoint, _, signature = _one_run(tmp_path, table_dtype)
+  row = np.array([[0.5, -1.25, 2.0, 0.125]], np.float32)
+  emb.table_stores["users"].write_rows(7, tf.constant(row))
+  delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
+  result = export.apply_delta(
+    str(tmp_path / "v" / "1"), delta, str(tmp_path / "v" / "2")
+  )
+  assert result.rows == {"users": 1, "items": 0}
+  before = _by_source_key(tmp_path / "v" / "1")
+  got = _by_source_key(tmp_path / "v" / "2")
+  if table_dtype == "float32":
+    parts = {"values": row}
+  else:
+    parts = _quantize_oracle(row)
+  record = export.read_source(str(tmp_path / "v" / "1"))
+  written = {
+    key: part for part, key in record["tables"]["users"]["variables"].items()
+  }
+  assert sorted(written.values()) == sorted(parts)
+  assert sorted(got) == sorted(before)
+  for key, value in got.items():
+    want = before[key].copy()
+    if key in written:
+      want[7] = parts[written[key]][0]
+    assert value.tobytes() == want.tobytes(), key
+  fresh = tmp_path / "fresh"
+  export.export_for_serving(
+    str(fresh),
+    emb,
+    model,
+    signature,
+    table_dtype=table_dtype,
+    source=export.ExportSource(
+      tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-3")), checkpoint
+    ),
+  )
+  _assert_same_export(tmp_path / "v" / "2", fresh)
+
+
+@pytest.mark.parametrize(
+  ("shape", "row", "words"),
+  [
+    ((40, 5), 3, ["shape (1, 5)", "rows have 4 values"]),
+    ((45, 4), 42, ["writes row 42", "has 40 rows"]),
+    ((41, 4), 40, ["writes row 40", "has 40 rows"]),
+  ],
+  ids=["wider", "rows_past_the_end", "one_past_the_end"],
+)
+def test_a_delta_of_another_model_is_refused_and_nothing_written(
+  tmp_path, capsys, shape, row, words
+):
+  """A delta naming version 1's source as its parent but written by a
+  model whose ``users`` table is wider or longer: one line naming the
+  delta and the table, exit 1 from the tool, nothing written."""
+  _one_run(tmp_path, "float32")
+  config = feature_config()
+  config["user"].table = tpe.TableConfig(*shape, name="users")
+  other = tpe.TPUEmbedding(config, tpe.Adagrad(0.2))
+  other.build()
+  checkpoint = tf.train.Checkpoint(embedding=other, model=Ranker())
+  tpe.checkpoints.write(checkpoint, str(tmp_path / "other-1"))
+  other.table_stores["users"].write_rows(row, tf.ones([1, shape[1]]))
+  delta = tpe.checkpoints.write_delta(
+    checkpoint, str(tmp_path / "delta-2"), previous=str(tmp_path / "ckpt-1")
+  )
+  version_1 = _files(tmp_path / "v" / "1")
+  target = tmp_path / "v" / "2"
+  with pytest.raises(ValueError) as raised:
+    export.apply_delta(str(tmp_path / "v" / "1"), delta, str(target))
+  message = str(raised.value)
+  assert "\n" not in message
+  for word in [delta, "'users'", "not a delta of this model", *words]:
+    assert word in message, (word, message)
+  capsys.readouterr()
+  code = _load_tool().main(
+    [
+      "--apply_delta",
+      delta,
+      "--base_export",
+      str(tmp_path / "v" / "1"),
+      "--export_dir",
+      str(target),
+    ]
+  )
+  err = capsys.readouterr().err
+  assert code == 1
+  assert "Traceback" not in err
+  assert err.strip().splitlines()[-1] == message
+  assert _files(tmp_path / "v" / "1") == version_1
+  assert sorted(os.listdir(tmp_path / "v")) == ["1"]

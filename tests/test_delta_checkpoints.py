@@ -248,6 +248,24 @@ def test_a_delta_holds_the_touched_rows_only(tmp_path):
   assert full
 
 
+def test_a_delta_of_exactly_one_row_restores_it(tmp_path):
+  """One row of one table (and its slot) written since the full save:
+  the restore rewrites that row, and leaves the rest as saved."""
+  emb, dense, _ = _embedding("one_device", "adagrad", 1)
+  checkpoint = tf.train.Checkpoint(embedding=emb, dense=dense)
+  full = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-1"))
+  emb.table_stores["small"].update(
+    tf.constant([6], tf.int64), tf.ones([1, DIM])
+  )
+  delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
+  assert checkpoint_deltas.read_meta(delta)["rows"] == 1
+  want = _full_values(checkpoint, str(tmp_path / "oracle"))
+  fresh, dense2, _ = _embedding("one_device", "adagrad", 1, seed=9)
+  restored = tf.train.Checkpoint(embedding=fresh, dense=dense2)
+  tpe.checkpoints.restore(restored, full, deltas=[delta])
+  _assert_same(_full_values(restored, str(tmp_path / "got")), want)
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp("chain")
