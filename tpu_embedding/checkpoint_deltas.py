@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
@@ -373,11 +374,19 @@ def apply_deltas(
   Raises:
     DeltaMismatchError: a delta does not follow the save before it.
     ValueError: a delta holds a table ``checkpoint`` does not have, or
-      (``partial``) lacks one it has.
+      (``partial``) lacks one it has, or lacks a value its full
+      checkpoint holds. Nothing is restored.
   """
   metas = check_chain(base, deltas)
   tables, rest = _split(checkpoint)
-  keys = {t.key for t in tables}
+  # What the saves call this checkpoint's values (another path may have
+  # reached them first when they were saved: checkpoint_files.SavedKeys).
+  saved_keys = checkpoint_files.SavedKeys(base)
+
+  def saved(key: str) -> str:
+    return saved_keys.saved_key(key) or key
+
+  keys = {saved(t.key) for t in tables}
   for delta, meta in zip(deltas, metas, strict=True):
     missing = sorted(set(meta["tables"]) - keys)
     if missing and not partial:
@@ -393,28 +402,47 @@ def apply_deltas(
         "checkpoint it is applied to has: it is not a delta of the run "
         "that trained these tables."
       )
+  in_base = set(tf.train.load_checkpoint(base).get_variable_to_shape_map())
+  for delta in deltas:  # the dense state the base has, in every delta
+    stored = tf.train.load_checkpoint(delta).get_variable_to_shape_map()
+    for _, by_key in rest:
+      lacking = sorted(
+        key for key in map(saved, by_key) if key in in_base - set(stored)
+      )
+      if lacking:
+        raise ValueError(
+          f"Delta '{delta}' holds no value of {lacking[0]}, which the full "
+          "checkpoint it follows has: it is not a delta of the run that "
+          "wrote that checkpoint."
+        )
   for delta in deltas:
     for table in tables:
-      rows = read_rows(delta, table.key)
+      rows = read_rows(delta, saved(table.key))
       if rows is not None and rows[0].size:
         table.store.write_rows_at(rows[0], rows[1], table.store_key)
-    _restore_rest(rest, delta)
+    _restore_rest(rest, delta, saved)
   if deltas:
     record_save(checkpoint, deltas[-1])
   else:
     record_save(checkpoint, base)
 
 
-def _restore_rest(rest: list[tuple[Any, dict[str, Any]]], delta: str) -> None:
+def _restore_rest(
+  rest: list[tuple[Any, dict[str, Any]]],
+  delta: str,
+  saved: Callable[[str], str],
+) -> None:
   """Restores the other objects' values (whole, or this worker's slices)
-  from ``delta``; values the delta does not hold (an object the saving
-  checkpoint did not have yet, e.g. its ``save_counter``) are kept."""
+  from ``delta``, found under their saved keys (``saved``); values the
+  delta does not hold (an object the saving checkpoint did not have, e.g.
+  its ``save_counter``) are kept."""
   stored = tf.train.load_checkpoint(delta).get_variable_to_shape_map()
   for obj, by_key in rest:
     restored = {}
-    for key, value in by_key.items():
+    for own_key, value in by_key.items():
+      key = saved(own_key)
       if key not in stored:
-        continue
+        continue  # not saved (apply_deltas refused what the base has)
       spec = next(iter(value)) if isinstance(value, dict) else ""
       piece = next(iter(value.values())) if isinstance(value, dict) else value
       dtype = getattr(piece, "dtype", None) or _value(piece).dtype
@@ -425,7 +453,7 @@ def _restore_rest(rest: list[tuple[Any, dict[str, Any]]], delta: str) -> None:
           shape_and_slices=[spec],
           dtypes=[dtype],
         )
-      restored[key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor
+      restored[own_key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor
     if restored:
       # Multi-worker state takes this worker's slices, as serialized.
       with slicing.sliced():

@@ -26,6 +26,12 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleEntryProto
 from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleHeaderProto
 
+# A checkpoint's saved object graph: which path reached each value, so
+# that another graph's keys find theirs (``checkpoint_files.SavedKeys``).
+from tensorflow.core.protobuf.trackable_object_graph_pb2 import (
+  TrackableObjectGraph,
+)
+
 # TensorFlow's own checkpoint keys of a checkpoint's objects, without
 # reading a value (``checkpoints.py``: the keys multi-worker tables' parts
 # are written under).
@@ -105,6 +111,7 @@ __all__ = [
   "SaveSpec",
   "ShardedVariable",
   "Trackable",
+  "TrackableObjectGraph",
   "checkpoint_keys",
   "clone_tf_feature_config",
   "flatten_with_joined_string_paths",

@@ -62,6 +62,7 @@ import tensorflow as tf
 
 from tpu_embedding import checkpoint_deltas
 from tpu_embedding import checkpoint_files
+from tpu_embedding import checkpoints
 from tpu_embedding import compat
 from tpu_embedding.checkpoint_deltas import DeltaMismatchError
 from tpu_embedding.export.quantize import QuantizedTable
@@ -192,7 +193,16 @@ def source_keys(
       from deltas that keep its old value.
   """
   with slicing.rows_apart():  # keys only: no table is read
-    trained = compat.checkpoint_keys(source.checkpoint)
+    own = compat.checkpoint_keys(source.checkpoint)
+  # The keys the source's saves hold these values under (a model weight
+  # may be saved as its optimizer's: checkpoint_files.SavedKeys).
+  saved_keys = checkpoint_files.SavedKeys(
+    checkpoints.saved_chain(source.path)[0]
+  )
+  trained = {
+    obj: [saved_keys.saved_key(key) or key for key in keys]
+    for obj, keys in own.items()
+  }
   tables = {}
   for name, store in stores.items():
     key = _one_key(trained.get(id(store.variables["parameters"])))
@@ -395,7 +405,11 @@ def _updates(
   stored = tf.train.load_checkpoint(delta).get_variable_to_shape_map()
   for trained_key, saved_key in record["model"].items():
     if trained_key not in stored:
-      continue  # not in the delta: the base value is kept
+      raise ValueError(
+        f"Delta '{delta}' holds no value of {trained_key}, which SavedModel "
+        f"'{base_export}' serves: it is not a delta of the run that "
+        "SavedModel was exported from."
+      )
     if stored[trained_key] != shapes[saved_key]:
       raise ValueError(
         f"Delta '{delta}' holds {trained_key} of shape "

@@ -213,11 +213,18 @@ def _ordered(
 ) -> list[tf.Variable]:
   """``variables`` by their source checkpoint key (else their name); ties
   (unnamed ``tf.Module`` variables) keep their order."""
+
+  def natural(name: str) -> list[tuple[int, str]]:  # "w/10" after "w/2"
+    return [
+      (int(part), "") if part.isdigit() else (-1, part)
+      for part in re.split(r"(\d+)", name)
+    ]
+
   return [
     variable
     for _, _, variable in sorted(
       (
-        keys.model[id(variable)] if keys is not None else variable.name,
+        natural(keys.model[id(variable)] if keys else variable.name),
         index,
         variable,
       )
