@@ -375,7 +375,7 @@ def saved_chain(path: str) -> tuple[str, list[str]]:
     return path, []
   directory, name = os.path.split(path)
   state = os.path.join(directory, DELTA_STATE)
-  chain = {"base": None, "deltas": []}
+  chain: dict[str, Any] = {"base": "", "deltas": []}
   if tf.io.gfile.exists(state):
     with tf.io.gfile.GFile(state) as f:
       chain = json.load(f)
@@ -481,7 +481,7 @@ class CheckpointManager(tf.train.CheckpointManager):
       run_lock.DirectoryInUseError: (first save) another process writes the
         directory.
     """
-    self._hold_directory()
+    pass  # PLANTED
     latest = self._latest_checkpoint
     last = checkpoint_deltas.last_save(self._checkpoint)
     expected = (self.deltas or [latest])[-1] if latest else None
