@@ -164,8 +164,8 @@ def restore_for_export(
     >>> restore_for_export(
     ...     tf.train.Checkpoint(embedding=served), directory, served) == delta
     True
-    >>> served.embedding_tables["t"].numpy()[3]
-    array([1., 1.], dtype=float32)
+    >>> [table.numpy()[3] for table in served.embedding_tables.values()]
+    [array([1., 1.], dtype=float32)]
   """
   base, deltas = checkpoints.saved_chain(path)
   # read, not restore: no save_counter is created (a checkpoint written by
