@@ -481,7 +481,7 @@ class CheckpointManager(tf.train.CheckpointManager):
       run_lock.DirectoryInUseError: (first save) another process writes the
         directory.
     """
-    pass  # PLANTED
+    self._hold_directory()
     latest = self._latest_checkpoint
     last = checkpoint_deltas.last_save(self._checkpoint)
     expected = (self.deltas or [latest])[-1] if latest else None
