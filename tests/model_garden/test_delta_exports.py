@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,7 +27,9 @@ import tensorflow as tf
 
 from model_garden.ranking import configs
 from model_garden.ranking import saved_model
-from tests import processes
+from tests.model_garden.test_train import command
+from tests.model_garden.test_train import finish
+from tests.model_garden.test_train import start as _start
 from tests.scripts import run_tool
 
 STEPS = 6
@@ -48,42 +48,16 @@ SOURCE = os.path.join("assets.extra", "tpu_embedding_source.json")
 
 
 def _command(model_dir, params, *flags):
-  return [
-    sys.executable,
-    "-m",
-    "model_garden.ranking.train",
-    "--experiment=dlrm_criteo_cpu_small",
-    f"--model_dir={model_dir}",
-    f"--params_override={params}",
-    "--seed=3",
-    *flags,
-  ]
+  return command(model_dir, *flags, params=params)
 
 
 def _run(processes_by_name, timeout=300):
   results = {}
   for name, process in processes_by_name.items():
-    try:
-      stdout, stderr = process.communicate(timeout=timeout)
-    finally:
-      process.kill()
-    assert process.returncode == 0, (
-      f"{name}:\n{stdout[-2000:]}\n{stderr[-3000:]}"
-    )
+    code, stdout, stderr = finish(process, timeout)
+    assert code == 0, f"{name}:\n{stdout[-2000:]}\n{stderr[-3000:]}"
     results[name] = stdout
   return results
-
-
-def _start(args, cwd):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return processes.Popen(
-    args,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    env=env,
-    cwd=str(cwd),  # not the checkout: the installed model_garden runs
-  )
 
 
 @pytest.fixture(scope="module")
