@@ -27,6 +27,11 @@ Sources (``Task``):
 * TFRecord files (``use_tf_record_reader``): ``input_path`` globs of
   Model Garden's ``tf.train.Example`` records, read by
   ``data.criteo_tfrecord.CriteoTFRecordReader``.
+* a split held out of the training files (``Task.holdout_every = N``,
+  the default when only training files are given): both splits read
+  ``train_data.input_path``, validation records ``N, 2N, ...`` of each
+  file and training the others (``data.text_files.Holdout``), TSV and
+  TFRecord alike; ``split_note`` says so in the log.
 
 Malformed records follow each split's ``on_bad_record`` (``"raise"``,
 ``"count"``, ``"skip"``); ``bad_record_scalars`` and ``bad_record_note``
@@ -65,6 +70,7 @@ from model_garden.ranking.data import criteo
 from model_garden.ranking.data import criteo_tfrecord
 from model_garden.ranking.data import paddlerec
 from model_garden.ranking.data import synthetic
+from model_garden.ranking.data import text_files
 from tpu_embedding import data
 
 DatasetFn = Callable[[tf.distribute.InputContext | None], tf.data.Dataset]
@@ -206,6 +212,28 @@ class RankingInputs:
       return None
     return reader.bad_records.counts()
 
+  def split_note(self) -> str | None:
+    """The log line saying where validation's records come from when
+    they are held out of the training files (else None).
+
+    Example:
+      >>> from model_garden.ranking import inputs
+      >>> from model_garden.ranking.configs import definitions as d
+      >>> task = d.Task(model=d.ModelConfig(vocab_sizes=(9,) * 26),
+      ...   holdout_every=10,
+      ...   train_data=d.DataConfig(input_path="/data/day_*.tsv"))
+      >>> inputs.RankingInputs(task).split_note()[:49]
+      'Validation split: records 10, 20, 30, ... of each'
+    """
+    if not definitions.holds_out(self.task):
+      return None
+    n = self.task.holdout_every
+    return (
+      f"Validation split: records {n}, {2 * n}, {3 * n}, ... of each file "
+      f"of {self.task.train_data.input_path}, held out of training "
+      f"(task.holdout_every={n})."
+    )
+
   def policy_notes(self) -> list[str]:
     """What happens to bad records of each split, unless they raise."""
     notes = []
@@ -346,8 +374,13 @@ class RankingInputs:
   ) -> tf.data.Dataset:
     config = getattr(self.task, split)
     training = split == "train_data"
-    paths = [p.strip() for p in config.input_path.split(",") if p.strip()]
+    input_path = definitions.split_input_path(self.task, split)
+    paths = [p.strip() for p in input_path.split(",") if p.strip()]
     options: dict[str, Any] = {}
+    if definitions.holds_out(self.task):
+      options["holdout"] = text_files.Holdout(
+        self.task.holdout_every, validation=not training
+      )
     lines = definitions.paddlerec_sample_lines(self.task, split)
     if lines is not None:
       paths, options["lines"] = [paddlerec.find_sample_file()], lines

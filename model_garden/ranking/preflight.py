@@ -531,7 +531,9 @@ def check_data_keys(config: definitions.ExperimentConfig, mode: str) -> None:
   if task.data_format == "paddlerec":
     return
   for split in needed_splits(mode):
-    if not paths[split]:
+    if not paths[split] and not (
+      split == "validation_data" and definitions.holds_out(task)
+    ):
       raise ValueError(
         f"task.{split}.input_path is empty and task.use_synthetic_data is "
         f"false: set task.{split}.input_path (or --data=<glob>), or use "
@@ -687,7 +689,7 @@ def _split_files(config: definitions.ExperimentConfig, split: str) -> list[str]:
 
   patterns = [
     p.strip()
-    for p in getattr(config.task, split).input_path.split(",")
+    for p in definitions.split_input_path(config.task, split).split(",")
     if p.strip()
   ]
   files: set[str] = set()
@@ -807,18 +809,82 @@ def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:
         raise cli.FixableError(str(e).strip().splitlines()[0]) from None
       continue  # its batches are checked by definitions.validate
     files = _split_files(config, split)
+    # Under holdout_every=N a file's records are split N-1 to 1: count
+    # up to N times the records still needed.
+    every = task.holdout_every if definitions.holds_out(task) else 1
     count = 0
     for path in files:
+      limit = (batch - count) * every
       if task.use_tf_record_reader:
-        count += _count_tfrecords(path, batch - count)
+        records = _count_tfrecords(path, limit)
       else:
-        count += _count_text_records(path, split, batch - count)
+        records = _count_text_records(path, split, limit)
+      if every == 1:
+        count += records
+      else:
+        held = records // every
+        count += held if split == "validation_data" else records - held
       if count >= batch:
         break
     if count < batch:
       shown = files[0] if len(files) == 1 else f"{len(files)} files"
+      if every > 1 and split == "validation_data":
+        raise cli.FixableError(
+          f"task.validation_data: the records held out of {shown} "
+          f"(task.holdout_every={every}) number {count}, fewer than one "
+          f"global batch ({key}={batch}): lower the batch or "
+          "task.holdout_every, or add data."
+        )
       raise cli.FixableError(
         f"task.{split}.input_path: {shown} hold(s) {count} record(s), "
         f"fewer than one global batch ({key}={batch}): lower the batch "
         "or add data."
       )
+
+
+def shared_files_warning(
+  config: definitions.ExperimentConfig, mode: str
+) -> str | None:
+  """A one-line warning when validation reads files that training reads
+  (its metrics would then measure records the model trained on), or None.
+
+  Splits held out of the training files (``task.holdout_every``) share
+  files but no record: no warning. Globs that match nothing are left to
+  ``check_inputs``.
+
+  Example:
+    >>> from model_garden.ranking import configs, preflight
+    >>> config = configs.get_config("dlrm_criteo_cpu_small")
+    >>> preflight.shared_files_warning(config, "train_and_eval") is None
+    True
+  """
+  from model_garden import cli  # noqa: PLC0415
+
+  task = config.task
+  if (
+    task.use_synthetic_data
+    or definitions.holds_out(task)
+    or "validation_data" not in needed_splits(mode)
+    or not task.train_data.input_path
+    or not task.validation_data.input_path
+  ):
+    return None
+  try:
+    training = set(_split_files(config, "train_data"))
+    validation = set(_split_files(config, "validation_data"))
+  except cli.FixableError:
+    return None
+  shared = sorted(training & validation)
+  if not shared:
+    return None
+  which = (
+    "the training files"
+    if validation == training
+    else f"{len(shared)} of the training files (e.g. {shared[0]})"
+  )
+  return (
+    f"Warning: task.validation_data.input_path reads {which}: validation "
+    "metrics would measure records the model trained on; remove it to "
+    "validate on records held out of the training files "
+    "(task.holdout_every), or name other files."
+  )

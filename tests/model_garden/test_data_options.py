@@ -136,7 +136,9 @@ def test_skip_policy_drops_bad_records_uncounted(tmp_path):
   )
   config = train.build_config(
     "dlrm_criteo_cpu_small",
-    params_override=SMALL + ",task.train_data.on_bad_record=skip",
+    params_override=SMALL + ",task.train_data.on_bad_record=skip,"
+    # Every record trains (none held out for validation).
+    f"task.validation_data.input_path={path}",
     data=path,
   )
   pipelines = inputs.RankingInputs(config.task)

@@ -35,6 +35,10 @@ BAD_RECORD_POLICIES = ("raise", "count", "skip")
 #: The installed PaddleRec sample's lines (``data_format="paddlerec"``
 #: without input paths): 1-64 train, 65-80 validate.
 PADDLEREC_SAMPLE_SPLITS = {"train_data": (1, 64), "validation_data": (65, 80)}
+#: ``Task.holdout_every`` when only training files are given (``--data
+#: GLOB``, or ``task.train_data.input_path`` alone): every 10th record of
+#: each file validates, the other 9 train.
+DEFAULT_HOLDOUT_EVERY = 10
 #: ``--strategy`` / ``runtime.distribution_strategy`` values.
 STRATEGIES = (
   "default",
@@ -346,6 +350,15 @@ class Task:
   )
   """Ours: the generated data set."""
 
+  holdout_every: int = 0
+  """Ours: ``N`` > 1 holds records ``N, 2N, 3N, ...`` of each file of
+  ``train_data.input_path`` (lines of TSV, records of TFRecord files,
+  numbered from 1 in each file) out of training: validation reads those,
+  training the others (``data.text_files.Holdout``).
+  ``validation_data.input_path`` is then empty. 0 (default): validation
+  reads ``validation_data.input_path``. Set to ``DEFAULT_HOLDOUT_EVERY``
+  (10) when only training files are given."""
+
 
 @_frozen
 class TimeHistoryConfig:
@@ -508,7 +521,28 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
   """
   model, trainer = config.task.model, config.trainer
   opt = trainer.optimizer_config
+  task = config.task
   checks = [
+    (
+      task.holdout_every == 0 or task.holdout_every > 1,
+      "task.holdout_every must be 0 (validation reads "
+      "task.validation_data.input_path) or > 1 (every N-th record of the "
+      f"training files validates), got {task.holdout_every}.",
+    ),
+    (
+      not task.holdout_every or not task.validation_data.input_path,
+      f"task.holdout_every={task.holdout_every} validates on records held "
+      "out of task.train_data.input_path, and "
+      "task.validation_data.input_path is set too: remove one of them.",
+    ),
+    (
+      not task.holdout_every
+      or (bool(task.train_data.input_path) and not task.use_synthetic_data),
+      f"task.holdout_every={task.holdout_every} holds records of "
+      "task.train_data.input_path out for validation, and the task reads "
+      "no training files (synthetic data or the PaddleRec sample): set "
+      "task.holdout_every=0.",
+    ),
     (
       model.interaction in INTERACTIONS,
       f"task.model.interaction must be one of {INTERACTIONS}, got "
@@ -626,6 +660,38 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
     if not ok:
       raise ValueError(message)
   return config
+
+
+def holds_out(task: Task) -> bool:
+  """Whether validation reads records held out of the training files
+  (``Task.holdout_every``).
+
+  Example:
+    >>> from model_garden.ranking.configs import definitions as d
+    >>> d.holds_out(d.Task(holdout_every=10,
+    ...   train_data=d.DataConfig(input_path="/data/day_*.tsv")))
+    True
+  """
+  return (
+    task.holdout_every > 0
+    and not task.use_synthetic_data
+    and bool(task.train_data.input_path)
+  )
+
+
+def split_input_path(task: Task, split: str) -> str:
+  """The ``input_path`` globs ``split`` reads its records from: the
+  training files for both splits under ``holdout_every``.
+
+  Example:
+    >>> from model_garden.ranking.configs import definitions as d
+    >>> d.split_input_path(d.Task(holdout_every=10, train_data=d.DataConfig(
+    ...   input_path="/data/day_*.tsv")), "validation_data")
+    '/data/day_*.tsv'
+  """
+  if holds_out(task):
+    return task.train_data.input_path
+  return getattr(task, split).input_path
 
 
 def paddlerec_sample_lines(task: Task, split: str) -> tuple[int, int] | None:

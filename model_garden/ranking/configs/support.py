@@ -100,6 +100,7 @@ IMPLEMENTED = frozenset(
     "task.use_synthetic_data",
     "task.use_tf_record_reader",
     "task.data_format",
+    "task.holdout_every",
     "trainer.train_steps",
     "trainer.validation_steps",
     "trainer.validation_interval",

@@ -284,6 +284,7 @@ class CriteoReader:
     deterministic: bool = True,
     chunk_size: int | None = None,
     lines: tuple[int, int] | None = None,
+    holdout: text_files.Holdout | None = None,
   ) -> tf.data.Dataset:
     """A batched, prefetched dataset of the files' records.
 
@@ -304,6 +305,8 @@ class CriteoReader:
         4096: larger chunks are slower on CPU).
       lines: ``(first, last)``: read only these lines of each file
         (1-based, inclusive), e.g. a split of one file; None: all.
+      holdout: read only one side of a validation split held out of the
+        files, record by record (``text_files.Holdout``); None: all.
 
     Returns:
       ``tf.data.Dataset`` of ``(features, labels)``.
@@ -318,6 +321,8 @@ class CriteoReader:
     )
     if lines is not None:
       chunks = text_files.select_lines(chunks, *lines)
+    if holdout is not None:
+      chunks = holdout.select(chunks)
     ds = chunks.map(
       tf.autograph.experimental.do_not_convert(self.parse),
       num_parallel_calls=tf.data.AUTOTUNE,

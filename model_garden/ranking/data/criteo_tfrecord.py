@@ -307,6 +307,7 @@ class CriteoTFRecordReader:
     cycle_length: int | None = None,
     deterministic: bool = True,
     chunk_size: int | None = None,
+    holdout: text_files.Holdout | None = None,
   ) -> tf.data.Dataset:
     """Batches of the files' examples (``CriteoReader.dataset``'s arguments).
 
@@ -322,6 +323,8 @@ class CriteoTFRecordReader:
       repeat=repeat,
       records_of=tf.data.TFRecordDataset,
     )
+    if holdout is not None:
+      chunks = holdout.select(chunks)
     ds = chunks.map(
       tf.autograph.experimental.do_not_convert(self.parse),
       num_parallel_calls=tf.data.AUTOTUNE,

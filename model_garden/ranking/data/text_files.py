@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -195,3 +196,59 @@ def select_lines(
   return chunks.map(tf.autograph.experimental.do_not_convert(keep)).filter(
     lambda chunk: tf.size(chunk["line"]) > 0
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Holdout:
+  """A validation split held out of the training files, record by record.
+
+  Records ``every, 2 * every, ...`` of each file (numbered from 1 in
+  each file, as ``numbered_lines`` numbers them: lines of text files,
+  records of TFRecord files) are validation's, the others training's:
+  the two splits are disjoint and together the whole data, whatever the
+  number of files, their order, the input pipelines or the step a run
+  resumes from.
+
+  Attributes:
+    every: one record in ``every`` validates (> 1).
+    validation: which side this split reads: the held-out records (True)
+      or the others (False).
+
+  Example:
+    >>> import os, tempfile
+    >>> from model_garden.ranking.data import text_files
+    >>> path = os.path.join(tempfile.mkdtemp(), "f.txt")
+    >>> _ = open(path, "w").write("".join(f"{i}\\n" for i in range(1, 8)))
+    >>> def lines(validation):
+    ...   chunks = text_files.Holdout(3, validation).select(
+    ...     text_files.numbered_lines([path], 4))
+    ...   return [x.decode() for c in chunks.as_numpy_iterator()
+    ...           for x in c["line"]]
+    >>> lines(validation=True), lines(validation=False)
+    (['3', '6'], ['1', '2', '4', '5', '7'])
+  """
+
+  every: int
+  validation: bool
+
+  def __post_init__(self) -> None:
+    if self.every < 2:
+      raise ValueError(f"Holdout.every must be > 1, got {self.every}.")
+
+  def holds(self, record_number: int) -> bool:
+    """Whether record ``record_number`` (from 1) of a file is held out."""
+    return record_number % self.every == 0
+
+  def select(self, chunks: tf.data.Dataset) -> tf.data.Dataset:
+    """This split's records of ``numbered_lines`` chunks (chunks left
+    empty dropped)."""
+    every, validation = self.every, self.validation
+
+    def keep(chunk: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+      held = tf.equal(chunk["line_number"] % every, 0)
+      inside = held if validation else tf.logical_not(held)
+      return {k: tf.boolean_mask(v, inside) for k, v in chunk.items()}
+
+    return chunks.map(tf.autograph.experimental.do_not_convert(keep)).filter(
+      lambda chunk: tf.size(chunk["line"]) > 0
+    )
