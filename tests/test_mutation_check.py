@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 
 from tests.scripts import ROOT
 from tests.scripts import run_tool
@@ -26,7 +25,6 @@ def _tool():
     "mutation_check_tool", os.path.join(ROOT, "tools", "mutation_check.py")
   )
   module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # (dataclasses look their module up)
   spec.loader.exec_module(module)
   return module
 

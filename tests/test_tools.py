@@ -48,6 +48,7 @@ ARGPARSE_TOOLS = (
   "quantized_export_report.py",  # its AUC by tests/test_quantized_export.py
   "sharding_report.py",
   "memory_report.py",  # run by tests/test_memory.py
+  "mutation_check.py",  # run by tests/test_mutation_check.py
 )
 ABSL_TOOLS = ("criteo_to_tfrecord.py", "input_benchmark.py")
 #: A tiny ranking experiment for the tools that take the train flags.

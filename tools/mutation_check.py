@@ -31,7 +31,6 @@ Run (from the checkout's root, after installing it; about 4 minutes on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import os
@@ -43,6 +42,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 from model_garden import cli
 
@@ -54,8 +54,7 @@ PACKAGES = ("tpu_embedding", "model_garden")
 NO_KERNELS = {"TPU_EMBEDDING_KERNELS": "0"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Mutant:
+class Mutant(NamedTuple):
   """One planted defect and the tests that must catch it.
 
   Attributes:
@@ -80,7 +79,7 @@ class Mutant:
   @classmethod
   def from_dict(cls, data: dict[str, Any]) -> Mutant:
     """A mutant from a ``--mutants`` file's entry (``env`` a dict)."""
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = set(cls._fields)
     unknown = sorted(set(data) - known)
     if unknown:
       raise cli.UsageError(
@@ -372,8 +371,7 @@ def _copy_packages(target: str) -> str:
   return site
 
 
-@dataclasses.dataclass
-class Outcome:
+class Outcome(NamedTuple):
   """How one run of tests ended."""
 
   name: str
@@ -581,7 +579,7 @@ def check(args: argparse.Namespace) -> int:
       json.dump(
         {
           "seconds": round(seconds, 1),
-          "mutants": [dataclasses.asdict(o) for o in outcomes],
+          "mutants": [o._asdict() for o in outcomes],
           "killed": sum(o.status == "killed" for o in outcomes),
           "survived": [o.name for o in outcomes if o.status == "survived"],
           "errors": [o.name for o in outcomes if o.status == "error"],
