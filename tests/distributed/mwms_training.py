@@ -39,6 +39,7 @@ from tests import sparse_access  # noqa: E402
 from tpu_embedding import compat  # noqa: E402
 from tpu_embedding import kernels  # noqa: E402
 from tpu_embedding import memory  # noqa: E402
+from tpu_embedding import run_lock  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 29, 5, 3, 6, 3
 
@@ -266,8 +267,11 @@ def check_sliced_checkpoints(
   manager.save()  # The first is swept by the chief alone.
   path = manager.latest_checkpoint
   assert path.endswith("ckpt-2"), path
-  if is_chief:  # Only the last checkpoint, no part or temp left.
+  if is_chief:  # Only the last checkpoint, no part or temp left (and the
+    # lock the chief's manager holds while it lives: run_lock).
     names = sorted(tf.io.gfile.listdir(sliced_dir))
+    assert names[0] == run_lock.LOCK_FILE, names
+    names = names[1:]
     assert names[:2] == ["checkpoint", "ckpt-2.data-00000-of-00003"], names
     assert names[2:] == [
       "ckpt-2.data-00001-of-00003",
