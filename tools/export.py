@@ -405,6 +405,10 @@ def describe(result) -> str:
   for kind, specs in (("input", result.inputs), ("output", result.outputs)):
     for name, spec in specs.items():
       lines.append(f"  {kind} {name}: {spec.dtype.name} {spec.shape.as_list()}")
+  for signature, specs in result.extra_signatures.items():
+    lines.append(f"signature {signature!r}: the same outputs, from")
+    for name, spec in specs.items():
+      lines.append(f"  input {name}: {spec.dtype.name} {spec.shape.as_list()}")
   return "\n".join(lines)
 
 
@@ -501,6 +505,9 @@ def figures(result) -> dict:
     "signature_name": result.signature_name,
     "inputs": specs(result.inputs),
     "outputs": specs(result.outputs),
+    "extra_signatures": {
+      name: specs(inputs) for name, inputs in result.extra_signatures.items()
+    },
   }
 
 

@@ -129,6 +129,29 @@ def _batches_per_step(context: tf.distribute.InputContext | None) -> int:
   )
 
 
+def criteo_config(task: definitions.Task) -> criteo.CriteoConfig:
+  """How the task's text files become model inputs (the serving export's
+  raw signature preprocesses alike).
+
+  Example:
+    >>> from model_garden.ranking import inputs
+    >>> from model_garden.ranking.configs import definitions as d
+    >>> task = d.Task(model=d.ModelConfig(vocab_sizes=(9,) * 26))
+    >>> config = inputs.criteo_config(task)
+    >>> config.dense_transform, config.missing_id, config.multi_hot_sizes
+    ('log', 0, None)
+  """
+  model = task.model
+  return criteo.CriteoConfig(
+    vocab_sizes=model.vocab_sizes,
+    file_format=task.data_format,
+    multi_hot_sizes=tuple(model.multi_hot_sizes)
+    if model.use_multi_hot
+    else None,
+    multi_hot_mode="mlperf",
+  )
+
+
 class RankingInputs:
   """The training and validation pipelines of a ``Task``.
 
@@ -189,15 +212,7 @@ class RankingInputs:
       return criteo_tfrecord.CriteoTFRecordReader(
         self.task.model.vocab_sizes, self._multi_hot, on_bad_record=policy
       )
-    return criteo.CriteoReader(
-      criteo.CriteoConfig(
-        vocab_sizes=self.task.model.vocab_sizes,
-        file_format=self.task.data_format,
-        multi_hot_sizes=self._multi_hot,
-        multi_hot_mode="mlperf",
-      ),
-      on_bad_record=policy,
-    )
+    return criteo.CriteoReader(criteo_config(self.task), on_bad_record=policy)
 
   # --- bad records ---------------------------------------------------------
 

@@ -11,8 +11,9 @@ Everything made from ``deltas``'s directory must serve the predictions of
 the same thing made from ``full``'s, bit for bit: the trainer's SavedModel,
 ``tools/export.py --model_dir`` and ``--checkpoint delta-4`` (float32 and
 int8), the versions ``--apply_delta`` makes from the trainer's own deltas
-(served predictions against a fresh export), and the continuous evaluator
-(which must evaluate ``delta-6``, not wait on ``ckpt-2``).
+(served predictions, both signatures, against a fresh export), and the
+continuous evaluator (which must evaluate ``delta-6``, not wait on
+``ckpt-2``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 from model_garden.ranking import configs
 from model_garden.ranking import saved_model
+from model_garden.ranking.data import synthetic
 from tests.model_garden.test_train import command
 from tests.model_garden.test_train import finish
 from tests.model_garden.test_train import start as _start
@@ -92,6 +94,22 @@ def _predictions(export_dir) -> np.ndarray:
     _REQUEST = saved_model.example_request(config, batch_size=64, seed=5)
   serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
   return serve(**_REQUEST)["predictions"].numpy()
+
+
+def _raw_predictions(export_dir) -> np.ndarray:
+  """``serving_raw``'s predictions on raw TSV lines' fields."""
+  config = configs.get_config("dlrm_criteo_cpu_small")
+  rows = [
+    line.split("\t")
+    for line in synthetic.SyntheticCriteo(
+      config.task.model.vocab_sizes
+    ).tsv_lines(0, 64)
+  ]
+  serve = tf.saved_model.load(str(export_dir)).signatures["serving_raw"]
+  return serve(
+    counts=tf.constant([r[1:14] for r in rows]),
+    categorical=tf.constant([r[14:] for r in rows]),
+  )["predictions"].numpy()
 
 
 def _export(runs, name, *args) -> str:
@@ -213,6 +231,10 @@ def test_versions_from_the_trainers_deltas_serve_a_fresh_exports_predictions(
   )
   got, want = _predictions(version), _predictions(fresh)
   np.testing.assert_array_equal(got, want)
+  # The raw-fields signature, kept by the copy, serves the new variables.
+  np.testing.assert_array_equal(
+    _raw_predictions(version), _raw_predictions(fresh)
+  )
   assert (
     np.abs(
       got - _predictions(runs["root"] / "exports" / table_dtype / "2")

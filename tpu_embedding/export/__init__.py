@@ -3,8 +3,9 @@
 One module per concept:
 
 * ``signature``: ``FeatureSpec``, an embedding feature's dense (padded)
-  id tensor in a serving signature; ``padded_to_sparse``;
-  ``validate_signature``.
+  id tensor in a serving signature; ``PreprocessedSignature``, another
+  signature whose inputs are preprocessed into those;
+  ``padded_to_sparse``; ``validate_signature``.
 * ``subset``: ``TableSubset``, the selected tables and their features;
   ``ServingLookup``, live CPU lookups in them (or in copies).
 * ``saved_model``: ``export_for_serving``, which writes the SavedModel
@@ -43,6 +44,7 @@ from tpu_embedding.export.saved_model import ExportResult
 from tpu_embedding.export.saved_model import export_for_serving
 from tpu_embedding.export.signature import PADDING_ID
 from tpu_embedding.export.signature import FeatureSpec
+from tpu_embedding.export.signature import PreprocessedSignature
 from tpu_embedding.export.signature import padded_to_sparse
 from tpu_embedding.export.signature import validate_signature
 from tpu_embedding.export.signature import weights_name
@@ -59,6 +61,7 @@ __all__ = [
   "ExportSource",
   "ExportSpec",
   "FeatureSpec",
+  "PreprocessedSignature",
   "QuantizedRows",
   "QuantizedTable",
   "ServingLookup",

@@ -77,6 +77,7 @@ from tpu_embedding.export.from_delta import source_keys
 from tpu_embedding.export.quantize import check_table_dtype
 from tpu_embedding.export.quantize import table_variables
 from tpu_embedding.export.signature import FeatureSpec
+from tpu_embedding.export.signature import PreprocessedSignature
 from tpu_embedding.export.signature import _activation_shape
 from tpu_embedding.export.signature import _parse_signature
 from tpu_embedding.export.signature import _Signature
@@ -110,6 +111,8 @@ class ExportResult:
     outputs: ``{output name: TensorSpec}`` of the signature.
     tables: the exported tables' names.
     table_dtype: the type the tables are stored in.
+    extra_signatures: ``{name: {input name: TensorSpec}}`` of the other
+      signatures (``PreprocessedSignature``), same outputs.
 
   Example:
     >>> from tpu_embedding.export import ExportResult
@@ -123,6 +126,9 @@ class ExportResult:
   outputs: dict[str, tf.TensorSpec]
   tables: tuple[str, ...]
   table_dtype: str = "float32"
+  extra_signatures: dict[str, dict[str, tf.TensorSpec]] = dataclasses.field(
+    default_factory=dict
+  )
 
 
 def _is_keras(model: object) -> bool:
@@ -197,6 +203,38 @@ def _make_serve(
   return serve
 
 
+def _preprocessed(
+  serve: Any, name: str, extra: PreprocessedSignature, signature: _Signature
+) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
+  """Signature ``name``'s body: its inputs → ``extra.preprocess`` → the
+  main signature's ``serve`` (one lookup and model, called alike)."""
+
+  def serve_preprocessed(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    made = dict(extra.preprocess(dict(inputs)))
+    missing = sorted(set(signature.specs) - set(made))
+    unknown = sorted(set(made) - set(signature.specs))
+    if missing or unknown:
+      raise ValueError(
+        f"Signature {name!r}: preprocess must return the main signature's "
+        f"inputs {sorted(signature.specs)}; missing {missing}, unknown "
+        f"{unknown}."
+      )
+    for key, spec in signature.specs.items():
+      tensor = tf.convert_to_tensor(made[key])
+      if tensor.dtype != spec.dtype or not spec.shape.is_compatible_with(
+        tensor.shape
+      ):
+        raise ValueError(
+          f"Signature {name!r}: preprocess returns {key!r} as "
+          f"{tensor.dtype.name} {tensor.shape}; the main signature takes "
+          f"{spec.dtype.name} {spec.shape}."
+        )
+      made[key] = tensor
+    return serve(made)
+
+  return serve_preprocessed
+
+
 def _embedding_variable_ids(stores: Mapping[str, TableStore]) -> dict[int, str]:
   """``{id(variable): table}`` of every variable the tables are held in."""
   found = {}
@@ -244,6 +282,7 @@ def export_for_serving(
   signature_name: str = "serving_default",
   table_dtype: str = "float32",
   source: ExportSource | None = None,
+  extra_signatures: Mapping[str, PreprocessedSignature] | None = None,
 ) -> ExportResult:
   """Writes a SavedModel serving ``model`` on the embedding's tables.
 
@@ -254,7 +293,10 @@ def export_for_serving(
   signature's input names (Keras models are called with
   ``training=False``). Its outputs are the model's: a dict keeps its keys,
   a tensor is ``"predictions"``, a list gives ``"predictions_<i>"``. With
-  ``model=None`` the outputs are the activations.
+  ``model=None`` the outputs are the activations. Each of
+  ``extra_signatures`` is another signature of the same model: its
+  inputs, preprocessed into this signature's (e.g. raw strings into ids),
+  then served alike, with the same outputs.
 
   The SavedModel holds plain copies of the selected tables (taken now;
   whatever the layout they trained on: one device, row-sharded or
@@ -295,6 +337,10 @@ def export_for_serving(
       (``ExportSource``): recorded in the SavedModel, so that
       ``apply_delta`` makes the next version from it and a delta of that
       checkpoint. None: nothing is recorded.
+    extra_signatures: ``{name: PreprocessedSignature}``: more signatures,
+      each taking its own inputs and preprocessing them (TensorFlow ops
+      only, no variables) into the inputs of ``signature_name``, which
+      then serves them. None: that one signature.
 
   Returns:
     An ``ExportResult`` with the signature's inputs and outputs.
@@ -303,7 +349,9 @@ def export_for_serving(
     ValueError: for an unknown table, a signature feature whose table is
       not exported, an input the model needs but the signature lacks, a
       model that reads the embedding's own variables, invalid specs, an
-      unknown ``table_dtype`` or values it cannot hold.
+      unknown ``table_dtype`` or values it cannot hold, an extra signature
+      named like another, whose preprocessing holds variables or does not
+      return the main signature's inputs.
     RuntimeError: if called inside a ``tf.function``.
 
   Example:
@@ -351,6 +399,9 @@ def export_for_serving(
     if "missing from input_signature" in str(e):
       raise ValueError(e.args[0]) from None
     raise
+  extra = _trace_extra_signatures(
+    extra_signatures or {}, signature_name, serve, signature, concrete
+  )
   copies = lookup.copies
   vocabularies = lookup.vocabulary_variables
   own = {id(v) for t in copies.values() for v in table_variables(t)} | {
@@ -378,6 +429,7 @@ def export_for_serving(
   # it, so that every export of one model keys it alike.
   root.model_variables = _ordered(model_variables, keys)
   root.serve = serve
+  root.extra_signatures = {name: fn for name, (fn, _) in extra.items()}
   logging.info(
     "Writing SavedModel to %s (tables %s as %s, %d model variables).",
     export_dir,
@@ -385,7 +437,9 @@ def export_for_serving(
     table_dtype,
     len(model_variables),
   )
-  tf.saved_model.save(root, export_dir, signatures={signature_name: concrete})
+  signatures = {signature_name: concrete}
+  signatures.update({name: c for name, (_, c) in extra.items()})
+  tf.saved_model.save(root, export_dir, signatures=signatures)
   if keys is not None:
     record_source(export_dir, keys, root, table_dtype)
   outputs = {
@@ -406,4 +460,47 @@ def export_for_serving(
     outputs,
     lookup.table_names,
     table_dtype,
+    {
+      name: dict(c.structured_input_signature[0][0])
+      for name, (_, c) in extra.items()
+    },
   )
+
+
+def _trace_extra_signatures(
+  extra_signatures: Mapping[str, PreprocessedSignature],
+  signature_name: str,
+  serve: Any,
+  signature: _Signature,
+  concrete: Any,
+) -> dict[str, tuple[Any, Any]]:
+  """``{name: (tf.function, concrete function)}`` of the extra signatures,
+  checked: valid names, no variable of their own."""
+  traced = {}
+  served = {id(v) for v in concrete.variables}
+  for name, extra in extra_signatures.items():
+    if name == signature_name or not isinstance(name, str) or not name:
+      raise ValueError(
+        f"Extra signature name {name!r} must be a non-empty string other "
+        f"than the main signature's {signature_name!r}."
+      )
+    if not isinstance(extra, PreprocessedSignature):
+      raise TypeError(
+        f"extra_signatures[{name!r}] is a {type(extra).__name__}; expected "
+        "a PreprocessedSignature."
+      )
+    fn = tf.function(
+      _preprocessed(serve, name, extra, signature),
+      input_signature=[extra.specs(name)],
+    )
+    logging.info("Tracing the serving signature %r.", name)
+    traced_fn = fn.get_concrete_function()
+    own = [v.name for v in traced_fn.variables if id(v) not in served]
+    if own:
+      raise ValueError(
+        f"Signature {name!r}: preprocess reads variables {own}; only the "
+        "main signature's variables are exported (and updated by "
+        "apply_delta), so preprocessing takes constants only."
+      )
+    traced[name] = (fn, traced_fn)
+  return traced

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -154,6 +155,58 @@ def padded_to_sparse(
   with tf.control_dependencies([check]):
     values = tf.gather_nd(tf.cast(weights, tf.float32), indices)
   return sparse_ids, tf.SparseTensor(indices, values, dense_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessedSignature:
+  """Another signature of an export: its inputs preprocessed into the main
+  signature's, then served alike (``export_for_serving(extra_signatures=
+  {name: PreprocessedSignature(...)})``).
+
+  Attributes:
+    input_signature: ``{input name: tf.TensorSpec}`` of this signature.
+    preprocess: TensorFlow ops (no variables) taking ``{input name:
+      tensor}`` and returning ``{main signature input name: tensor}``,
+      every input of the main signature with its dtype and a compatible
+      shape; a request is then the main signature's on those tensors.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from tpu_embedding.export import PreprocessedSignature
+    >>> raw = PreprocessedSignature(
+    ...   {"hex_id": tf.TensorSpec([None], tf.string)},
+    ...   lambda x: {"id": tf.strings.to_hash_bucket_fast(x["hex_id"], 10)})
+    >>> sorted(raw.input_signature)
+    ['hex_id']
+  """
+
+  input_signature: Mapping[str, tf.TensorSpec]
+  preprocess: Callable[[dict[str, tf.Tensor]], Mapping[str, tf.Tensor]]
+
+  def specs(self, name: str) -> dict[str, tf.TensorSpec]:
+    """The signature's named input specs; ValueError if invalid."""
+    if not isinstance(self.input_signature, Mapping) or not (
+      self.input_signature
+    ):
+      raise ValueError(
+        f"Signature {name!r}: input_signature must be a non-empty dict "
+        "{input name: tf.TensorSpec}."
+      )
+    specs = {}
+    for key, spec in self.input_signature.items():
+      if not isinstance(key, str) or not _NAME.match(key):
+        raise ValueError(
+          f"Signature {name!r}: input name {key!r} must start with a letter "
+          "and hold only letters, digits and '_'."
+        )
+      if not isinstance(spec, tf.TensorSpec):
+        raise TypeError(
+          f"Signature {name!r}: input {key!r} is a {type(spec).__name__}; "
+          "expected a tf.TensorSpec (preprocess makes the main signature's "
+          "inputs from it)."
+        )
+      specs[key] = tf.TensorSpec(spec.shape, spec.dtype, name=key)
+    return specs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,6 +184,48 @@ def parse_lines(lines: tf.Tensor, config: CriteoConfig) -> Any:
   )
 
 
+def parse_fields(
+  counts: tf.Tensor, categorical: tf.Tensor, config: CriteoConfig
+) -> Any:
+  """Parses a TSV line's fields, as given apart: exactly as its line.
+
+  The fields are joined into lines (label ``0``) and parsed by
+  ``parse_lines`` in the ``"tsv"`` format, so the values, the missing
+  ones and the checks are the reader's own (a field holding a tab fails
+  the ``columns`` check).
+
+  Args:
+    counts: ``[n, 13]`` strings: the counts as in the file (empty:
+      missing).
+    categorical: ``[n, 26]`` strings: the categorical values as in the
+      file (hex, or decimal with ``categorical_encoding="int"``; empty:
+      missing).
+    config: vocabularies and transforms (``file_format`` is ignored).
+
+  Returns:
+    ``criteo_schema.ParsedLines`` (labels 0).
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from model_garden.ranking.data import criteo
+    >>> p = criteo.parse_fields(tf.constant([["5"] + [""] * 12]),
+    ...   tf.constant([["ff"] + [""] * 25]),
+    ...   criteo.CriteoConfig(vocab_sizes=[100] * 26))
+    >>> round(float(p.dense[0, 0]), 4), p.ids[0, :2].numpy().tolist()
+    (1.7918, [55, 0])
+  """
+  counts = tf.convert_to_tensor(counts, tf.string)
+  labels = tf.fill(tf.stack([tf.shape(counts)[0], 1]), "0")
+  lines = tf.strings.reduce_join(
+    tf.concat([labels, counts, tf.convert_to_tensor(categorical)], axis=1),
+    axis=1,
+    separator="\t",
+  )
+  return parse_lines(
+    lines, dataclasses.replace(config, file_format=CriteoFormat.TSV)
+  )
+
+
 def to_features(
   parsed: Any, config: CriteoConfig, row_keys: tf.Tensor | None = None
 ) -> Batch:
