@@ -135,6 +135,14 @@ setup(
       'jax-tpu-embedding==0.1.0; python_version >= "3.11"',
     ],
     "fdo-check": ['jax-tpu-embedding==0.1.0; python_version >= "3.11"'],
+    # tools/fdo_report.py --plot.
+    "plot": ["matplotlib"],
+    # tpu_embedding.fdo's stacking="jax" (keras-rs on JAX): keras-rs'
+    # config conversion and jax-tpu-embedding's auto_stack_tables.
+    "fdo-jax": [
+      'keras-rs==0.4.0; python_version >= "3.11"',
+      'jax-tpu-embedding==0.1.0; python_version >= "3.11"',
+    ],
     "data": [
       "tensorflow-datasets==4.9.10",
       "importlib_resources",

@@ -593,7 +593,9 @@ def test_fdo_report_tool(tmp_path):
     f"--save={tmp_path / 'fdo.json'}", f"--plot={tmp_path / 'fdo.png'}",
     f"--json={tmp_path / 'report.json'}", "--limits=default",
   ).stdout  # fmt: skip
-  assert "SparseCoreEmbeddingConfig(" in out
+  # Its stacked tables' names run to hundreds of characters: the config
+  # is the --save file's, not printed.
+  assert "sparse_core_embedding_config=FILE" in out
   assert "max_ids_per_partition=" in out
   report = json.loads((tmp_path / "report.json").read_text())
   assert report["steps"] == 6
@@ -603,8 +605,57 @@ def test_fdo_report_tool(tmp_path):
   assert os.path.getsize(tmp_path / "fdo.png") > 1000
   config = fdo.load_sparse_core_config(tmp_path / "fdo.json")
   assert set(config.max_ids_per_table) == set(report["tables"])
+  # Stacks of many tables read in a line each: abbreviated names, the
+  # keras-rs limits one line per stacked table, labelled.
+  assert max(map(len, out.splitlines())) <= 160, out
+  keras_rs = out.split("keras-rs TableConfig limits, for ")[1].splitlines()
+  assert keras_rs[0].startswith("keras-rs on TensorFlow"), keras_rs[0]
+  limits = [line for line in keras_rs if "max_ids_per_partition=" in line]
+  assert len(limits) == len(report["tables"]), out
+  assert report["stacking"] == "tensorflow"
+  for name, t in report["tables"].items():
+    assert np.max(t["partition_max_ids"]) == t["max_ids_per_partition"], name
   bad = run_tool("fdo_report.py", "--topology=v4-8", returncode=2)
   assert "Unknown TPU topology 'v4-8'" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_fdo_report_tool_unstacked_and_without_matplotlib(
+  tmp_path, monkeypatch
+):
+  """``--no_stacking``: a stacked table per table, the config to paste
+  with ``disable_table_stacking=True``, and no TensorFlow warning about
+  it; ``--plot`` without matplotlib: one line saying how to get it."""
+  from tests.scripts import run_tool
+
+  out = run_tool(
+    "fdo_report.py", "--experiment=dlrm_dcn_v2_criteo_cpu_small",
+    "--params_override=task.train_data.global_batch_size=64",
+    "--num_batches=2", "--topology=v5p-8", "--no_stacking",
+    f"--json={tmp_path / 'report.json'}",
+  )  # fmt: skip
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["stacking"] == "none"
+  assert all(t["tables"] == [name] for name, t in report["tables"].items())
+  assert report["sparse_core_embedding_config"]["disable_table_stacking"]
+  assert "tables unstacked" in out.stdout
+  assert "Table stacking is disabled" not in out.stdout + out.stderr
+  hidden = tmp_path / "no_matplotlib" / "matplotlib"
+  hidden.mkdir(parents=True)
+  (hidden / "__init__.py").write_text("raise ImportError('hidden')\n")
+  monkeypatch.setenv(
+    "PYTHONPATH",
+    os.pathsep.join([str(hidden.parent), os.environ.get("PYTHONPATH", "")]),
+  )
+  bad = run_tool(
+    "fdo_report.py", "--experiment=dlrm_dcn_v2_criteo_cpu_small",
+    f"--plot={tmp_path / 'fdo.png'}", returncode=2,
+  )  # fmt: skip
+  monkeypatch.undo()
+  lines = bad.stderr.strip().splitlines()
+  assert "Traceback" not in bad.stderr, bad.stderr
+  assert 'pip install "tpu_embedding[plot]"' in lines[-1], bad.stderr
+  jax_alone = run_tool("fdo_report.py", "--stacking=jax", returncode=2)
+  assert "--keras_rs_tutorial" in jax_alone.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -625,3 +676,255 @@ def test_a_file_of_another_kind_is_named(content, reason, tmp_path):
     message
   )
   assert reason in message and "\n" not in message, message
+
+
+# --- stacking, per-partition statistics, keras-rs on JAX (issue 49) ---------
+
+
+def test_stacking_switch_without_tensorflows_warning(rng, caplog):
+  """``stacking="none"`` is TensorFlow's ``disable_table_stacking=True``
+  (the same stacks and counts), without its ``Table stacking is
+  disabled.`` warning per layout; the filter that drops it lives only
+  while the layout is made."""
+  import logging
+
+  config = _mixed_config()
+  features = _mixed_batch(rng, 32)
+  absl_logger = logging.getLogger("absl")
+  filters = list(absl_logger.filters)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    ours = fdo.FdoCollector(config, (4, 4), stacking="none")
+    counts = ours.update(features)
+  assert "Table stacking is disabled." not in caplog.messages
+  assert absl_logger.filters == filters
+  assert set(ours.layout.stacks) == {"users", "items", "tags", "cats"}
+  tf_config = TFE.SparseCoreEmbeddingConfig(disable_table_stacking=True)
+  theirs = fdo.FdoCollector(config, (4, 4), sparse_core_config=tf_config)
+  assert theirs.stacking == "none"
+  for name, step in theirs.update(features).items():
+    np.testing.assert_array_equal(step.ids, counts[name].ids)
+  stats = ours.result()
+  assert stats.stacking == "none"
+  assert stats.sparse_core_config().disable_table_stacking
+  assert "disable_table_stacking=True" in stats.sparse_core_config_source()
+  assert "tables unstacked" in stats.summary()
+  stacked = fdo.FdoCollector(config, (4, 4))
+  stacked.update(features)
+  assert stacked.stacking == "tensorflow"
+  assert "items_users" in stacked.layout.stacks
+  with pytest.raises(ValueError, match="disable_table_stacking=True"):
+    fdo.FdoCollector(
+      config, (4, 4), stacking="tensorflow", sparse_core_config=tf_config
+    )
+  with pytest.raises(ValueError, match="stacking must be one of"):
+    fdo.FdoCollector(config, (4, 4), stacking="off")
+
+
+def test_unstacked_file_disables_stacking_on_tpu(rng, tmp_path):
+  table = tpe.TableConfig(100, 8, name="t", optimizer=tpe.SGD(0.1))
+  other = tpe.TableConfig(100, 8, name="u", optimizer=tpe.SGD(0.1))
+  config = {"f": tpe.FeatureConfig(table), "g": tpe.FeatureConfig(other)}
+  data = [{"f": _zipf(rng, 32, 100), "g": _zipf(rng, 32, 100)}]
+  stats = fdo.compute_stats(config, data, (2, 4), stacking="none")
+  assert sorted(stats.tables) == ["t", "u"]
+  path = stats.save(tmp_path)
+  loaded = fdo.load_sparse_core_config(path)
+  assert loaded.disable_table_stacking
+  assert loaded == stats.sparse_core_config()
+
+
+def test_per_partition_statistics_and_jax_correspondence(rng):
+  """``TableStats.partition_max_ids[chip, source SC, shard]`` is each
+  partition's most ids over the steps; jax-tpu-embedding's ``[device x
+  shard]`` list is its maximum over the source SparseCores, flattened
+  device-major (``jax_max_ids_per_partition``), step after step."""
+  num_chips, nsc = 2, 4
+  table = tpe.TableConfig(5000, 8, name="t", optimizer=tpe.SGD(0.1))
+  collector = fdo.FdoCollector({"f": tpe.FeatureConfig(table)}, (2, 4))
+  steps, jax_ids, jax_unique = [], [], []
+  for step in range(4):
+    ragged = _ragged(rng, 16 * num_chips, 5000, 1 + 3 * step)
+    steps.append(collector.update({"f": ragged})["t"])
+    theirs = _jax_stats(
+      [np.asarray(r) for r in ragged.to_list()], num_chips, nsc, 5000
+    )
+    jax_ids.append(theirs.max_ids_per_partition["t"])
+    jax_unique.append(theirs.max_unique_ids_per_partition["t"])
+  stats = collector.result()
+  t = stats.tables["t"]
+  expected = np.max([s.ids for s in steps], axis=0)
+  assert t.partition_max_ids.shape == (num_chips, nsc, num_chips * nsc)
+  np.testing.assert_array_equal(t.partition_max_ids, expected)
+  np.testing.assert_array_equal(
+    t.partition_max_unique_ids, np.max([s.unique_ids for s in steps], axis=0)
+  )
+  assert not all(np.array_equal(s.ids, expected) for s in steps)
+  assert t.partition_max_ids.max() == t.max_ids_per_partition
+  np.testing.assert_array_equal(
+    t.jax_max_ids_per_partition(), np.max(jax_ids, axis=0)
+  )
+  np.testing.assert_array_equal(
+    t.jax_max_ids_per_partition(unique=True), np.max(jax_unique, axis=0)
+  )
+  saved = json.loads(json.dumps(stats.to_json()))
+  assert saved["partition_axes"] == [
+    "chip", "source SparseCore", "destination shard",
+  ]  # fmt: skip
+  assert saved["tables"]["t"]["partition_max_ids"] == expected.tolist()
+
+
+def _keras_rs_jax_config(keras_rs, batch):
+  """Tables TensorFlow and jax-tpu-embedding stack apart: TensorFlow
+  stacks by width and optimizer; JAX by padded width, optimizer and
+  combiner."""
+
+  def table(name, vocab, dim, combiner):
+    return keras_rs.layers.TableConfig(
+      name=name, vocabulary_size=vocab, embedding_dim=dim,
+      optimizer="adagrad", combiner=combiner,
+    )  # fmt: skip
+
+  tables = {
+    "a": table("alpha", 1000, 8, "sum"),
+    "b": table("beta", 700, 8, "mean"),
+    "c": table("gamma", 3000, 8, "sum"),
+    "d": table("delta", 500, 16, "sum"),
+  }
+  shapes = {"a": (batch,), "b": (batch, 3), "c": (batch, 5), "d": (batch,)}
+  config = {
+    k: keras_rs.layers.FeatureConfig(
+      name=f"feature_{k}", table=tables[k], input_shape=shapes[k],
+      output_shape=(batch, tables[k].embedding_dim),
+    )
+    for k in shapes
+  }  # fmt: skip
+  config["e"] = keras_rs.layers.FeatureConfig(
+    name="feature_e", table=tables["c"], input_shape=(batch,),
+    output_shape=(batch, 8),
+  )  # fmt: skip
+  return config
+
+
+def _object_rows(ragged):
+  """A ragged batch as jax-tpu-embedding takes it: an object array of
+  int32 rows."""
+  rows = np.empty(int(ragged.nrows()), dtype=object)
+  for i, row in enumerate(ragged.to_list()):
+    rows[i] = np.asarray(row, np.int32)
+  return rows
+
+
+def test_keras_rs_on_jax_stacks_as_jax_tpu_embedding(rng):
+  """``stacking="jax"``: keras-rs' own conversion and jax-tpu-embedding's
+  ``auto_stack_tables`` (as ``DistributedEmbedding`` builds on JAX), and
+  per step the counts jax-tpu-embedding's preprocessing reports for each
+  of its stacked tables; the keras-rs limits are those stacks'."""
+  keras_rs = _test_extra("keras_rs", "keras-rs (the test extra)")
+  embedding = _jax()
+  from jax_tpu_embedding.sparsecore.lib.nn import table_stacking
+  from keras_rs.src.layers.embedding.jax import config_conversion
+
+  num_chips, nsc, batch = 2, 4, 32
+  config = _keras_rs_jax_config(keras_rs, batch)
+  # keras-rs' DistributedEmbedding.sparsecore_build, step by step.
+  specs = config_conversion.keras_to_jte_feature_configs(config)
+  table_stacking.auto_stack_tables(specs, num_chips, nsc)
+  embedding.prepare_feature_specs_for_training(specs, num_chips, nsc)
+  collector = fdo.FdoCollector(config, (num_chips, nsc), stacking="jax")
+  for _ in range(3):
+    features = {
+      "a": _zipf(rng, batch, 1000),
+      "b": _zipf(rng, (batch, 3), 700),
+      "c": _ragged(rng, batch, 3000, 5),
+      "d": _zipf(rng, batch, 500),
+      "e": _zipf(rng, batch, 3000),
+    }
+    ours = collector.update(features)
+    # jax-tpu-embedding takes 2-D arrays (a 1-D one crashes it) or rows.
+    as_jax = {
+      k: _object_rows(v)
+      if isinstance(v, tf.RaggedTensor)
+      else v.reshape(batch, -1).astype(np.int32)
+      for k, v in features.items()
+    }
+    _, theirs = embedding.preprocess_sparse_dense_matmul_input(
+      as_jax, None, specs, local_device_count=num_chips,
+      global_device_count=num_chips, num_sc_per_device=nsc,
+    )  # fmt: skip
+    assert sorted(ours) == sorted(theirs.max_ids_per_partition)
+    for stack, step in ours.items():
+      np.testing.assert_array_equal(
+        step.ids.max(axis=1).reshape(-1),
+        theirs.max_ids_per_partition[stack],
+        err_msg=stack,
+      )
+      np.testing.assert_array_equal(
+        step.unique_ids.max(axis=1).reshape(-1),
+        theirs.max_unique_ids_per_partition[stack],
+        err_msg=stack,
+      )
+      np.testing.assert_array_equal(
+        (-(-step.ids // 8) * 8).sum(axis=2).reshape(-1),
+        theirs.required_buffer_size_per_sc[stack],
+        err_msg=stack,
+      )
+  stats = collector.result()
+  assert stats.stacking == "jax"
+  jax_stacks = {
+    s.table_spec.stacked_table_spec.stack_name for s in specs.values()
+  }
+  assert set(stats.tables) == jax_stacks
+  tf_stats = fdo.compute_stats(config, [features], (num_chips, nsc))
+  assert set(tf_stats.tables) != jax_stacks  # combiners: JAX splits
+  limits = stats.keras_rs_limits()
+  for t in stats.tables.values():
+    for table in t.tables:
+      assert limits[table]["max_ids_per_partition"] == t.max_ids_per_partition
+  assert "keras-rs on JAX" in stats.keras_rs_backend
+  assert stats.to_json()["sparse_core_embedding_config"] is None
+  with pytest.raises(ValueError, match="jax-tpu-embedding's stacking"):
+    stats.sparse_core_config()
+
+
+def test_jax_stacking_says_what_it_needs(monkeypatch):
+  import sys
+
+  table = tpe.TableConfig(10, 8, name="t", optimizer=tpe.SGD(0.1))
+  with pytest.raises(ValueError, match="takes keras-rs FeatureConfigs"):
+    fdo.FdoCollector({"f": tpe.FeatureConfig(table)}, (1, 4), stacking="jax")
+  for name in [m for m in sys.modules if m.startswith("jax_tpu_embedding")]:
+    monkeypatch.setitem(sys.modules, name, None)
+  monkeypatch.setitem(sys.modules, "jax_tpu_embedding", None)
+  with pytest.raises(ValueError) as raised:
+    fdo.FdoCollector({"f": tpe.FeatureConfig(table)}, (1, 4), stacking="jax")
+  message = str(raised.value)
+  assert 'pip install "tpu_embedding[fdo-jax]"' in message, message
+  assert "\n" not in message
+
+
+def test_summary_of_a_stack_of_many_tables_is_readable(rng):
+  """26 tables of long names stack into one table whose name runs to
+  hundreds of characters: the summary abbreviates it (first table and
+  count), names every table in no line, and the keras-rs limits are one
+  line per stacked table."""
+  sgd = tpe.SGD(0.1)
+  config = {
+    f"f{i}": tpe.FeatureConfig(
+      tpe.TableConfig(64, 8, name=f"criteo_categorical_feature_{i:02d}",
+                      optimizer=sgd)
+    )
+    for i in range(26)
+  }  # fmt: skip
+  data = [{k: _zipf(rng, 16, 64) for k in config}]
+  stats = fdo.compute_stats(config, data, (1, 4))
+  (name,) = stats.tables
+  assert len(name) > 700
+  text = stats.summary() + "\n" + stats.keras_rs_source()
+  assert max(map(len, text.splitlines())) <= 120, text
+  assert "criteo_categorical_feature_00 +25 tables" in text
+  assert len(stats.keras_rs_source().splitlines()) == 1
+  assert stats.keras_rs_source().startswith(
+    "criteo_categorical_feature_00 +25 tables: max_ids_per_partition="
+  )
+  assert "sparse_core_embedding_config=FILE" in stats.summary()
+  assert len(stats.keras_rs_limits()) == 26

@@ -8,6 +8,11 @@ TensorFlow's ``TPUEmbeddingV2`` stacks them on ``--topology``, the most ids
 and unique ids one SparseCore partition receives in a step (the maximum and
 the ``--percentile`` of the per-step maxima), the ids buffer per chip, and
 the ``SparseCoreEmbeddingConfig`` to paste (see ``tpu_embedding.fdo``).
+``--stacking none`` (``--no_stacking``) measures each table alone
+(TensorFlow's ``disable_table_stacking=True``, keras-rs'
+``table_stacking=None``); ``--stacking jax`` stacks keras-rs configs as
+keras-rs does on JAX (jax-tpu-embedding's rule; ``pip install
+"tpu_embedding[fdo-jax]"``).
 ``--save`` writes the file ``TPUEmbedding(...,
 sparse_core_embedding_config=PATH)`` reads on TPU; ``--plot`` draws each
 table's per-step maxima against the chosen limit; ``--train_steps_ratio``
@@ -19,6 +24,7 @@ Run:
       --params_override task.train_data.global_batch_size=4096 \
       --num_batches 300 --topology v5p-8 --save /tmp/fdo.json
   python3 tools/fdo_report.py --keras_rs_tutorial --topology v6e-8
+  python3 tools/fdo_report.py --keras_rs_tutorial --stacking jax
 """
 
 from __future__ import annotations
@@ -71,6 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     default="v5p-8",
     help="The TPU: v5p-N, v6e-N, v7x-N (N TensorCores) or CHIPSxSPARSECORES "
     "(e.g. 4x4).",
+  )
+  parser.add_argument(
+    "--stacking",
+    choices=list(fdo.STACKINGS),
+    default="tensorflow",
+    help="How tables stack: 'tensorflow' (TPUEmbeddingV2, keras-rs on "
+    "TensorFlow), 'jax' (keras-rs on JAX: jax-tpu-embedding's rule; "
+    '--keras_rs_tutorial only; pip install "tpu_embedding[fdo-jax]") or '
+    "'none' (each table alone: disable_table_stacking=True, keras-rs "
+    "table_stacking=None).",
+  )
+  parser.add_argument(
+    "--no_stacking",
+    action="store_const",
+    const="none",
+    dest="stacking",
+    help="Same as --stacking none.",
   )
   parser.add_argument(
     "--num_batches",
@@ -213,7 +236,22 @@ def train_step_ratio(config, batches, steps: int, fdo_seconds: float) -> dict:
   }
 
 
+PLOT_INSTALL = 'pip install "tpu_embedding[plot]"'
+
+
+def require_matplotlib() -> None:
+  """One line saying how to get matplotlib where it is missing."""
+  try:
+    import matplotlib  # noqa: F401, PLC0415
+  except ImportError:
+    raise cli.UsageError(
+      f"--plot needs matplotlib, which is not installed: {PLOT_INSTALL} "
+      "(or pip install matplotlib)."
+    ) from None
+
+
 def plot(path: str, stats: fdo.FdoStats, use: str) -> None:
+  require_matplotlib()
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
@@ -234,7 +272,7 @@ def plot(path: str, stats: fdo.FdoStats, use: str) -> None:
     ax.axvline(limit_ids, color="tab:blue", ls="--", label=f"limit {use}")
     ax.axvline(limit_unique, color="tab:orange", ls="--")
     ax.axvline(fdo.TF_DEFAULT_LIMIT, color="gray", ls=":", label="default")
-    ax.set_title(name[:40], fontsize=8)
+    ax.set_title(fdo.short_name(name, t.tables), fontsize=8)
     ax.set_xlabel("per partition, per step")
   for ax in list(axes.flat)[len(tables) :]:
     ax.axis("off")
@@ -250,6 +288,14 @@ def plot(path: str, stats: fdo.FdoStats, use: str) -> None:
 def report(args: argparse.Namespace) -> None:
   topo = parse_topology(args.topology)
   limits = parse_limits(args.limits)
+  if args.stacking == "jax" and not args.keras_rs_tutorial:
+    raise cli.UsageError(
+      "--stacking jax measures keras-rs on JAX, so it takes keras-rs "
+      "configs: use it with --keras_rs_tutorial (an experiment's tables "
+      "stack as TensorFlow's TPUEmbeddingV2 stacks them)."
+    )
+  if args.plot:
+    require_matplotlib()  # before reading any batch
   config = None
   if args.keras_rs_tutorial:
     feature_config, optimizer, batches = tutorial_inputs(topo.num_chips)
@@ -261,7 +307,7 @@ def report(args: argparse.Namespace) -> None:
     source = f"--experiment {args.experiment}"
   collector = fdo.FdoCollector(
     feature_config, topo, optimizer=optimizer,
-    percentile=args.percentile, limits=limits,
+    percentile=args.percentile, limits=limits, stacking=args.stacking,
   )  # fmt: skip
   seconds = 0.0
   for i, features in enumerate(batches):
@@ -274,7 +320,7 @@ def report(args: argparse.Namespace) -> None:
   per_batch = seconds / stats.steps
   print(f"{source}: {stats.steps} batches, {per_batch * 1e3:.1f} ms each")
   print(stats.summary(args.use))
-  print("keras-rs:")
+  print(f"keras-rs TableConfig limits, for {stats.keras_rs_backend}:")
   print(stats.keras_rs_source(args.use))
   figures = {"source": source, **stats.to_json()}
   if args.train_steps_ratio and config is not None:

@@ -61,10 +61,15 @@ The package, one concept per module:
 * ``configs``: this package's, TensorFlow's or keras-rs' feature configs
   as TensorFlow's;
 * ``samples``: a feature's global batch as per-chip samples and ids;
-* ``layout``: TensorFlow's stacking (``Layout``, ``StackLayout``);
+* ``layout``: TensorFlow's stacking (``Layout``, ``StackLayout``), or
+  none (``stacking="none"``);
+* ``jax_layout``: keras-rs on JAX, stacked by jax-tpu-embedding's own
+  ``auto_stack_tables`` (``stacking="jax"``);
 * ``partitioning``: the ids each partition receives in a step
   (``partition``, ``StepCounts``) and those limits would drop;
-* ``stats``: ``TableStats``, ``FdoStats`` and the configs to paste;
+* ``stats``: ``TableStats`` (per stacked table, and per partition
+  ``[chip, source SparseCore, destination shard]``), ``FdoStats`` and the
+  configs to paste;
 * ``collector``: ``FdoCollector``, ``compute_stats``;
 * ``files``: the JSON file (``load``, ``load_sparse_core_config``);
 * ``online``: while training (``FdoTracker``, ``keras_callback``,
@@ -90,6 +95,7 @@ from tpu_embedding.fdo.configs import to_tf_feature_config
 from tpu_embedding.fdo.files import FORMAT
 from tpu_embedding.fdo.files import load
 from tpu_embedding.fdo.files import load_sparse_core_config
+from tpu_embedding.fdo.layout import STACKINGS
 from tpu_embedding.fdo.layout import Layout
 from tpu_embedding.fdo.layout import StackLayout
 from tpu_embedding.fdo.online import FdoTracker
@@ -101,6 +107,7 @@ from tpu_embedding.fdo.stats import TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE
 from tpu_embedding.fdo.stats import TF_DEFAULT_LIMIT
 from tpu_embedding.fdo.stats import FdoStats
 from tpu_embedding.fdo.stats import TableStats
+from tpu_embedding.fdo.stats import short_name
 from tpu_embedding.fdo.topologies import GENERATIONS
 from tpu_embedding.fdo.topologies import Generation
 from tpu_embedding.fdo.topologies import Topology
@@ -109,6 +116,7 @@ from tpu_embedding.fdo.topologies import topology
 __all__ = [
   "FORMAT",
   "GENERATIONS",
+  "STACKINGS",
   "TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE",
   "TF_DEFAULT_LIMIT",
   "FdoCollector",
@@ -126,6 +134,7 @@ __all__ = [
   "load_sparse_core_config",
   "local_batch",
   "partition",
+  "short_name",
   "to_tf_feature_config",
   "topology",
 ]

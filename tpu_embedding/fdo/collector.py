@@ -32,6 +32,7 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.fdo.configs import to_tf_feature_config
 from tpu_embedding.fdo.layout import Layout
+from tpu_embedding.fdo.layout import resolve_stacking
 from tpu_embedding.fdo.partitioning import PAD
 from tpu_embedding.fdo.partitioning import StepCounts
 from tpu_embedding.fdo.partitioning import partition
@@ -103,6 +104,7 @@ class FdoCollector:
     percentile: float = 99.0,
     limits: Any = None,
     sparse_core_config: Any = None,
+    stacking: str | None = None,
   ):
     """Prepares the collector (the layout is made on the first batch).
 
@@ -117,12 +119,24 @@ class FdoCollector:
         256), ``{stack: (max_ids, max_unique_ids)}`` or one pair for all.
       sparse_core_config: the ``SparseCoreEmbeddingConfig`` the TPU run
         uses, for its ``disable_table_stacking``.
+      stacking: how tables stack: ``"tensorflow"`` (``TPUEmbeddingV2``,
+        keras-rs on TensorFlow), ``"none"`` (each table alone:
+        ``disable_table_stacking=True`` / keras-rs ``table_stacking=None``)
+        or ``"jax"`` (keras-rs configs on JAX: jax-tpu-embedding's
+        ``auto_stack_tables``, see ``jax_layout``); None: ``"none"`` where
+        ``sparse_core_config`` disables stacking, else ``"tensorflow"``.
     """
     if not 0 <= percentile <= 100:
       raise ValueError(f"percentile must be in [0, 100]; got {percentile}.")
     self.topology = topology(topology_spec)
     self.percentile = float(percentile)
     self.limits = _limits_dict(limits)
+    self.stacking = resolve_stacking(stacking, sparse_core_config)
+    if self.stacking == "jax":
+      from tpu_embedding.fdo import jax_layout
+
+      jax_layout.check(feature_config)
+    self._feature_config = feature_config
     self._tf_config = to_tf_feature_config(feature_config, optimizer)
     self._sparse_core_config = sparse_core_config
     self._paths = [
@@ -138,6 +152,9 @@ class FdoCollector:
     self._total: dict[str, int] = collections.defaultdict(int)
     self._dropped: dict[str, int] = collections.defaultdict(int)
     self._over: dict[str, int] = collections.defaultdict(int)
+    # Per partition [chip, source SparseCore, shard], the most in a step.
+    self._partition_ids: dict[str, np.ndarray] = {}
+    self._partition_unique: dict[str, np.ndarray] = {}
     self.steps = 0
 
   def _flatten(self, features: Any) -> list[Any]:
@@ -161,8 +178,9 @@ class FdoCollector:
     """
     flat = self._flatten(features)
     nchips = self.topology.num_chips
+    rows = self.stacking == "jax"
     ids = {
-      path: feature_ids(x, path, nchips)
+      path: feature_ids(x, path, nchips, rows_are_samples=rows)
       for path, x in zip(self._paths, flat, strict=True)
     }
     shapes = {p: i.output_shape for p, i in ids.items()}
@@ -174,15 +192,25 @@ class FdoCollector:
           "per-chip batch shape: use drop_remainder=True."
         )
       self._shapes = shapes
-      self.layout = Layout(
-        self._tf_config, self.topology, shapes, self._sparse_core_config
-      )
+      self.layout = self._make_layout(shapes)
     counts = partition(self.layout, ids, self.limits)
     for name, step in counts.items():
       self._ids_per_step[name].append(int(step.ids.max(initial=0)))
       self._unique_per_step[name].append(int(step.unique_ids.max(initial=0)))
       self._buffer[name] = max(self._buffer[name], step.ids_buffer_per_chip)
       self._total[name] += int(step.ids.sum())
+      if name in self._partition_ids:
+        np.maximum(
+          self._partition_ids[name], step.ids, out=self._partition_ids[name]
+        )
+        np.maximum(
+          self._partition_unique[name],
+          step.unique_ids,
+          out=self._partition_unique[name],
+        )
+      else:
+        self._partition_ids[name] = step.ids.copy()
+        self._partition_unique[name] = step.unique_ids.copy()
       if step.dropped is not None and self.limits is not None:
         self._dropped[name] += step.dropped
         max_ids, max_unique = self.limits[name]
@@ -228,8 +256,31 @@ class FdoCollector:
         dropped_ids=self._dropped[name] if self.limits is not None else None,
         steps_over_limits=self._over[name] if self.limits is not None else None,
         limits=self._limits_of(name),
+        partition_max_ids=self._partition_ids[name].copy(),
+        partition_max_unique_ids=self._partition_unique[name].copy(),
       )
-    return FdoStats(self.topology, self.percentile, self.steps, tables)
+    return FdoStats(
+      self.topology, self.percentile, self.steps, tables, self.stacking
+    )
+
+  def _make_layout(self, shapes: dict[str, tuple[int, ...]]) -> Layout:
+    if self.stacking != "jax":
+      return Layout(
+        self._tf_config,
+        self.topology,
+        shapes,
+        self._sparse_core_config,
+        stacking=self.stacking,
+      )
+    from tpu_embedding.fdo.jax_layout import jax_layout
+
+    nchips = self.topology.num_chips
+    global_shapes = {
+      p: (shape[0] * nchips,) + tuple(shape[1:]) for p, shape in shapes.items()
+    }
+    return jax_layout(
+      self._feature_config, self._paths, self.topology, global_shapes
+    )
 
   def _limits_of(self, stack: str) -> tuple[int, int] | None:
     if self.limits is None:
@@ -256,6 +307,7 @@ def compute_stats(
   limits: Any = None,
   sparse_core_config: Any = None,
   features_fn: Any = None,
+  stacking: str | None = None,
 ) -> FdoStats:
   """SparseCore statistics of ``dataset`` (see ``tpu_embedding.fdo``).
 
@@ -273,6 +325,8 @@ def compute_stats(
     sparse_core_config: the TPU run's ``SparseCoreEmbeddingConfig``.
     features_fn: maps a dataset element to the features (default: the
       element, or its first item for a tuple).
+    stacking: ``"tensorflow"``, ``"none"`` or ``"jax"`` (see
+      ``FdoCollector``).
 
   Returns:
     The ``FdoStats``.
@@ -288,6 +342,7 @@ def compute_stats(
     percentile=percentile,
     limits=limits,
     sparse_core_config=sparse_core_config,
+    stacking=stacking,
   )
   features_fn = features_fn or features_of
   for i, element in enumerate(dataset):

@@ -87,6 +87,14 @@ def load_sparse_core_config(
   data = load(path)
   key = {"max": "", "percentile": "percentile_"}[which]
   tables = data["tables"]
+  if data.get("stacking") == "jax":
+    raise ValueError(
+      f"{path} was measured with jax-tpu-embedding's stacking (keras-rs on "
+      'JAX): its stacked tables are not TensorFlow\'s; use its "keras_rs" '
+      "limits, or measure with stacking='tensorflow'."
+    )
+  if data.get("stacking") == "none":
+    kwargs.setdefault("disable_table_stacking", True)
   kwargs.setdefault(
     "max_ids_per_chip_per_sample",
     data["sparse_core_embedding_config"]["max_ids_per_chip_per_sample"],

@@ -25,8 +25,11 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import logging
 import math
+from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +37,55 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.fdo.topologies import Topology
+
+TFE = tf.tpu.experimental.embedding
+
+#: ``stacking``: TensorFlow's ``TPUEmbeddingV2`` (and keras-rs on
+#: TensorFlow), jax-tpu-embedding's (keras-rs on JAX), or none (each table
+#: its own stacked table: TensorFlow's ``disable_table_stacking=True``,
+#: keras-rs' ``table_stacking=None``).
+STACKINGS = ("tensorflow", "jax", "none")
+
+_STACKING_DISABLED = "Table stacking is disabled."
+
+
+class _DropStackingDisabled(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.getMessage() != _STACKING_DISABLED
+
+
+@contextlib.contextmanager
+def _quiet_stacking_disabled() -> Iterator[None]:
+  """Drops TensorFlow's ``Table stacking is disabled.`` warning (absl's
+  logger, once per stacking call) while ``Layout`` asks for an unstacked
+  layout on purpose; nothing else, and only for that call."""
+  logger = logging.getLogger("absl")
+  drop = _DropStackingDisabled()
+  logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    logger.removeFilter(drop)
+
+
+def resolve_stacking(stacking: str | None, sparse_core_config: Any) -> str:
+  """``stacking`` checked against ``sparse_core_config``'s
+  ``disable_table_stacking`` (None: ``"none"`` where that is set, else
+  ``"tensorflow"``)."""
+  disabled = bool(getattr(sparse_core_config, "disable_table_stacking", False))
+  if stacking is None:
+    return "none" if disabled else "tensorflow"
+  if stacking not in STACKINGS:
+    raise ValueError(
+      f"stacking must be one of {', '.join(map(repr, STACKINGS))}; got "
+      f"{stacking!r}."
+    )
+  if disabled and stacking != "none":
+    raise ValueError(
+      f"stacking={stacking!r}, but the SparseCoreEmbeddingConfig given has "
+      "disable_table_stacking=True; pass stacking='none' (or neither)."
+    )
+  return stacking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +133,8 @@ class Layout:
     topology: the ``Topology``.
     stacks: ``{stacked table name: StackLayout}``.
     features: per flattened feature (TensorFlow's joined path order).
+    stacking: ``"tensorflow"``, ``"none"`` (TensorFlow's stacking disabled)
+      or ``"jax"`` (``jax_layout.jax_layout``: jax-tpu-embedding's).
   """
 
   def __init__(
@@ -89,7 +143,28 @@ class Layout:
     topo: Topology,
     output_shapes: Mapping[str, tuple[int, ...]],
     sparse_core_config: Any = None,
+    stacking: str | None = None,
   ):
+    """Stacks as TensorFlow does.
+
+    Args:
+      tf_feature_config: TensorFlow's ``FeatureConfig`` nest.
+      topo: the ``Topology``.
+      output_shapes: per feature path, its per-chip output shape.
+      sparse_core_config: the TPU run's ``SparseCoreEmbeddingConfig``.
+      stacking: ``"tensorflow"`` or ``"none"`` (TensorFlow's
+        ``disable_table_stacking=True``, without its warning); None: as
+        ``sparse_core_config`` says.
+    """
+    self.stacking = resolve_stacking(stacking, sparse_core_config)
+    if self.stacking == "jax":
+      raise ValueError("Layout stacks as TensorFlow; see jax_layout.")
+    if self.stacking == "none" and not getattr(
+      sparse_core_config, "disable_table_stacking", False
+    ):
+      sparse_core_config = TFE.SparseCoreEmbeddingConfig(
+        disable_table_stacking=True
+      )
     config = compat.clone_tf_feature_config(tf_feature_config)
     flat = compat.flatten_with_joined_string_paths(config)
     for path, feature in flat:
@@ -112,13 +187,14 @@ class Layout:
           "needs the per-chip batch (times the sequence length of a dense "
           "input) divisible by the SparseCores per chip."
         )
-    s = compat.stack_sparse_core_tables(
-      tables,
-      flat,
-      topo.num_chips,
-      topo.num_sc_per_chip,
-      sparse_core_config,
-    )
+    with _quiet_stacking_disabled():
+      s = compat.stack_sparse_core_tables(
+        tables,
+        flat,
+        topo.num_chips,
+        topo.num_sc_per_chip,
+        sparse_core_config,
+      )
     self.features: list[_FeatureLayout] = []
     by_stack = collections.defaultdict(list)
     for path, feature in flat:
@@ -156,3 +232,19 @@ class Layout:
           for t in stack_tables
         },
       )
+
+  @classmethod
+  def from_parts(
+    cls,
+    topo: Topology,
+    stacks: dict[str, StackLayout],
+    features: list[_FeatureLayout],
+    stacking: str,
+  ) -> Layout:
+    """A layout another stacker made (``jax_layout``)."""
+    made = cls.__new__(cls)
+    made.topology = topo
+    made.stacks = stacks
+    made.features = features
+    made.stacking = stacking
+    return made

@@ -40,8 +40,14 @@ def _to_numpy(x: Any) -> np.ndarray:
   return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
 
 
-def feature_ids(x: Any, path: str, num_chips: int) -> SampleIds:
-  """``x`` (one global batch of feature ``path``) as samples and ids."""
+def feature_ids(
+  x: Any, path: str, num_chips: int, rows_are_samples: bool = False
+) -> SampleIds:
+  """``x`` (one global batch of feature ``path``) as samples and ids.
+
+  ``rows_are_samples``: a dense ``[B, k, ...]`` input is ``B`` samples
+  (jax-tpu-embedding's rule) instead of one sample per id (TensorFlow's).
+  """
   if isinstance(x, (tf.RaggedTensor, tf.compat.v1.ragged.RaggedTensorValue)):
     if x.ragged_rank != 1 or len(x.shape) != 2:
       raise ValueError(
@@ -73,6 +79,9 @@ def feature_ids(x: Any, path: str, num_chips: int) -> SampleIds:
     shape = array.shape
     ids = array.reshape(-1)
     example = None
+    if rows_are_samples and array.ndim > 1:
+      example = np.repeat(np.arange(batch), math.prod(array.shape[1:]))
+      shape = (batch,)
   if batch % num_chips:
     raise ValueError(
       f"Feature {path!r}: the batch of {batch} does not split over "

@@ -2,7 +2,19 @@
 
 Per stacked table (``TableStats``): the most ids and unique ids a
 partition received in a step (the maximum over steps, and a percentile of
-the per-step maxima), and the ids buffer one chip needs. ``FdoStats``
+the per-step maxima), the same per partition (``partition_max_ids``, shaped
+``[chip, source SparseCore, destination shard]``), and the ids buffer one
+chip needs.
+
+jax-tpu-embedding reports a stacked table's ``max_ids_per_partition`` as a
+list of ``num_chips * num_sc_shards`` values, ``[device x shard]``: for
+device ``d`` and destination shard ``s``, the most ids any of the device's
+SparseCores sends ``s``. That is ``partition_max_ids.max(axis=1)`` (the
+maximum over the source SparseCores) flattened, ``[d * num_sc_shards +
+s]``: ``TableStats.jax_max_ids_per_partition()``; its
+``required_buffer_size_per_sc`` (``[device x SparseCore]``) is each
+source's ids padded to 8 per shard and summed over the shards.
+``FdoStats``
 turns them into TensorFlow's ``SparseCoreEmbeddingConfig`` (or its source
 to paste), keras-rs ``TableConfig`` arguments, a summary and the JSON file
 ``tpu_embedding.fdo.load_sparse_core_config`` reads.
@@ -28,6 +40,7 @@ import dataclasses
 import os
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_embedding.fdo import files
@@ -41,6 +54,31 @@ TF_DEFAULT_LIMIT = 256
 
 #: TensorFlow's default ``max_ids_per_chip_per_sample``.
 TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE = 64
+
+#: Stacked table names longer than this are shown abbreviated.
+SHORT_NAME = 40
+
+#: What the partition arrays' axes are (``to_json``'s ``partition_axes``).
+PARTITION_AXES = ["chip", "source SparseCore", "destination shard"]
+
+
+def short_name(name: str, tables: tuple[str, ...], width: int = SHORT_NAME):
+  """``name`` if it is short, else its first table and how many follow
+  (``"embedding_table_01 +21 tables"``), at most ``width`` characters."""
+  if len(name) <= width:
+    return name
+  if len(tables) > 1:
+    more = f" +{len(tables) - 1} tables"
+    first = tables[0]
+    if len(first) + len(more) > width:
+      first = first[: width - len(more) - 2] + ".."
+    return first + more
+  return name[: width - 2] + ".."
+
+
+def _table_list(tables: tuple[str, ...]) -> str:
+  """``a, b, c``, or where that is long ``a +25 tables``."""
+  return short_name(", ".join(tables), tables)
 
 
 @dataclasses.dataclass
@@ -66,6 +104,10 @@ class TableStats:
     steps_over_limits: steps in which a partition exceeded the given limits
       (on TensorFlow, steps that would fail), or None.
     limits: the given ``(max_ids, max_unique_ids)``, or None.
+    partition_max_ids: ``[chip, source SparseCore, destination shard]``:
+      the most ids that partition received in any step (its maximum is
+      ``max_ids_per_partition``); None where not kept.
+    partition_max_unique_ids: the same for unique ids.
   """
 
   name: str
@@ -83,6 +125,19 @@ class TableStats:
   dropped_ids: int | None = None
   steps_over_limits: int | None = None
   limits: tuple[int, int] | None = None
+  partition_max_ids: np.ndarray | None = None
+  partition_max_unique_ids: np.ndarray | None = None
+
+  def jax_max_ids_per_partition(self, unique: bool = False) -> np.ndarray:
+    """The per-partition maxima as jax-tpu-embedding lists them: one value
+    per (device, destination shard), ``[d * num_sc_shards + s]``, the most
+    any of the device's SparseCores sent (its
+    ``SparseDenseMatmulInputStats.max_ids_per_partition[stack]``, or
+    ``max_unique_ids_per_partition`` with ``unique``)."""
+    counts = self.partition_max_unique_ids if unique else self.partition_max_ids
+    if counts is None:
+      raise ValueError(f"{self.name}: no per-partition statistics kept.")
+    return counts.max(axis=1).reshape(-1)
 
   @property
   def dropped_fraction(self) -> float | None:
@@ -114,12 +169,35 @@ class FdoStats:
     percentile: the percentile reported next to the maximum.
     steps: batches seen.
     tables: ``{stacked table name: TableStats}``.
+    stacking: how the tables were stacked: ``"tensorflow"``
+      (``TPUEmbeddingV2``; keras-rs on TensorFlow), ``"none"`` (each table
+      alone) or ``"jax"`` (jax-tpu-embedding's rule: keras-rs on JAX).
   """
 
   topology: Topology
   percentile: float
   steps: int
   tables: dict[str, TableStats]
+  stacking: str = "tensorflow"
+
+  def _tensorflow_only(self, what: str) -> None:
+    if self.stacking == "jax":
+      raise ValueError(
+        f"{what}: these statistics follow jax-tpu-embedding's stacking "
+        "(keras-rs on JAX), whose stacked tables TensorFlow does not have; "
+        "use keras_rs_limits(), or measure with stacking='tensorflow'."
+      )
+
+  @property
+  def keras_rs_backend(self) -> str:
+    """Which keras-rs backend ``keras_rs_limits`` holds for, in words."""
+    return {
+      "tensorflow": "keras-rs on TensorFlow (TensorFlow's stacking; on JAX: "
+      "stacking='jax')",
+      "jax": "keras-rs on JAX (jax-tpu-embedding's stacking, "
+      'table_stacking="auto")',
+      "none": "keras-rs with table_stacking=None, on TensorFlow or JAX",
+    }[self.stacking]
 
   @property
   def max_ids_per_chip_per_sample(self) -> int:
@@ -131,7 +209,11 @@ class FdoStats:
   def sparse_core_config(self, which: str = "max", **kwargs: Any) -> Any:
     """``tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig`` with the
     measured limits (``which``: ``"max"`` or ``"percentile"``); ``kwargs``
-    go to it too (e.g. ``allow_id_dropping=True``)."""
+    go to it too (e.g. ``allow_id_dropping=True``). Measured unstacked
+    (``stacking="none"``), it has ``disable_table_stacking=True``."""
+    self._tensorflow_only("sparse_core_config")
+    if self.stacking == "none":
+      kwargs.setdefault("disable_table_stacking", True)
     limits = {name: t.limit(which) for name, t in self.tables.items()}
     kwargs.setdefault(
       "max_ids_per_chip_per_sample",
@@ -146,17 +228,23 @@ class FdoStats:
   def sparse_core_config_source(self, which: str = "max") -> str:
     """The ``SparseCoreEmbeddingConfig(...)`` to paste."""
     config = self.sparse_core_config(which)
+    disable = (
+      "    disable_table_stacking=True,\n" if self.stacking == "none" else ""
+    )
     return (
       "tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(\n"
       f"    max_ids_per_table={config.max_ids_per_table!r},\n"
       f"    max_unique_ids_per_table={config.max_unique_ids_per_table!r},\n"
       "    max_ids_per_chip_per_sample="
-      f"{config.max_ids_per_chip_per_sample},\n)"
+      f"{config.max_ids_per_chip_per_sample},\n{disable})"
     )
 
   def keras_rs_limits(self, which: str = "max") -> dict[str, dict[str, int]]:
     """keras-rs ``TableConfig`` arguments per *table*: a table gets the
-    limits of the stack it is in (keras-rs stacks as TensorFlow does)."""
+    limits of the stack it is in (keras-rs takes a stack's limits as the
+    largest of its tables'). The stacks are this ``stacking``'s:
+    TensorFlow's hold for keras-rs on TensorFlow, jax-tpu-embedding's
+    (``stacking="jax"``) for keras-rs on JAX (``keras_rs_backend``)."""
     out = {}
     for stats in self.tables.values():
       max_ids, max_unique = stats.limit(which)
@@ -168,13 +256,17 @@ class FdoStats:
     return out
 
   def keras_rs_source(self, which: str = "max") -> str:
-    """``TableConfig(name=..., max_ids_per_partition=..., ...)`` lines."""
-    return "\n".join(
-      f"keras_rs.layers.TableConfig(name={table!r}, ..., "
-      f"max_ids_per_partition={v['max_ids_per_partition']}, "
-      f"max_unique_ids_per_partition={v['max_unique_ids_per_partition']})"
-      for table, v in sorted(self.keras_rs_limits(which).items())
-    )
+    """The keras-rs ``TableConfig`` limits, one line per stacked table
+    (its tables named, or if that is long the first and a count:
+    ``keras_rs_limits`` and the JSON name them all)."""
+    lines = []
+    for _, stats in sorted(self.tables.items()):
+      max_ids, max_unique = stats.limit(which)
+      lines.append(
+        f"{_table_list(stats.tables)}: max_ids_per_partition={max_ids}, "
+        f"max_unique_ids_per_partition={max_unique}"
+      )
+    return "\n".join(lines)
 
   def to_json(self) -> dict[str, Any]:
     """The JSON ``save`` writes (``load_sparse_core_config`` reads it)."""
@@ -184,16 +276,22 @@ class FdoStats:
       "percentile": self.percentile,
       "steps": self.steps,
       "max_ids_per_chip_per_sample": self.max_ids_per_chip_per_sample,
+      "stacking": self.stacking,
+      "partition_axes": PARTITION_AXES,
       "tables": {
         name: {
           **dataclasses.asdict(t),
           "limits": list(t.limits) if t.limits else None,
           "dropped_fraction": t.dropped_fraction,
           "tables": list(t.tables),
+          "partition_max_ids": _as_list(t.partition_max_ids),
+          "partition_max_unique_ids": _as_list(t.partition_max_unique_ids),
         }
         for name, t in self.tables.items()
       },
-      "sparse_core_embedding_config": {
+      "sparse_core_embedding_config": None
+      if self.stacking == "jax"
+      else {
         "max_ids_per_table": {k: v.limit()[0] for k, v in self.tables.items()},
         "max_unique_ids_per_table": {
           k: v.limit()[1] for k, v in self.tables.items()
@@ -201,8 +299,10 @@ class FdoStats:
         "max_ids_per_chip_per_sample": max(
           TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE, self.max_ids_per_chip_per_sample
         ),
+        "disable_table_stacking": self.stacking == "none",
       },
       "keras_rs": self.keras_rs_limits(),
+      "keras_rs_backend": self.keras_rs_backend,
     }
 
   def save(self, path: str | os.PathLike) -> str:
@@ -211,24 +311,51 @@ class FdoStats:
     return files.save_json(self.to_json(), path)
 
   def summary(self, which: str = "max") -> str:
-    """A table of the statistics, one stacked table a line."""
+    """A table of the statistics, one stacked table a line (long names
+    abbreviated: ``short_name``), then the ``SparseCoreEmbeddingConfig``
+    to paste where its names are short enough to read."""
+    stacking = {
+      "tensorflow": "TensorFlow's stacking",
+      "none": "tables unstacked",
+      "jax": "jax-tpu-embedding's stacking (keras-rs on JAX)",
+    }[self.stacking]
+    shown = {n: short_name(n, t.tables) for n, t in self.tables.items()}
+    width = max([13, *map(len, shown.values())])
     lines = [
       f"FDO statistics over {self.steps} steps on {self.topology.describe()}"
-      f" (p{self.percentile:g} = percentile of the per-step maxima):",
-      f"  {'stacked table':30} {'max ids':>8} {'p':>6} {'max uniq':>8} "
+      f", {stacking} (p{self.percentile:g} = percentile of the per-step "
+      "maxima):",
+      f"  {'stacked table':{width}} {'max ids':>8} {'p':>6} {'max uniq':>8} "
       f"{'p':>6} {'buffer/chip':>11} {'dropped':>8}",
     ]
     for name, t in sorted(self.tables.items()):
       dropped = (
         "" if t.dropped_fraction is None else f"{t.dropped_fraction:.2%}"
       )
-      shown = name if len(name) <= 30 else f"{name[:22]}..+{len(t.tables)}"
       lines.append(
-        f"  {shown:30} {t.max_ids_per_partition:8d} "
+        f"  {shown[name]:{width}} {t.max_ids_per_partition:8d} "
         f"{t.percentile_max_ids_per_partition:6d} "
         f"{t.max_unique_ids_per_partition:8d} "
         f"{t.percentile_max_unique_ids_per_partition:6d} "
         f"{t.ids_buffer_per_chip:11d} {dropped:>8}"
       )
-    lines.append(self.sparse_core_config_source(which))
+    if self.stacking == "jax":
+      lines.append(
+        "No SparseCoreEmbeddingConfig: these stacks are jax-tpu-embedding's;"
+        " the keras-rs limits hold for keras-rs on JAX."
+      )
+    elif max(map(len, self.tables), default=0) > SHORT_NAME:
+      lines += [
+        "SparseCoreEmbeddingConfig: not printed, its stacked table names run"
+        f" to {max(map(len, self.tables))} characters. Save the file",
+        "(FdoStats.save, fdo_report.py --save FILE) and pass "
+        "tpe.TPUEmbedding(..., sparse_core_embedding_config=FILE),",
+        "or fdo.load_sparse_core_config(FILE).",
+      ]
+    else:
+      lines.append(self.sparse_core_config_source(which))
     return "\n".join(lines)
+
+
+def _as_list(array: np.ndarray | None) -> list[Any] | None:
+  return None if array is None else array.tolist()
