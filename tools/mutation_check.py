@@ -384,8 +384,8 @@ class Outcome(NamedTuple):
 def run_tests(
   copy: str, tests: Sequence[str], env: dict[str, str], timeout: float
 ) -> tuple[int, str]:
-  """``(pytest's exit code, the end of its output)`` for ``tests`` on the
-  packages in ``copy``."""
+  """``(pytest's exit code, its output)`` for ``tests`` on the packages in
+  ``copy``."""
   path = os.environ.get("PYTHONPATH", "")
   command = [
     sys.executable,
@@ -420,8 +420,9 @@ def run_tests(
     )
   except subprocess.TimeoutExpired:
     return -1, f"timed out after {timeout:g} s"
-  output = (process.stdout + process.stderr).strip().splitlines()
-  return process.returncode, "\n".join(output[-15:])
+  # All of it: under CI=true the suite's own lines may follow pytest's
+  # summary (the FAILED lines _failed_tests reads).
+  return process.returncode, (process.stdout + process.stderr).strip()
 
 
 def _failed_tests(output: str) -> str:
