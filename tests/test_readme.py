@@ -15,7 +15,8 @@ Python block reading ``/tmp/tpe_dlrm``) runs against a SavedModel
 exported by ``python3 -m model_garden.ranking.train --experiment
 dlrm_criteo_cpu_small`` with 2 steps, the README's path replaced by the
 test's directory (the only change made to a block). Both must give the
-same probability for the same example.
+same probability for the same example: the line's raw fields
+(``serving_raw``) and its preprocessed values (``serving_default``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def _probabilities(text: str) -> list[float]:
 
 def test_the_serving_recipe_works(ranking_dir, tmp_path):
   (line,) = [b for b in BASH_BLOCKS if b.startswith("saved_model_cli run")]
+  assert "--signature_def serving_raw" in line
   stdout = _run(
     ["bash", "-c", line.replace(RANKING_DIR, str(ranking_dir))], tmp_path
   )

@@ -30,9 +30,13 @@ Flags:
   dies (``--max_restarts``). On real machines set ``TF_CONFIG`` instead.
 * ``--data``: ``synthetic``, ``paddlerec`` (the 80-record Criteo sample of
   ``paddle-rec==0.1.0``: lines 1-64 train, 65-80 validate, batches of 16
-  unless set) or a glob of raw Criteo TSV files. TFRecord files:
-  ``task.use_tf_record_reader=true`` and ``task.train_data.input_path``
-  (``tools/criteo_to_tfrecord.py`` converts TSV).
+  unless set) or a glob of raw Criteo TSV files. TFRecord files
+  (``tools/criteo_to_tfrecord.py`` converts TSV): ``--data
+  '/data/tfrecords/*.tfrecord' --params_override
+  task.use_tf_record_reader=true``; without ``--data``, also
+  ``task.use_synthetic_data=false,task.train_data.input_path=...`` (the
+  ``*_cpu_small`` experiments default to synthetic data).
+  docs/your_own_data.md: from files to a served model.
 * Training files alone (``--data GLOB``, or ``task.train_data.input_path``
   without ``validation_data``'s): validation reads a split held out of
   them, records 10, 20, 30, ... of each file (``task.holdout_every=10``;
