@@ -73,6 +73,7 @@ def check_flags(
   tpu: str | None = None,
   kill_at_step: int | None = None,
   eval_timeout: float | None = None,
+  cluster_timeout: float | None = None,
   tf_config: str = "",
 ) -> None:
   """Rejects flags that contradict each other or the strategy.
@@ -129,6 +130,16 @@ def check_flags(
       "TF_CONFIG is set (this process is a task of a cluster), so "
       "--num_workers, --num_ps and --ps_local_cluster, which start a local "
       "cluster, do not apply: unset TF_CONFIG or drop those flags."
+    )
+  if cluster_timeout is not None and strategy != "multi_worker_mirrored":
+    raise ValueError(
+      f"--cluster_timeout applies to --strategy multi_worker_mirrored, not "
+      f"{strategy}."
+    )
+  if cluster_timeout is not None and cluster_timeout < 0:
+    raise ValueError(
+      f"--cluster_timeout must not be negative (0: wait forever), got "
+      f"{cluster_timeout:g}."
     )
   if tpu and strategy != "tpu":
     raise ValueError(f"--tpu applies to --strategy tpu, not {strategy}.")
@@ -757,15 +768,33 @@ def _count_text_records(path: str, split: str, limit: int) -> int:
 
 
 def _count_tfrecords(path: str, limit: int) -> int:
+  """Records of ``path`` up to ``limit``, read without starting TensorFlow's
+  runtime (a ``tf.data`` pipeline would: the logical CPU devices of
+  ``--num_replicas`` and ``multi_worker_mirrored``'s collectives must be
+  set up after these checks, before any op runs)."""
   from model_garden import cli  # noqa: PLC0415
 
+  count = 0
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")  # (its deprecation notice: tf.data, which we avoid)
   try:
-    return sum(1 for _ in tf.data.TFRecordDataset(path).take(limit))
-  except tf.errors.OpError as e:
+    records = tf.compat.v1.io.tf_record_iterator(path)
+    logger.setLevel(level)
+    while count < limit:
+      next(records)
+      count += 1
+  except StopIteration:
+    pass
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "message", None) or getattr(e, "strerror", None)
     raise cli.FixableError(
       f"{path}: not a readable TFRecord file "
-      f"({e.message.strip().splitlines()[0]})."
+      f"({str(reason or e).strip().splitlines()[0]})."
     ) from None
+  finally:
+    logger.setLevel(level)
+  return count
 
 
 def check_inputs(config: definitions.ExperimentConfig, mode: str) -> None:

@@ -28,6 +28,10 @@ Flags:
   the same command as a local cluster of processes (``launcher``), logs
   prefixed by task, restarted from the last checkpoint when a process
   dies (``--max_restarts``). On real machines set ``TF_CONFIG`` instead.
+* ``--cluster_timeout`` (default 600 s; 0: forever): a
+  ``multi_worker_mirrored`` task waits that long for the other tasks of
+  its cluster to start, saying which (and their addresses) after 3 s and
+  every 30 s, then gives up in one line, exit code 1.
 * ``--data``: ``synthetic``, ``paddlerec`` (the 80-record Criteo sample of
   ``paddle-rec==0.1.0``: lines 1-64 train, 65-80 validate, batches of 16
   unless set) or a glob of raw Criteo TSV files. TFRecord files
@@ -169,6 +173,13 @@ def define_flags() -> None:
     3,
     "With --num_workers: restarts from the last checkpoint after a process "
     "dies, before giving up.",
+  )
+  flags.DEFINE_float(
+    "cluster_timeout",
+    600.0,
+    "multi_worker_mirrored: seconds a task waits for the other tasks of "
+    "TF_CONFIG's cluster to start (saying which, every 30 s) before giving "
+    "up with exit code 1; 0: wait forever.",
   )
   flags.DEFINE_float(
     "eval_timeout",
@@ -366,6 +377,9 @@ def prepare(tf_config: str = "") -> Plan:
     tpu=FLAGS.tpu,
     kill_at_step=FLAGS.kill_at_step,
     eval_timeout=FLAGS.eval_timeout,
+    cluster_timeout=(
+      FLAGS.cluster_timeout if FLAGS["cluster_timeout"].present else None
+    ),
     tf_config=tf_config,
   )
   plan = Plan(config, strategy, launch=FLAGS.num_workers > 0)
@@ -543,6 +557,7 @@ def main(argv: list[str]) -> None:
     kill_at_step=FLAGS.kill_at_step,
     progress_bar={"on": True, "off": False}.get(FLAGS.progress_bar),
     eval_timeout=FLAGS.eval_timeout,
+    cluster_timeout=FLAGS.cluster_timeout,
     fdo_stats_dir=FLAGS.fdo_stats_dir,
     fdo_topology=FLAGS.fdo_topology,
     fdo_every_n_steps=FLAGS.fdo_every_n_steps,
@@ -560,6 +575,7 @@ def run(
   kill_at_step: int | None = None,
   progress_bar: bool | None = None,
   eval_timeout: float | None = None,
+  cluster_timeout: float | None = 600.0,
   fdo_stats_dir: str | None = None,
   fdo_topology: str = "v5p-8",
   fdo_every_n_steps: int = 100,
@@ -578,6 +594,9 @@ def run(
     kill_at_step: see ``trainer.Trainer``.
     progress_bar: see ``progress.Progress``.
     eval_timeout: see ``trainer.Trainer.continuous_evaluate``.
+    cluster_timeout: ``multi_worker_mirrored``: seconds to wait for the
+      cluster's other tasks (``strategies.wait_for_cluster``; None or 0:
+      forever).
     fdo_stats_dir: keep SparseCore statistics of the training batches
       (``tpu_embedding.fdo``) for ``fdo_topology`` and write them here every
       ``fdo_every_n_steps`` steps and at the end of training.
@@ -617,6 +636,7 @@ def run(
     num_replicas=num_replicas,
     tpu=config.runtime.tpu,
     cluster=cluster,
+    cluster_timeout=cluster_timeout,
   )
   seed = config.runtime.seed
   if seed is not None:
@@ -793,6 +813,10 @@ def translate_error(error: BaseException) -> BaseException | None:
   if isinstance(error, app.UsageError):
     return cli.UsageError(str(error))
   if isinstance(error, run_lock.DirectoryInUseError):
+    return cli.FixableError(str(error))
+  from model_garden.ranking import strategies  # noqa: PLC0415
+
+  if isinstance(error, strategies.ClusterTimeoutError):
     return cli.FixableError(str(error))
   message = bad_records.describe_bad_record(error, _bad_record_key(error))
   if message is not None:

@@ -107,6 +107,14 @@ def usage_error(run_main, *args, tf_config=None):
     (["--strategy=mirrored", "--num_workers=2"], "not mirrored"),
     (["--tpu=grpc://x"], "runtime.tpu='grpc://x' applies to the tpu strategy"),
     (["--eval_timeout=5"], "--eval_timeout applies to --mode continuous_eval"),
+    (
+      ["--strategy=mirrored", "--cluster_timeout=5"],
+      "--cluster_timeout applies to --strategy multi_worker_mirrored, not",
+    ),
+    (
+      ["--strategy=multi_worker_mirrored", "--cluster_timeout=-1"],
+      "--cluster_timeout must not be negative (0: wait forever), got -1",
+    ),
     (["--mode=eval", "--kill_at_step=3"], "--kill_at_step applies to"),
     (["--ps_local_cluster=2,1"], "applies to --strategy parameter_server"),
     (
