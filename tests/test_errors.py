@@ -254,10 +254,39 @@ def test_loop_order_errors():
   with pytest.raises(RuntimeError, match="without a preceding enqueue"):
     emb.dequeue()
   features = {"clicks": tf.constant([1, 2]), "views": tf.constant([3, 4])}
+  emb.enqueue(features)
+  with pytest.raises(RuntimeError, match="without a preceding dequeue"):
+    emb.apply_gradients({"clicks": tf.zeros([2, 2]), "views": tf.zeros([2, 2])})
+  # An evaluation's enqueue: the message names training=False, the cause
+  # (not a dequeue, which there was).
   emb.enqueue(features, training=False)
   activations = emb.dequeue()
-  with pytest.raises(RuntimeError, match="preceding dequeue"):
+  with pytest.raises(RuntimeError, match=r"after `enqueue\(\.\.\., training=F"):
     emb.apply_gradients(activations)
+  # A training step afterwards works, and a training step's apply without
+  # a dequeue is still a missing dequeue.
+  emb.enqueue(features)
+  emb.apply_gradients(emb.dequeue())
+  emb.enqueue(features)
+  with pytest.raises(RuntimeError, match="without a preceding dequeue"):
+    emb.apply_gradients(activations)
+
+
+def test_apply_after_an_evaluation_enqueue_names_training_false_mirrored():
+  strategy = mirrored_strategy(2)
+  with strategy.scope():
+    emb = make_embedding()
+  features = {"clicks": tf.constant([1, 2]), "views": tf.constant([3, 4])}
+  dataset = tf.data.Dataset.from_tensors(features).repeat()
+  batch = next(iter(strategy.experimental_distribute_dataset(dataset)))
+
+  @tf.function
+  def step():
+    emb.enqueue(batch, training=False)  # outside strategy.run
+    strategy.run(lambda: emb.apply_gradients(emb.dequeue()))
+
+  with pytest.raises(RuntimeError, match=r"training=False"):
+    step()
 
 
 def test_enqueue_in_one_function_and_dequeue_in_another_is_explained():

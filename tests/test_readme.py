@@ -97,6 +97,25 @@ def test_the_readme_is_short_and_has_its_blocks():
   assert [b for b in BASH_BLOCKS if b.startswith("saved_model_cli run")]
 
 
+def test_the_mirrored_line_says_how_to_make_logical_cpus(tmp_path):
+  """Next to ``MirroredStrategy()``, the README gives the two lines that
+  split the CPU: run as written, the strategy has 2 replicas."""
+  paragraph = TEXT[TEXT.index("strategy = tf.distribute.MirroredStrategy()") :]
+  paragraph = paragraph[: paragraph.index("\n\n")]
+  lines = re.findall(
+    r"`(cpu = [^`]+|tf\.config\.set_logical_[^`]+)`", paragraph
+  )
+  assert len(lines) == 2, paragraph
+  stdout = _run_python(
+    "import tensorflow as tf\n"
+    + "\n".join(lines)
+    + "\nstrategy = tf.distribute.MirroredStrategy()"
+    + SUFFIX,
+    tmp_path,
+  )
+  assert "REPLICAS 2" in stdout, stdout
+
+
 CASES = [
   pytest.param(i, strategy, id=f"block{i}-{_kind(block)}-{strategy}")
   for i, block in enumerate(PYTHON_BLOCKS)

@@ -123,6 +123,11 @@ APPLY_WITHOUT_DEQUEUE = (
   "function: the gradients must be those of the activations returned by "
   "the last `dequeue()` call."
 )
+APPLY_AFTER_EVALUATION_ENQUEUE = (
+  "apply_gradients called after `enqueue(..., training=False)`: an "
+  "evaluation step's lookups keep nothing to update. Enqueue with "
+  "`training=True` (the default) for a step that applies gradients."
+)
 
 SKIP_ON_TPU = (
   "apply_gradients(skip=...) is not available under TPUStrategy: "

@@ -92,13 +92,16 @@ class Progress:
   """A progress bar plus a log line every ``log_steps`` steps.
 
   Args:
-    target: the last step.
+    target: the last step of this stretch of training.
     initial: the step training starts from (a resumed run).
     batch_size: global examples per step.
     log_steps: steps between log lines.
     stream: where log lines go (default stdout).
     bar: ``True``/``False`` forces the progress bar on/off; None shows it
       on an interactive terminal only.
+    total: the run's last step when this stretch stops before it, for a
+      validation (``train_and_eval``): lines read ``step 250/600
+      (validation at 300)``, never ``250/300``.
 
   Example:
     >>> import io
@@ -110,6 +113,11 @@ class Progress:
     ...   _ = progress.update(step, loss=0.5, metrics={"auc": 0.6})
     >>> out.getvalue().splitlines()[0].startswith("step      2/4")
     True
+    >>> out = io.StringIO()
+    >>> progress = Progress(target=300, initial=200, total=600, log_steps=50,
+    ...                     stream=out, bar=False)
+    >>> progress.update(250, loss=0.5)[:36]
+    'step    250/600 (validation at 300) '
   """
 
   def __init__(
@@ -120,8 +128,10 @@ class Progress:
     log_steps: int = 100,
     stream: TextIO | None = None,
     bar: bool | None = None,
+    total: int | None = None,
   ):
     self.target = target
+    self.total = target if total is None else max(total, target)
     self.log_steps = max(1, log_steps)
     self.stream = stream or sys.stdout
     if bar is None:
@@ -133,7 +143,7 @@ class Progress:
     self._bar = None
     if bar and target > initial:
       self._bar = keras.utils.Progbar(
-        target,
+        self.total,
         stateful_metrics=["loss", "auc", "examples/s"],
         unit_name="step",
         interval=0.5,
@@ -166,7 +176,10 @@ class Progress:
       return None
     self._log_meter.record(step)
     interval_rate = self._log_meter.interval_examples_per_second()
-    line = f"step {step:6d}/{self.target}  loss {loss:.4f}"
+    line = f"step {step:6d}/{self.total}"
+    if self.target < self.total:
+      line += f" (validation at {self.target})"
+    line += f"  loss {loss:.4f}"
     if metrics:
       line += "  " + format_metrics(
         {k: v for k, v in metrics.items() if k != "loss"}

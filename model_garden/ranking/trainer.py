@@ -314,6 +314,7 @@ class Trainer:
     progress = Progress(
       target,
       initial=start,
+      total=trainer.train_steps,
       batch_size=batch_size,
       log_steps=trainer.time_history.log_steps or trainer.summary_interval,
       stream=self.log_stream,

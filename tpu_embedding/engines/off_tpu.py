@@ -298,6 +298,14 @@ class OffTPUEngine(Engine, Trackable):
     if not self._built:
       raise RuntimeError(errors.NOT_BUILT.format(method="apply_gradients"))
     step = self._current_step(for_dequeue=False)
+    # This function's enqueue (inside strategy.run, or outside it)...
+    enqueued = step if step is not None else self._enqueued
+    if (
+      enqueued is not None
+      and enqueued.graph is current_graph()
+      and not enqueued.training
+    ):  # ... was an evaluation's: the cause, not a missing dequeue.
+      raise RuntimeError(errors.APPLY_AFTER_EVALUATION_ENQUEUE)
     if (
       step is None or step.batches is None or step.graph is not current_graph()
     ):
