@@ -18,6 +18,13 @@ the stack's limits (``FdoStats.keras_rs_limits``).
 JAX also differs on samples: a dense ``[B, k]`` input is ``B`` samples of
 ``k`` ids (TensorFlow's ``TPUEmbeddingV2``: ``B * k`` samples), so the
 collector reads a JAX layout's features row by row.
+
+Example:
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.fdo import jax_layout
+  >>> table = tpe.TableConfig(8, 2, name="t")
+  >>> jax_layout.is_keras_rs_nest({"f": tpe.FeatureConfig(table)})
+  False
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ def _modules() -> tuple[Any, Any, Any]:
 
 
 def is_keras_rs_nest(feature_config: Any) -> bool:
+  """Whether every leaf of ``feature_config`` is a keras-rs
+  ``FeatureConfig``."""
   from tpu_embedding.layers import keras_rs_configs
 
   leaves = tf.nest.flatten(feature_config)
