@@ -21,6 +21,7 @@ from model_garden.ranking import inputs
 from model_garden.ranking import train
 from model_garden.ranking.data import criteo_tfrecord
 from model_garden.ranking.data import text_files
+from tests.model_garden.test_data_options import run_main
 
 VOCAB = [97] * 26
 #: Two files of 40 records: every 10th held out, 72 train and 8 validate.
@@ -134,18 +135,6 @@ def test_holdout_selects_whole_and_disjoint_record_numbers(tmp_path):
   assert read(False) == [n for n in range(1, 24) if n % 5]
   with pytest.raises(ValueError, match="must be > 1"):
     text_files.Holdout(1, True)
-
-
-def run_main(argv: list[str], capsys) -> str:
-  """``train.main`` with these flags, in this process; returns its stdout."""
-  train.define_flags()
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["train", "--progress_bar=off", *argv])
-  try:
-    train.main([])
-  finally:
-    flags.FLAGS.unparse_flags()
-  return capsys.readouterr().out
 
 
 def test_the_trainer_says_which_split_validates(tmp_path, capsys):

@@ -41,6 +41,7 @@ import pytest
 
 from model_garden.ranking import strategies
 from tests import processes
+from tests.model_garden.test_train import command
 from tests.scripts import run_tool
 
 BATCH = 16
@@ -120,18 +121,13 @@ def data(tmp_path_factory):
 
 
 def _command(model_dir, strategy, reader_params):
-  return [
-    sys.executable,
-    "-m",
-    "model_garden.ranking.train",
-    "--experiment=dlrm_criteo_cpu_small",
-    f"--model_dir={model_dir}",
-    f"--params_override={PARAMS},{reader_params}",
+  return command(
+    model_dir,
     "--mode=train_and_eval",
-    "--seed=3",
     "--progress_bar=off",
     *STRATEGIES[strategy],
-  ]
+    params=f"{PARAMS},{reader_params}",
+  )
 
 
 def _env():
