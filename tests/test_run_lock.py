@@ -7,12 +7,14 @@ managers of one process (and a run's own lock) share it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import tensorflow as tf
 
 from tests import processes
@@ -163,3 +165,32 @@ def test_a_refusal_is_one_line_naming_directory_and_holder(tmp_path):
     f"12:00:00; lock file {tmp_path / run_lock.LOCK_FILE}): wait for it to "
     "finish or stop it, or do X."
   )
+
+
+@pytest.mark.parametrize(
+  "cluster, task, chief",
+  [
+    (None, None, True),  # one process
+    ({"worker": ["a:1", "b:2"]}, ("worker", 0), True),
+    ({"worker": ["a:1", "b:2"]}, ("worker", 1), False),
+    ({"chief": ["c:0"], "worker": ["a:1"]}, ("chief", 0), True),
+    # A cluster with a chief task: worker 0 is not its chief, and must not
+    # take (or be refused) the run directory's lock.
+    ({"chief": ["c:0"], "worker": ["a:1"]}, ("worker", 0), False),
+    ({"chief": ["c:0"], "worker": ["a:1"], "ps": ["p:2"]}, ("ps", 0), False),
+  ],
+)
+def test_one_chief_task_per_cluster(monkeypatch, cluster, task, chief):
+  from model_garden.ranking import train  # noqa: PLC0415
+
+  if cluster is None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+  else:
+    kind, index = task
+    monkeypatch.setenv(
+      "TF_CONFIG",
+      json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}}),
+    )
+  assert run_lock.is_chief_task() is chief
+  assert train.writes_run_dir("train") is chief
+  assert train.writes_run_dir("eval") is False

@@ -177,7 +177,7 @@ def checkpoint_path(path: str, flag: str = "--checkpoint") -> str:
     base, deltas = checkpoints.saved_chain(path)
   except ValueError as e:
     raise ExportError(f"{flag}: {e}") from None
-  return (deltas or [base])[-1]
+  return checkpoints.chain_end(base, deltas)
 
 
 def restore(spec: ExportSpec, path: str, tables):

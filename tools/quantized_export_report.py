@@ -90,7 +90,7 @@ def train_or_reuse(config: Any, model_dir: str) -> tuple[str, dict]:
   from model_garden.ranking import train  # noqa: PLC0415
 
   base, deltas = checkpoints.latest_with_deltas(model_dir)
-  latest = (deltas or [base])[-1]  # the last save, full or delta
+  latest = checkpoints.chain_end(base, deltas)
   if latest:
     progress("Reusing %s", latest)
     return latest, {}

@@ -403,11 +403,14 @@ def apply_deltas(
         "that trained these tables."
       )
   in_base = set(tf.train.load_checkpoint(base).get_variable_to_shape_map())
+  stored = {
+    delta: set(tf.train.load_checkpoint(delta).get_variable_to_shape_map())
+    for delta in deltas
+  }
   for delta in deltas:  # the dense state the base has, in every delta
-    stored = tf.train.load_checkpoint(delta).get_variable_to_shape_map()
     for _, by_key in rest:
       lacking = sorted(
-        key for key in map(saved, by_key) if key in in_base - set(stored)
+        key for key in map(saved, by_key) if key in in_base - stored[delta]
       )
       if lacking:
         raise ValueError(
@@ -420,7 +423,7 @@ def apply_deltas(
       rows = read_rows(delta, saved(table.key))
       if rows is not None and rows[0].size:
         table.store.write_rows_at(rows[0], rows[1], table.store_key)
-    _restore_rest(rest, delta, saved)
+    _restore_rest(rest, delta, saved, stored[delta])
   if deltas:
     record_save(checkpoint, deltas[-1])
   else:
@@ -431,12 +434,12 @@ def _restore_rest(
   rest: list[tuple[Any, dict[str, Any]]],
   delta: str,
   saved: Callable[[str], str],
+  stored: set[str],
 ) -> None:
   """Restores the other objects' values (whole, or this worker's slices)
   from ``delta``, found under their saved keys (``saved``); values the
-  delta does not hold (an object the saving checkpoint did not have, e.g.
-  its ``save_counter``) are kept."""
-  stored = tf.train.load_checkpoint(delta).get_variable_to_shape_map()
+  delta does not hold (``stored``: its keys; an object the saving
+  checkpoint did not have, e.g. its ``save_counter``) are kept."""
   for obj, by_key in rest:
     restored = {}
     for own_key, value in by_key.items():

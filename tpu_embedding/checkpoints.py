@@ -53,6 +53,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeVar
 
 import tensorflow as tf
 
@@ -72,6 +73,7 @@ __all__ = [
   "CheckpointManager",
   "DeltaMismatchError",
   "apply_deltas",
+  "chain_end",
   "key_id",
   "latest_with_deltas",
   "restore",
@@ -291,20 +293,7 @@ class _SlicedWriter:
     return path
 
 
-def _chief_task() -> bool:
-  """Whether ``TF_CONFIG`` (if any) makes this process the cluster's
-  chief: its ``chief`` task, or worker 0 of a cluster without one."""
-  try:
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    task = config.get("task") or {}
-    kind, index = task.get("type"), int(task.get("index") or 0)
-    cluster = config.get("cluster") or {}
-  except (ValueError, TypeError, AttributeError):
-    return True  # (TensorFlow itself refuses such a TF_CONFIG)
-  if kind in (None, "chief"):
-    return True
-  return kind == "worker" and index == 0 and "chief" not in cluster
-
+_Base = TypeVar("_Base", str, None)
 
 #: A directory's chain of deltas: ``{"base": name, "deltas": [names]}``.
 DELTA_STATE = "deltas.json"
@@ -331,6 +320,17 @@ def latest_with_deltas(directory: str) -> tuple[str | None, list[str]]:
   if os.path.join(directory, chain["base"]) != latest:
     return latest, []
   return latest, [os.path.join(directory, name) for name in chain["deltas"]]
+
+
+def chain_end(base: _Base, deltas: Sequence[str]) -> _Base | str:
+  """The save a chain ends in, whose state it restores: its last delta,
+  else its full checkpoint (None: no checkpoint).
+
+  Example:
+    >>> chain_end("/run/ckpt-2", ["/run/delta-4"]), chain_end("/run/ckpt-2", [])
+    ('/run/delta-4', '/run/ckpt-2')
+  """
+  return deltas[-1] if deltas else base
 
 
 def saved_chain(path: str) -> tuple[str, list[str]]:
@@ -460,7 +460,9 @@ class CheckpointManager(tf.train.CheckpointManager):
     """The chief takes the directory's writer lock (once, for the
     manager's life: released when it is collected, or by the kernel when
     the process ends)."""
-    if self._lock is not None or not (self._is_chief() and _chief_task()):
+    if self._lock is not None or not (
+      self._is_chief() and run_lock.is_chief_task()
+    ):
       return
     lock = run_lock.RunLock(
       self._directory, "save into another directory"
@@ -472,7 +474,7 @@ class CheckpointManager(tf.train.CheckpointManager):
   def latest_save(self) -> str | None:
     """The last save, full or delta (``latest_checkpoint`` names the last
     full one): what ``saved_chain`` turns back into this state."""
-    return (self.deltas or [self._latest_checkpoint])[-1]
+    return chain_end(self._latest_checkpoint, self.deltas)
 
   def save(self, checkpoint_number=None, check_interval=True, options=None):
     """A full save, or a delta if ``delta_interval`` says one is due.

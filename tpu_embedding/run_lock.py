@@ -56,6 +56,7 @@ __all__ = [
   "Holder",
   "RunLock",
   "check_free",
+  "is_chief_task",
 ]
 
 #: The lock file's name inside the locked directory.
@@ -116,6 +117,37 @@ class _Entry:
 
 #: The locks this process holds, by the directory's real path.
 _HELD: dict[str, _Entry] = {}
+
+
+def is_chief_task() -> bool:
+  """Whether ``TF_CONFIG`` (if any) makes this process its cluster's
+  chief, the one writer of a run's directory: its ``chief`` task, or
+  worker 0 of a cluster without one (no ``TF_CONFIG``: a single process).
+
+  Example:
+    >>> import json, os
+    >>> from tpu_embedding import run_lock
+    >>> saved = os.environ.pop("TF_CONFIG", None)
+    >>> run_lock.is_chief_task()  # no cluster: a single process
+    True
+    >>> cluster = {"chief": ["a:1"], "worker": ["b:2"]}
+    >>> os.environ["TF_CONFIG"] = json.dumps(
+    ...   {"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    >>> run_lock.is_chief_task()  # worker 0 of a cluster with a chief
+    False
+    >>> del os.environ["TF_CONFIG"]
+    >>> os.environ.update({"TF_CONFIG": saved} if saved else {})
+  """
+  try:
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = config.get("task") or {}
+    kind, index = task.get("type"), int(task.get("index") or 0)
+    cluster = config.get("cluster") or {}
+  except (ValueError, TypeError, AttributeError):
+    return True  # (TensorFlow itself refuses such a TF_CONFIG)
+  if kind in (None, "chief"):
+    return True
+  return kind == "worker" and index == 0 and "chief" not in cluster
 
 
 def _is_local(directory: str) -> bool:

@@ -46,6 +46,7 @@ import tensorflow as tf
 from absl import logging
 
 from model_garden.ranking.configs import definitions
+from tpu_embedding import run_lock
 
 
 def use_logical_cpus(num_devices: int) -> None:
@@ -254,10 +255,9 @@ def task_type() -> tuple[str | None, int]:
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
   """Whether this process writes checkpoints, summaries and exports."""
-  resolver = getattr(strategy, "cluster_resolver", None)
   if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    kind, index = resolver.task_type, resolver.task_id
-    return kind in (None, "chief") or (kind == "worker" and index == 0)
+    # (its cluster is TF_CONFIG's: the chief task, or worker 0 without one)
+    return run_lock.is_chief_task()
   return True
 
 

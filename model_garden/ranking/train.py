@@ -414,7 +414,7 @@ def check_resources(plan: Plan) -> None:
   from model_garden.ranking import preflight  # noqa: PLC0415
   from tpu_embedding import run_lock  # noqa: PLC0415
 
-  if writes_run_dir(plan.strategy, FLAGS.mode):
+  if writes_run_dir(FLAGS.mode):
     try:
       run_lock.check_free(FLAGS.model_dir, USE_ANOTHER_DIR)
     except run_lock.DirectoryInUseError as e:
@@ -435,24 +435,19 @@ def check_resources(plan: Plan) -> None:
 USE_ANOTHER_DIR = "use another --model_dir"
 
 
-def writes_run_dir(strategy: str, mode: str) -> bool:
-  """Whether this process, by ``TF_CONFIG``, is the chief of a training
-  run: the one that holds ``--model_dir``'s lock (``run_lock``).
+def writes_run_dir(mode: str) -> bool:
+  """Whether this process is the chief of a training run, by
+  ``TF_CONFIG``: the one that holds ``--model_dir``'s lock (``run_lock``;
+  a parameter-server cluster's coordinator is its chief).
 
   Example:
     >>> from model_garden.ranking import train
-    >>> train.writes_run_dir("mirrored", "train"), train.writes_run_dir(
-    ...   "mirrored", "continuous_eval")
+    >>> train.writes_run_dir("train"), train.writes_run_dir("continuous_eval")
     (True, False)
   """
-  from model_garden.ranking import strategies  # noqa: PLC0415
+  from tpu_embedding import run_lock  # noqa: PLC0415
 
-  if mode not in TRAINING_MODES:
-    return False
-  kind, index = strategies.task_type()
-  if strategy == "parameter_server":
-    return kind in (None, "chief")
-  return kind in (None, "chief") or (kind == "worker" and index == 0)
+  return mode in TRAINING_MODES and run_lock.is_chief_task()
 
 
 def _parse_local_cluster(text: str) -> tuple[int, int]:

@@ -261,7 +261,7 @@ class Trainer:
       tpe.checkpoints.apply_deltas(
         self.task.checkpoint, base, deltas, partial=True
       )
-      path = (deltas or [base])[-1]
+      path = tpe.checkpoints.chain_end(base, deltas)
       self.log(f"Initialized from {path} (step {self.step}).")
       return path
     return None
@@ -574,7 +574,7 @@ class Trainer:
       + (f", or {timeout:.0f}s without a new one)." if timeout else ").")
     )
     for base, deltas in self._new_saves(timeout, poll_seconds):
-      path = (deltas or [base])[-1]  # a full checkpoint, or its last delta
+      path = tpe.checkpoints.chain_end(base, deltas)
       try:
         tpe.checkpoints.restore(
           self.task.checkpoint, base, deltas=deltas
@@ -604,7 +604,7 @@ class Trainer:
     waited_since = time.monotonic()
     while True:
       base, deltas = tpe.checkpoints.latest_with_deltas(self.model_dir)
-      latest = (deltas or [base])[-1]
+      latest = tpe.checkpoints.chain_end(base, deltas)
       if latest is not None and latest != last:
         last = latest
         yield base, deltas

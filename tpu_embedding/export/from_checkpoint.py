@@ -175,4 +175,4 @@ def restore_for_export(
   status.expect_partial()  # slots, other tables, the training optimizer
   status.assert_existing_objects_matched()
   checkpoint_deltas.apply_deltas(checkpoint, base, deltas, partial=True)
-  return (deltas or [base])[-1]
+  return checkpoints.chain_end(base, deltas)
