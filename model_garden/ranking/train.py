@@ -850,6 +850,8 @@ def _bad_record_key(error: BaseException) -> str:
   names."""
   import fnmatch  # noqa: PLC0415
 
+  from model_garden.ranking.data import text_files  # noqa: PLC0415
+
   text = str(getattr(error, "message", error))
   splits = ("train_data", "validation_data")
   if _RUNNING:
@@ -860,7 +862,7 @@ def _bad_record_key(error: BaseException) -> str:
       # Both splits read the files: the record's number says whose it is.
       number = "".join(c for c in where[1][:20] if c.isdigit())
       if number:
-        held = int(number) % task.holdout_every == 0
+        held = text_files.Holdout(task.holdout_every, True).holds(int(number))
         return f"task.{splits[held]}.on_bad_record"
     for split in splits:
       paths = definitions.split_input_path(task, split).split(",")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -187,10 +188,17 @@ def select_lines(
   """
   if not 1 <= first <= last:
     raise ValueError(f"Need 1 <= first <= last, got lines {first}..{last}.")
+  return _keep_numbered(chunks, lambda n: (n >= first) & (n <= last))
+
+
+def _keep_numbered(
+  chunks: tf.data.Dataset, keeps: Callable[[tf.Tensor], tf.Tensor]
+) -> tf.data.Dataset:
+  """The lines of ``numbered_lines`` chunks whose numbers ``keeps``
+  (line numbers → bools), chunks left empty dropped."""
 
   def keep(chunk: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    number = chunk["line_number"]
-    inside = (number >= first) & (number <= last)
+    inside = keeps(chunk["line_number"])
     return {k: tf.boolean_mask(v, inside) for k, v in chunk.items()}
 
   return chunks.map(tf.autograph.experimental.do_not_convert(keep)).filter(
@@ -235,20 +243,14 @@ class Holdout:
     if self.every < 2:
       raise ValueError(f"Holdout.every must be > 1, got {self.every}.")
 
-  def holds(self, record_number: int) -> bool:
-    """Whether record ``record_number`` (from 1) of a file is held out."""
+  def holds(self, record_number: Any) -> Any:
+    """Whether record ``record_number`` (from 1) of a file is held out
+    (an int, or a tensor of them: bools)."""
     return record_number % self.every == 0
 
   def select(self, chunks: tf.data.Dataset) -> tf.data.Dataset:
     """This split's records of ``numbered_lines`` chunks (chunks left
     empty dropped)."""
-    every, validation = self.every, self.validation
-
-    def keep(chunk: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-      held = tf.equal(chunk["line_number"] % every, 0)
-      inside = held if validation else tf.logical_not(held)
-      return {k: tf.boolean_mask(v, inside) for k, v in chunk.items()}
-
-    return chunks.map(tf.autograph.experimental.do_not_convert(keep)).filter(
-      lambda chunk: tf.size(chunk["line"]) > 0
+    return _keep_numbered(
+      chunks, lambda n: tf.equal(self.holds(n), self.validation)
     )
