@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import tensorflow as tf
@@ -66,15 +65,6 @@ def is_keras_rs_nest(feature_config: Any) -> bool:
   return bool(leaves) and all(
     keras_rs_configs.is_keras_rs_feature(leaf) for leaf in leaves
   )
-
-
-class _DropStackingLimitsWarning(logging.Filter):
-  """jax-tpu-embedding warns, per stack of several tables, that the
-  tables' limits are ignored for 256 until updated: true of its stacking
-  call, not of the limits measured here (keras-rs updates them)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("Stacking multiple tables together")
 
 
 def check(feature_config: Any) -> None:
@@ -135,15 +125,13 @@ def jax_layout(
     # The batch the data gives (global: jax-tpu-embedding's shapes are).
     batch = global_shapes[path][0]
     spec.output_shape = [batch, spec.table_spec.embedding_dim]
-  absl_logger = logging.getLogger("absl")
-  drop = _DropStackingLimitsWarning()
-  absl_logger.addFilter(drop)  # only while jax-tpu-embedding stacks
-  try:
+  # jax-tpu-embedding warns, per stack of several tables, that the
+  # tables' limits are ignored for 256 until updated: true of its stacking
+  # call, not of the limits measured here (keras-rs updates them).
+  with layout_lib.without_absl_warning("Stacking multiple tables together"):
     table_stacking.auto_stack_tables(
       specs, topo.num_chips, topo.num_sc_per_chip
     )
-  finally:
-    absl_logger.removeFilter(drop)
   embedding.prepare_feature_specs_for_training(
     specs, topo.num_chips, topo.num_sc_per_chip
   )

@@ -46,21 +46,26 @@ TFE = tf.tpu.experimental.embedding
 #: keras-rs' ``table_stacking=None``).
 STACKINGS = ("tensorflow", "jax", "none")
 
-_STACKING_DISABLED = "Table stacking is disabled."
 
+class _DropMessages(logging.Filter):
+  """Drops the log records whose message starts with ``prefix``."""
 
-class _DropStackingDisabled(logging.Filter):
+  def __init__(self, prefix: str):
+    super().__init__()
+    self.prefix = prefix
+
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.getMessage() != _STACKING_DISABLED
+    return not record.getMessage().startswith(self.prefix)
 
 
 @contextlib.contextmanager
-def _quiet_stacking_disabled() -> Iterator[None]:
-  """Drops TensorFlow's ``Table stacking is disabled.`` warning (absl's
-  logger, once per stacking call) while ``Layout`` asks for an unstacked
-  layout on purpose; nothing else, and only for that call."""
+def without_absl_warning(prefix: str) -> Iterator[None]:
+  """Drops absl's log records starting with ``prefix`` while the block
+  runs: a library's warning about what a call here asks for on purpose
+  (TensorFlow's ``Table stacking is disabled.`` once per unstacked
+  layout); nothing else, and only for that call."""
   logger = logging.getLogger("absl")
-  drop = _DropStackingDisabled()
+  drop = _DropMessages(prefix)
   logger.addFilter(drop)
   try:
     yield
@@ -187,7 +192,7 @@ class Layout:
           "needs the per-chip batch (times the sequence length of a dense "
           "input) divisible by the SparseCores per chip."
         )
-    with _quiet_stacking_disabled():
+    with without_absl_warning("Table stacking is disabled."):
       s = compat.stack_sparse_core_tables(
         tables,
         flat,
