@@ -80,7 +80,9 @@ def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(runs):
     assert "starting at step 0" in out
   for out in phase(runs, "resume:kill"):
     assert "starting at step 0" in out and "OK" not in out
-  assert codes[1] == [-9, -9]
+  # Each worker SIGKILLs itself after step 7; one still in step 7's last
+  # collective when its peer dies may exit 1 first (seen under load).
+  assert -9 in codes[1] and 0 not in codes[1], codes[1]
   assert after_kill.endswith("ckpt-2"), after_kill
   for out in phase(runs, "resume:resumed"):
     assert "starting at step 6" in out
