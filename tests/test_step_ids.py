@@ -18,13 +18,24 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
-from tpu_embedding.tables.base import LockChain
+from tpu_embedding.backends.base import Backend
 from tpu_embedding.tables.step_record import SLOTS
+from tpu_embedding.tables.update_guards import LockedUpdates
 
 ROWS, DIM = 12, 2
 
 
+@pytest.fixture(autouse=True)
+def _restore_guard(monkeypatch):
+  """``make_embedding(locked=True)`` sets ``Backend.update_guard``."""
+  monkeypatch.setattr(Backend, "update_guard", Backend.update_guard)
+
+
 def make_embedding(strategy, locked):
+  """Locked: every store made with the guard ``ParameterServerBackend``
+  gives its stores."""
+  if locked:  # (put back after each test: _restore_guard)
+    Backend.update_guard = LockedUpdates()
   with strategy.scope():
     big = tpe.TableConfig(
       ROWS, DIM, name="big", initializer=tf.constant_initializer(0.5)
@@ -39,10 +50,6 @@ def make_embedding(strategy, locked):
       table_stacking=None,
     )
   emb.build()
-  if locked:
-    chain = LockChain()
-    for store in emb.table_stores.values():
-      store.lock_blocks(chain)
   return emb
 
 

@@ -35,6 +35,8 @@ from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
 
 #: Per table (or stack) the distinct ids to gather and the position in
@@ -85,6 +87,11 @@ class Backend(metaclass=abc.ABCMeta):
   #: or with the other workers' through collectives); else the strategy
   #: under which each worker runs its steps alone, on its own batch.
   steps_alone_under: str | None = None
+
+  #: How its stores' block updates run (``tables/update_guards.py``),
+  #: given to each store it makes: as they come where the replicas step
+  #: together; one at a time where workers update concurrently.
+  update_guard: UpdateGuard = UNGUARDED
 
   def __init__(self) -> None:
     self._stores: dict[str, TableStore] = {}

@@ -46,6 +46,7 @@ class LocalBackend(HostBackend):
     self, tables: Sequence[TableConfig], tracker: VariableTracker
   ) -> dict[str, TableStore]:
     self._stores = {
-      table_name(t): WholeTable.create(t, tracker) for t in tables
+      table_name(t): WholeTable.create(t, tracker, guard=self.update_guard)
+      for t in tables
     }
     return self._stores

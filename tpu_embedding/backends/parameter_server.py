@@ -37,9 +37,9 @@ from tpu_embedding.planning import Planner
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.tables.base import LockChain
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tables.update_guards import LockedUpdates
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
 
@@ -62,7 +62,8 @@ class ParameterServerBackend(HostBackend):
     super().__init__()
     self._devices = ps_devices(plan.num_replicas)
     self._plan = plan
-    self._lock_chain = LockChain()
+    # Workers update concurrently: each block's updates one at a time.
+    self.update_guard = LockedUpdates()
 
   @staticmethod
   def planner(strategy: tf.distribute.Strategy) -> Planner:
@@ -90,11 +91,10 @@ class ParameterServerBackend(HostBackend):
       store: TableStore
       if placement.sharded:
         store = RowShardedTable.create(
-          table, placement, self._devices, 0, tracker
+          table, placement, self._devices, 0, tracker, guard=self.update_guard
         )
       else:
         device = self._devices[index % len(self._devices)]
-        store = WholeTable.create(table, tracker, device=device)
-      store.lock_blocks(self._lock_chain)  # Workers update concurrently.
+        store = WholeTable.create(table, tracker, device, self.update_guard)
       self._stores[table_name(table)] = store
     return self._stores

@@ -137,7 +137,9 @@ class ShardedBackend(Backend):
   ) -> TableStore:
     placement = self._plan.placements[table_name(table)]
     if not placement.sharded:
-      return ReplicatedTable.create(table, self._devices, tracker)
+      return ReplicatedTable.create(
+        table, self._devices, tracker, self.update_guard
+      )
     if self._multi_worker:
       return MultiWorkerShardedTable.create(
         table,
@@ -146,9 +148,15 @@ class ShardedBackend(Backend):
         self._first,
         tracker,
         strategy=self._strategy,
+        guard=self.update_guard,
       )
     return RowShardedTable.create(
-      table, placement, self._devices, self._first, tracker
+      table,
+      placement,
+      self._devices,
+      self._first,
+      tracker,
+      guard=self.update_guard,
     )
 
   # --- rows ----------------------------------------------------------------

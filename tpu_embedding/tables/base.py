@@ -43,7 +43,6 @@ Example:
 from __future__ import annotations
 
 import abc
-import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -64,7 +63,8 @@ from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables import slicing
 from tpu_embedding.tables.changed_rows import ChangedRows
-from tpu_embedding.tables.step_record import StepRecord
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
 
@@ -164,17 +164,28 @@ class TableStore(metaclass=abc.ABCMeta):
   #: store, never the plan or the layout's class.
   rows_sharded = False
 
-  def __init__(self, table: TableConfig, variables: Block, blocks: list[Block]):
+  def __init__(
+    self,
+    table: TableConfig,
+    variables: Block,
+    blocks: list[Block],
+    guard: UpdateGuard = UNGUARDED,
+  ):
     """Wraps existing variables (layouts' ``create`` methods make them).
 
     Args:
       table: the resolved table.
       variables: ``{"parameters": v, <slot>: v}`` as users see them.
       blocks: this process's row blocks.
+      guard: how block updates run (``update_guards.py``: as they come,
+        or one at a time and each step's once, for parameter servers).
     """
     self.table = table
     self._variables = dict(variables)
     self._blocks = blocks
+    self._guard = guard.for_blocks(
+      table_name(table), [block["parameters"].device for block in blocks]
+    )
     # One bit per row of each block: set by every write, cleared by a save
     # (``tpu_embedding.delta_checkpoints``).
     self._changes = [
@@ -268,9 +279,10 @@ class TableStore(metaclass=abc.ABCMeta):
   ) -> None:
     """Applies the table's optimizer to rows of one local block.
 
-    After ``lock_blocks()`` the update runs on the block's device, one at a
-    time: concurrent steps never interleave their reads and writes; with
-    ``step_id`` it runs only if that step has not updated the block yet.
+    Under a locking guard (``update_guards.LockedUpdates``) the update
+    runs on the block's device, one at a time: concurrent steps never
+    interleave their reads and writes; with ``step_id`` it runs only if
+    that step has not updated the block yet.
 
     Args:
       block: the local block index.
@@ -281,31 +293,20 @@ class TableStore(metaclass=abc.ABCMeta):
       index: None, or ``[m]`` int32 position in ``rows`` of each gradient
         (see ``updates.apply_rows``).
       ops: the step's row ops (``kernels/ops.py``).
-      step_id: None, or the step's scalar int64 id: after
-        ``lock_blocks()``, a step re-run with the same id does not update
-        the block again (``step_record.py``); ignored otherwise (such
-        steps are never re-run).
+      step_id: None, or the step's scalar int64 id: under a locking
+        guard, a step re-run with the same id does not update the block
+        again (``step_record.py``); ignored otherwise (such steps are
+        never re-run).
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
-    locks = getattr(self, "_locks", None)
-    if locks is None:
-      apply_rows(self.table, variables, rows, grads, size, index, ops)
-      self._mark_update(block, rows, ops)
-      return
 
-    def locked_update() -> tf.Tensor:
+    def write() -> list[Any]:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
       writes.append(self._mark_update(block, rows, ops))
-      # The lock is released once this result exists: after the writes.
-      with tf.control_dependencies([w for w in writes if w is not None]):
-        return tf.constant(True)
+      return writes
 
-    if step_id is None:
-      self._chain.run(locks[block], locked_update)
-      return
-    record = self._step_records[block]
-    self._chain.run(locks[block], lambda: record.once(step_id, locked_update))
+    self._guard.run(block, write, step_id)
 
   def _mark_update(self, block: int, rows: tf.Tensor, ops: StepOps) -> Any:
     """Records the rows an update of ``block`` wrote (every row, for an
@@ -396,28 +397,6 @@ class TableStore(metaclass=abc.ABCMeta):
       writes.append(self.mark_rows(block, local))
     return tf.group([w for w in writes if w is not None])
 
-  def lock_blocks(self, chain: LockChain) -> None:
-    """Makes every later block update atomic.
-
-    For asynchronous training (parameter servers), where steps from
-    several workers update the same rows at once: each block gets a
-    ``tf.CriticalSection`` (on its device), and ``update_block`` reads,
-    updates and writes its rows inside it, so no update is lost or
-    doubled. ``chain`` orders the locked updates of a step one after
-    another, so a step never holds two locks and steps cannot deadlock.
-    Each block also gets a ``StepRecord`` (``step_record.py``): an update
-    with a step id lands once, however often the step runs.
-    """
-    self._chain = chain
-    self._locks = []
-    self._step_records: list[StepRecord] = []
-    for index, block in enumerate(self.blocks):
-      device = block["parameters"].device
-      name = f"{self.table.name}_block_{index}"
-      with tf.device(device):
-        self._locks.append(tf.CriticalSection(name=f"{name}_lock"))
-      self._step_records.append(StepRecord(device, f"{name}_steps"))
-
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     """Writes rows ``[first, first + len(value))`` of ``key`` in place.
 
@@ -502,35 +481,6 @@ class TableStore(metaclass=abc.ABCMeta):
     """Registers ``variables`` for checkpoints under TensorFlow's keys."""
     for key, variable in self.variables.items():
       tracker.register(checkpoint_name(table_name(self.table), key), variable)
-
-
-class LockChain:
-  """Runs critical sections of one traced step one after another.
-
-  Each ``run`` waits for the previous one of the same graph (a step
-  function), so a step holds at most one lock at a time.
-
-  Example:
-    >>> chain = LockChain()
-    >>> bool(chain.run(tf.CriticalSection(), lambda: tf.constant(True)))
-    True
-  """
-
-  def __init__(self) -> None:
-    self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
-      weakref.WeakKeyDictionary()
-    )
-
-  def run(self, lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
-    graph = tf.compat.v1.get_default_graph()
-    previous = self._last.get(graph)
-    with tf.control_dependencies([] if previous is None else [previous]):
-      # Shared reads (a learning-rate variable) are fine: the writes are
-      # to the block's own variables.
-      done = lock.execute(fn, exclusive_resource_access=False)
-    if not tf.executing_eagerly():
-      self._last[graph] = done
-    return done
 
 
 #: TensorFlow's checkpoint key of a variable's value.

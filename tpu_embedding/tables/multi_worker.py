@@ -35,6 +35,8 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.saved_rows import chunk_rows
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 
 
 class WorkerShardedVariable(
@@ -214,9 +216,10 @@ class MultiWorkerShardedTable(RowShardedTable):
     blocks: list[Block],
     first: int,
     strategy: tf.distribute.Strategy,
+    guard: UpdateGuard = UNGUARDED,
   ):
     self._strategy = strategy
-    super().__init__(table, placement, blocks, first)
+    super().__init__(table, placement, blocks, first, guard)
 
   def _user_variable(self, key: str, shards: list[Any]) -> Any:
     return WorkerShardedVariable(

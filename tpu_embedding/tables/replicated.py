@@ -33,6 +33,8 @@ from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -63,11 +65,16 @@ class ReplicatedTable(TableStore):
 
   layout = "replicated"
 
-  def __init__(self, table: TableConfig, blocks: list[Block]):
+  def __init__(
+    self,
+    table: TableConfig,
+    blocks: list[Block],
+    guard: UpdateGuard = UNGUARDED,
+  ):
     variables = {
       key: ReplicatedVariable([b[key] for b in blocks]) for key in blocks[0]
     }
-    super().__init__(table, variables, blocks)
+    super().__init__(table, variables, blocks, guard)
 
   @classmethod
   def create(
@@ -75,8 +82,10 @@ class ReplicatedTable(TableStore):
     table: TableConfig,
     devices: Sequence[str],
     tracker: VariableTracker,
+    guard: UpdateGuard = UNGUARDED,
   ) -> ReplicatedTable:
-    """Creates one copy per device and tracks them for checkpoints."""
+    """Creates one copy per device and tracks them for checkpoints; its
+    updates run as ``guard`` says."""
     shape = (table.vocabulary_size, table.dim)
     blocks: list[Block] = [{} for _ in devices]
     for key, initializer, trainable in variable_specs(table):
@@ -95,7 +104,7 @@ class ReplicatedTable(TableStore):
           )
     for block in blocks:
       user_slots(table, block)
-    store = cls(table, blocks)
+    store = cls(table, blocks, guard)
     store.track(tracker)
     return store
 

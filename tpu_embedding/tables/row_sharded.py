@@ -51,6 +51,8 @@ from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -136,6 +138,7 @@ class RowShardedTable(TableStore):
     placement: TablePlacement,
     blocks: list[Block],
     first: int,
+    guard: UpdateGuard = UNGUARDED,
   ):
     self.table = table  # named before the user variables are made
     self.placement = placement
@@ -144,7 +147,7 @@ class RowShardedTable(TableStore):
       key: self._user_variable(key, [b[key] for b in blocks])
       for key in blocks[0]
     }
-    super().__init__(table, variables, blocks)
+    super().__init__(table, variables, blocks, guard)
 
   @classmethod
   def create(

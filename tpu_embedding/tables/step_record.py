@@ -5,7 +5,7 @@ runs a step again, with the same arguments, when the worker running it
 fails, even if the step's update had already landed on the parameter
 servers. With a step id (``apply_gradients(step_id=...)``, an argument of
 the scheduled function, so the same on the re-run), each locked block
-(``TableStore.lock_blocks``) checks its ``StepRecord`` and updates its
+(``update_guards.LockedUpdates``) checks its ``StepRecord`` and updates its
 rows only if that id has not updated them yet: inside the block's lock,
 so checking, updating and recording are one atomic step.
 

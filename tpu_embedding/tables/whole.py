@@ -37,6 +37,8 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.initial_values import RowWiseInitializer
+from tpu_embedding.tables.update_guards import UNGUARDED
+from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -70,8 +72,10 @@ class WholeTable(TableStore):
 
   layout = "whole"
 
-  def __init__(self, table: TableConfig, variables: Block):
-    super().__init__(table, variables, [variables])
+  def __init__(
+    self, table: TableConfig, variables: Block, guard: UpdateGuard = UNGUARDED
+  ):
+    super().__init__(table, variables, [variables], guard)
 
   @classmethod
   def wrap(cls, table: TableConfig, variables: Block) -> WholeTable:
@@ -87,8 +91,10 @@ class WholeTable(TableStore):
     table: TableConfig,
     tracker: VariableTracker,
     device: str | None = None,
+    guard: UpdateGuard = UNGUARDED,
   ) -> WholeTable:
-    """Creates and tracks the table's variables (on ``device``, if given).
+    """Creates and tracks the table's variables (on ``device``, if given;
+    its updates run as ``guard`` says).
 
     Variables are created through ``tracker``, so a checkpoint restored
     before they exist fills them (restore-before-build), and an
@@ -118,7 +124,7 @@ class WholeTable(TableStore):
         for slot, variable in slots.items():
           tracker.register(checkpoint_name(table_name(table), slot), variable)
       variables.update(slots)
-    return cls(table, variables)
+    return cls(table, variables, guard)
 
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self.table.vocabulary_size
