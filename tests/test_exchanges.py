@@ -19,6 +19,7 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import kernels
 from tpu_embedding.backends.exchanges import AllToAll
+from tpu_embedding.backends.exchanges import ExchangeRequest
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 
@@ -254,7 +255,7 @@ def test_each_owner_receives_only_its_own_ids(replicas, rng):
     here = int(tf.get_static_value(replica))
     index = _occurrences(len(ids_per_replica[here]))
     (rows,) = recorder.gather(
-      here, [(placement, store, ids, index)], TENSORFLOW_OPS
+      here, [ExchangeRequest(store, ids, index)], TENSORFLOW_OPS
     )
     # The rows of ids from several owners come back as each occurrence's
     # row, in their order (picked out of the owners' replies).

@@ -172,8 +172,8 @@ MUTANTS: tuple[Mutant, ...] = (
   _mutant(
     "exchange_replies_swapped",
     "tpu_embedding/backends/exchanges.py",
-    "[ops.gather_rows(block, rows) for rows in received]",
-    "[ops.gather_rows(block, rows) for rows in received[::-1]]",
+    "[request.store.gather_block(local, rows, ops) for rows in received]",
+    "[request.store.gather_block(local, rows, ops) for rows in received[::-1]]",
     ["tests/test_sharded.py::test_sharded_training_equals_one_device[sgd-4]"],
     "the all-to-all exchange answers each sender with another's rows",
   ),

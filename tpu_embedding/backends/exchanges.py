@@ -28,13 +28,27 @@ device does (bit for bit when a table's occurrences come from one
 feature); ``AllGather`` adds the replicas' per-id sums in replica order
 (equal up to float rounding).
 
-Example (which rows of a table cut 3 + 2 replica 1 owns):
+Which replica holds which rows is the stores' to say (their layouts':
+``TableStore.split_ids``, ``owned_rows``); an exchange reads and writes
+a replica's rows through its store (``gather_block``, ``update_block``).
+
+Example (one replica, whose copy applies its own update):
   >>> import tensorflow as tf
-  >>> from tpu_embedding.sharding import TablePlacement
-  >>> placement = TablePlacement("t", "row_sharded", (3, 2), (0, 3), 4, 0)
-  >>> rows, mine = owned_rows(tf.constant([4, 0, -1], tf.int64), placement, 1)
-  >>> rows.numpy().tolist(), mine.numpy().tolist()
-  ([1, 0, 0], [True, False, False])
+  >>> import tpu_embedding as tpe
+  >>> from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+  >>> strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  >>> with strategy.scope():
+  ...   emb = tpe.TPUEmbedding(
+  ...       tpe.FeatureConfig(tpe.TableConfig(5, 1, name="t",
+  ...                         initializer=tpe.RowIdInitializer())),
+  ...       tpe.SGD(0.5))
+  >>> emb.build()
+  >>> update = StoreUpdate(
+  ...     emb.table_stores["t"], tf.constant([4, 1], tf.int64),
+  ...     tf.ones([2, 1]), None)
+  >>> strategy.run(lambda: AllToAll(0, 1).update(0, [update], TENSORFLOW_OPS))
+  >>> emb.table_stores["t"].read().numpy()[:, 0].tolist()
+  [0.0, 0.5, 2.0, 3.0, 3.5]
 """
 
 from __future__ import annotations
@@ -53,35 +67,46 @@ from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import occurrence_rows
-from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import TableStore
 
-#: ``[(placement, store, ids, index)]``: this replica's distinct ids per
-#: table and the position in them of each id occurrence.
-RowRequests = Sequence[tuple[TablePlacement, TableStore, tf.Tensor, tf.Tensor]]
 
-
-class PlacedUpdate(NamedTuple):
-  """This replica's update of one table, with where the table lives.
+class ExchangeRequest(NamedTuple):
+  """This replica's lookup of one row-sharded table (or stack).
 
   Attributes:
-    placement: the table's placement (``sharding.TablePlacement``).
     store: the table's store.
+    ids: ``[n]`` this replica's distinct int64 ids of the table.
+    index: ``[m]`` int32, the position in ``ids`` of each occurrence.
+  """
+
+  store: TableStore
+  ids: tf.Tensor
+  index: tf.Tensor
+
+
+#: Each table's ``ExchangeRequest`` (``RowExchange.gather``).
+RowRequests = Sequence[ExchangeRequest]
+
+
+class StoreUpdate(NamedTuple):
+  """This replica's update of one table (or stack), with its store.
+
+  Attributes:
+    store: the table's store (it says which replicas hold which rows).
     ids: ``[n]`` this replica's distinct int64 ids of the table.
     gradients: their gradients, as in ``backends.base.TableUpdate``:
       summed per id (``id_index`` None) or one per occurrence.
     id_index: None, or the position in ``ids`` of each occurrence.
   """
 
-  placement: TablePlacement
   store: TableStore
   ids: tf.Tensor
   gradients: RowGradients
   id_index: tf.Tensor | None
 
 
-#: Each table's ``PlacedUpdate`` (``RowExchange.update``).
-GradientUpdates = Sequence[PlacedUpdate]
+#: Each table's ``StoreUpdate`` (``RowExchange.update``).
+GradientUpdates = Sequence[StoreUpdate]
 
 
 class RowExchange(metaclass=abc.ABCMeta):
@@ -147,20 +172,22 @@ class AllToAll(RowExchange):
     self, replica: int, requests: RowRequests, ops: StepOps
   ) -> list[PickedRows]:
     splits = [
-      ops.split_by_owner(ids, placement.shard_offsets, slots=True)
-      for placement, _, ids, _ in requests
+      request.store.split_ids(request.ids, ops, slots=True)
+      for request in requests
     ]
+    local = replica - self._first
     replies = []
-    for (_, store, _, _), received in zip(
+    for request, received in zip(
       requests, self._route([split.ids for split in splits]), strict=True
     ):
-      block = store.blocks[replica - self._first]["parameters"]
-      replies.append([ops.gather_rows(block, rows) for rows in received])
+      replies.append(
+        [request.store.gather_block(local, rows, ops) for rows in received]
+      )
     # Each occurrence's row, in place in the owners' replies (its distinct
     # id's slot in their concatenation).
     return [
-      PickedRows(rows, tf.gather(split.slots, index))
-      for (_, _, _, index), split, rows in zip(
+      PickedRows(rows, tf.gather(split.slots, request.index))
+      for request, split, rows in zip(
         requests, splits, self._route(replies), strict=True
       )
     ]
@@ -171,27 +198,24 @@ class AllToAll(RowExchange):
     n = self._num_replicas
     lists, shapes = [], []
     for update in updates:
-      placement, ids, index = update.placement, update.ids, update.id_index
       # One id per gradient row (the occurrences ids[index]), as a row of
-      # its owner's block, with the gradient row's position.
-      if placement.sharded:
-        split = ops.split_by_owner(
-          ids, placement.shard_offsets, index, positions=True
-        )
-        id_parts, where = split.ids, split.positions
-      else:  # A replicated table: every copy applies every gradient.
-        occurrences = ids if index is None else tf.gather(ids, index)
-        id_parts = [occurrences] * n
-        where = [tf.range(tf.size(occurrences, out_type=tf.int32))] * n
+      # its owner's block, with the gradient row's position (a replicated
+      # table: every copy gets every one, the same tensors).
+      split = update.store.split_ids(
+        update.ids, ops, update.id_index, positions=True
+      )
+      id_parts, where = split.ids, split.positions
       # The gradients travel whole (handed over, never copied or split):
       # an owner picks its rows out by position (and scales them).
       grads = update.gradients
       scales = None
       if isinstance(grads, PickedRows):
-        if placement.sharded:
-          picked = [grads.picked(at) for at in where]
-        else:  # The same rows for every copy: picked once.
-          picked = [grads.picked(where[0])] * n
+        # Positions given to several owners (copies) are picked once.
+        picked_at: dict[int, PickedRows] = {}
+        for at in where:
+          if id(at) not in picked_at:
+            picked_at[id(at)] = grads.picked(at)
+        picked = [picked_at[id(at)] for at in where]
         where = [p.positions for p in picked]
         if grads.scales is not None:
           scales = [p.scales for p in picked]
@@ -359,22 +383,24 @@ class AllGather(RowExchange):
     self, replica: int, requests: RowRequests, ops: StepOps
   ) -> list[PickedRows]:
     context = tf.distribute.get_replica_context()
-    id_lists = [ids for _, _, ids, _ in requests]
+    id_lists = [request.ids for request in requests]
     exchange = Exchange(context, id_lists)
     rows = []
-    for (placement, store, _, _), all_ids in zip(
+    for request, all_ids in zip(
       requests, exchange.all_gather(id_lists, -1), strict=True
     ):
-      in_block, mine = owned_rows(tf.reshape(all_ids, [-1]), placement, replica)
-      block = store.blocks[replica - self._first]["parameters"]
-      found = tf.gather(block, in_block)
+      store = request.store
+      in_block, mine = store.owned_rows(tf.reshape(all_ids, [-1]), replica)
+      # (TensorFlow's gather: the same rows as any ops')
+      found = store.gather_block(replica - self._first, in_block)
       rows.append(tf.where(mine[:, None], found, tf.zeros_like(found)))
     results: dict[int, PickedRows] = {}
     # Each row is non-zero on its owner only: the sum is exact.
-    for group in group_by_width([p.dim for p, _, _, _ in requests]):
+    widths = [request.store.table.dim for request in requests]
+    for group in group_by_width(widths):
       summed = exchange.all_reduce_rows([rows[k] for k in group], group)
       for k, value in zip(group, summed, strict=True):
-        results[k] = occurrence_rows(value, requests[k][3])
+        results[k] = occurrence_rows(value, requests[k].index)
     return [results[k] for k in range(len(requests))]
 
   def update(
@@ -390,35 +416,19 @@ class AllGather(RowExchange):
     exchange = Exchange(context, id_lists)
     all_ids = exchange.all_gather(id_lists, -1)
     all_grads: list[tf.Tensor | None] = [None] * len(updates)
-    for group in group_by_width([update.placement.dim for update in updates]):
+    for group in group_by_width([update.store.table.dim for update in updates]):
       gathered = exchange.all_gather(
         [sums[k] for k in group], 0.0, tables=group
       )
       for k, grads in zip(group, gathered, strict=True):
         all_grads[k] = grads
     for update, ids, grads in zip(updates, all_ids, all_grads, strict=True):
-      placement = update.placement
-      in_block, mine = owned_rows(tf.reshape(ids, [-1]), placement, replica)
+      store = update.store
+      in_block, mine = store.owned_rows(tf.reshape(ids, [-1]), replica)
       self._apply_owned(
         replica,
-        update.store,
+        store,
         tf.boolean_mask(in_block, mine),
-        tf.boolean_mask(tf.reshape(grads, [-1, placement.dim]), mine),
+        tf.boolean_mask(tf.reshape(grads, [-1, store.table.dim]), mine),
         ops,
       )
-
-
-def owned_rows(
-  ids: tf.Tensor, placement: TablePlacement, replica: int
-) -> tuple[tf.Tensor, tf.Tensor]:
-  """``(row index within the block, mask)`` of the ``ids`` ``replica`` holds.
-
-  Padding ids (-1) are never held.
-  """
-  valid = ids >= 0
-  if not placement.sharded:
-    return tf.where(valid, ids, tf.zeros_like(ids)), valid
-  offset = placement.shard_offsets[replica]
-  size = placement.shard_sizes[replica]
-  mine = tf.logical_and(ids >= offset, ids < offset + size)
-  return tf.where(mine, ids - offset, tf.zeros_like(ids)), mine

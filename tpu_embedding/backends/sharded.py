@@ -43,8 +43,9 @@ from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import Updates
 from tpu_embedding.backends.exchanges import AllGather
 from tpu_embedding.backends.exchanges import AllToAll
-from tpu_embedding.backends.exchanges import PlacedUpdate
+from tpu_embedding.backends.exchanges import ExchangeRequest
 from tpu_embedding.backends.exchanges import RowExchange
+from tpu_embedding.backends.exchanges import StoreUpdate
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.kernels.ops import StepOps
@@ -176,18 +177,12 @@ class ShardedBackend(Backend):
     results: dict[int, PickedRows] = {}
     sharded, row_requests = [], []
     for i, request in enumerate(requests):
-      placement = self._plan.placements[table_name(request.table)]
       store = self._stores[table_name(request.table)]
-      if placement.sharded:
+      if store.rows_sharded:
         sharded.append(i)
-        row_requests.append((placement, store, request.ids, request.index))
+        row_requests.append(ExchangeRequest(store, request.ids, request.index))
       else:  # A replicated table: this replica's own copy.
-        results[i] = ops.gather_occurrences(
-          store.blocks[local]["parameters"],
-          request.ids,
-          request.index,
-          request.one_per_row,
-        )
+        results[i] = store.gather_block_occurrences(local, request, ops)
     if sharded:
       rows = self._exchange.gather(replica, row_requests, ops)
       for i, value in zip(sharded, rows, strict=True):
@@ -210,8 +205,7 @@ class ShardedBackend(Backend):
     self._exchange.update(
       replica,
       [
-        PlacedUpdate(
-          self._plan.placements[table_name(update.table)],
+        StoreUpdate(
           self._stores[table_name(update.table)],
           update.ids,
           update.gradients,

@@ -58,6 +58,7 @@ from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
@@ -246,6 +247,67 @@ class TableStore(metaclass=abc.ABCMeta):
     in place; a layout holding its rows in one variable lets ``ops``
     choose (``StepOps.gather_occurrences``)."""
     return occurrence_rows(self.gather(request.ids, ops=ops), request.index)
+
+  def gather_block(
+    self, block: int, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS
+  ) -> tf.Tensor:
+    """The parameters' rows ``rows`` (within local block ``block``), in
+    order: what this replica's block answers a row exchange."""
+    return ops.gather_rows(self._blocks[block]["parameters"], rows)
+
+  def gather_block_occurrences(
+    self, block: int, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
+  ) -> PickedRows:
+    """``gather_occurrences`` from local block ``block`` alone, where it
+    holds every row (a replica's own copy)."""
+    return ops.gather_occurrences(
+      self._blocks[block]["parameters"],
+      request.ids,
+      request.index,
+      request.one_per_row,
+    )
+
+  def split_ids(
+    self,
+    ids: tf.Tensor,
+    ops: StepOps,
+    index: tf.Tensor | None = None,
+    positions: bool = False,
+    slots: bool = False,
+  ) -> OwnerSplit:
+    """Each replica's share of ``ids`` (or of the occurrences
+    ``ids[index]``) as rows of its block: what a row exchange
+    (``backends/exchanges.py``) sends each (``StepOps.split_by_owner``).
+
+    Raises:
+      NotImplementedError: for a layout whose rows no replicas share.
+    """
+    del ids, ops, index, positions, slots
+    raise NotImplementedError(f"A {self.layout} table is not exchanged.")
+
+  def owned_rows(
+    self, ids: tf.Tensor, replica: int
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(row within the block, mask)`` of the ``ids`` global replica
+    ``replica`` holds; padding ids (-1) are never held.
+
+    Raises:
+      NotImplementedError: for a layout whose rows no replicas share.
+    """
+    del ids, replica
+    raise NotImplementedError(f"A {self.layout} table is not exchanged.")
+
+  def write_block_rows(
+    self, block: int, rows: tf.Tensor, values: Mapping[str, tf.Tensor]
+  ) -> None:
+    """Writes ``values[key]`` (one row per entry of ``rows``, within
+    local block ``block``) into each key given; the rows count as
+    written."""
+    for key, value in values.items():
+      tf.raw_ops.ResourceScatterUpdate(
+        resource=self._blocks[block][key].handle, indices=rows, updates=value
+      )
+    self.mark_rows(block, rows)
 
   def read(self, key: str = "parameters") -> tf.Tensor:
     """The whole ``[vocabulary_size, dim]`` value of ``key``.

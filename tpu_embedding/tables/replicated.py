@@ -24,6 +24,7 @@ from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -113,6 +114,30 @@ class ReplicatedTable(TableStore):
 
   def _distinct_blocks(self) -> list[int]:
     return [0]  # The copies are equal.
+
+  def split_ids(
+    self,
+    ids: tf.Tensor,
+    ops: StepOps,
+    index: tf.Tensor | None = None,
+    positions: bool = False,
+    slots: bool = False,
+  ) -> OwnerSplit:
+    """Every copy gets every id (or occurrence): each applies every
+    gradient. The parts are one tensor, given to each copy (a consumer
+    may do its work on them once)."""
+    del ops, positions, slots
+    occurrences = ids if index is None else tf.gather(ids, index)
+    where = tf.range(tf.size(occurrences, out_type=tf.int32))
+    copies = len(self._blocks)
+    return OwnerSplit([occurrences] * copies, [where] * copies, None)
+
+  def owned_rows(
+    self, ids: tf.Tensor, replica: int
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    del replica  # Every copy holds every row.
+    valid = ids >= 0
+    return tf.where(valid, ids, tf.zeros_like(ids)), valid
 
   def gather(
     self,

@@ -41,6 +41,7 @@ from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables import saved_rows
@@ -189,6 +190,26 @@ class RowShardedTable(TableStore):
       self.placement.shard_offsets[replica],
       self.placement.shard_sizes[replica],
     )
+
+  def split_ids(
+    self,
+    ids: tf.Tensor,
+    ops: StepOps,
+    index: tf.Tensor | None = None,
+    positions: bool = False,
+    slots: bool = False,
+  ) -> OwnerSplit:
+    return ops.split_by_owner(
+      ids, self.placement.shard_offsets, index, positions, slots
+    )
+
+  def owned_rows(
+    self, ids: tf.Tensor, replica: int
+  ) -> tuple[tf.Tensor, tf.Tensor]:
+    offset = self.placement.shard_offsets[replica]
+    size = self.placement.shard_sizes[replica]
+    mine = tf.logical_and(ids >= offset, ids < offset + size)
+    return tf.where(mine, ids - offset, tf.zeros_like(ids)), mine
 
   def gather(
     self,

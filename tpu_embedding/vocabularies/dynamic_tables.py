@@ -283,13 +283,14 @@ class DynamicTables:
       tf.where(tf.logical_and(rows >= first, rows < first + size)), [-1]
     )
     local = tf.gather(rows, mine) - first
-    for (key, _, _), value in zip(specs, values, strict=True):
-      tf.raw_ops.ResourceScatterUpdate(
-        resource=store.blocks[block][key].handle,
-        indices=local,
-        updates=tf.gather(value, mine),
-      )
-    store.mark_rows(block, local)
+    store.write_block_rows(
+      block,
+      local,
+      {
+        key: tf.gather(value, mine)
+        for (key, _, _), value in zip(specs, values, strict=True)
+      },
+    )
 
 
 def initial_rows(initializer: Any, count: tf.Tensor, dim: int, table: str):
