@@ -13,6 +13,9 @@ replica) is one ``TableStore`` subclass with the same small interface:
 ``gather(ids)``           rows by id, in id order (where this host can)
 ``update_block(i, ...)``  the optimizer applied to rows of block ``i``
 ``update(ids, grads)``    the optimizer applied to rows by global id
+``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read)
+``split_ids(ids, ops)``   each replica's share of ids, as rows of its block
+``owned_rows(ids, r)``    the ids replica ``r`` holds, as rows of its block
 ``read(key)``             the whole ``[vocabulary_size, dim]`` value
 ``assign(value, key)``    writes a whole value into every block
 ``bytes_per_device()``    bytes of parameters and slots on each device
@@ -299,15 +302,17 @@ class TableStore(metaclass=abc.ABCMeta):
 
   def write_block_rows(
     self, block: int, rows: tf.Tensor, values: Mapping[str, tf.Tensor]
-  ) -> None:
+  ) -> list[Any]:
     """Writes ``values[key]`` (one row per entry of ``rows``, within
     local block ``block``) into each key given; the rows count as
-    written."""
-    for key, value in values.items():
+    written. Returns the writes."""
+    writes = [
       tf.raw_ops.ResourceScatterUpdate(
         resource=self._blocks[block][key].handle, indices=rows, updates=value
       )
-    self.mark_rows(block, rows)
+      for key, value in values.items()
+    ]
+    return [*writes, self.mark_rows(block, rows)]
 
   def read(self, key: str = "parameters") -> tf.Tensor:
     """The whole ``[vocabulary_size, dim]`` value of ``key``.
@@ -448,41 +453,19 @@ class TableStore(metaclass=abc.ABCMeta):
     for block in range(len(self._blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)
-      local = tf.boolean_mask(ids - first, mine)
-      writes.append(
-        tf.raw_ops.ResourceScatterUpdate(
-          resource=self._blocks[block][key].handle,
-          indices=local,
-          updates=tf.boolean_mask(value, mine),
-        )
+      writes += self.write_block_rows(
+        block,
+        tf.boolean_mask(ids - first, mine),
+        {key: tf.boolean_mask(value, mine)},
       )
-      writes.append(self.mark_rows(block, local))
     return tf.group([w for w in writes if w is not None])
 
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
-    """Writes rows ``[first, first + len(value))`` of ``key`` in place.
-
-    Each local block (or copy) takes the rows it holds, by scatter (no
-    copy of the block).
-    """
+    """Writes rows ``[first, first + len(value))`` of ``key`` in place
+    (``write_rows_at`` those ids)."""
     value = tf.convert_to_tensor(value, tf.float32)
-    count = int(value.shape[0])
-    writes = []
-    for block in range(len(self._blocks)):
-      start, rows = self.block_rows(block)
-      a, b = max(first, start), min(first + count, start + rows)
-      if a >= b:
-        continue
-      local = tf.range(a - start, b - start, dtype=tf.int64)
-      writes.append(
-        tf.raw_ops.ResourceScatterUpdate(
-          resource=self._blocks[block][key].handle,
-          indices=local,
-          updates=value[a - first : b - first],
-        )
-      )
-      writes.append(self.mark_rows(block, local))
-    return tf.group([w for w in writes if w is not None])
+    ids = tf.range(first, first + int(value.shape[0]), dtype=tf.int64)
+    return self.write_rows_at(ids, value, key)
 
   def update(
     self,
