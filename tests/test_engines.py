@@ -18,6 +18,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import embedding as embedding_module
+from tpu_embedding.engines import off_tpu
 from tpu_embedding.engines import tpu
 
 TFE = tf.tpu.experimental.embedding
@@ -180,3 +181,46 @@ def test_embedding_tables_convert_like_tensorflow_variables(
     tpe.FeatureConfig(table),
   )
   np.testing.assert_array_equal(rows.numpy(), values[[9, 0, 5]])
+
+
+# --- per-replica features enqueued outside strategy.run ----------------------
+
+
+def test_each_replica_features_are_prepared_once_per_step(monkeypatch):
+  """Enqueued outside ``strategy.run``, replica 0's features are prepared
+  (and checked) by enqueue and used by its dequeue, not prepared again;
+  every replica still looks up its own ids."""
+  values = np.arange(40, dtype=np.float32).reshape(10, 4)
+  table = tpe.TableConfig(
+    10, 4, name="t", initializer=tf.constant_initializer(values)
+  )
+  strategy = mirrored_strategy(2)
+  with strategy.scope():
+    emb = tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.SGD(0.1))
+  prepared = []
+  prepare = off_tpu.prepare_features
+  monkeypatch.setattr(
+    off_tpu,
+    "prepare_features",
+    lambda *args, **kwargs: prepared.append(1) or prepare(*args, **kwargs),
+  )
+  dataset = tf.data.Dataset.from_tensor_slices(
+    tf.constant([3, 1, 4, 1], tf.int64)
+  ).batch(4, drop_remainder=True)
+  ids = next(iter(strategy.experimental_distribute_dataset(dataset)))
+
+  @tf.function
+  def step(ids):
+    emb.enqueue(ids, training=True)
+
+    def replica_fn():
+      activations = emb.dequeue()
+      emb.apply_gradients(tf.zeros_like(activations))
+      return activations
+
+    return strategy.run(replica_fn)
+
+  activations = strategy.experimental_local_results(step(ids))
+  assert len(prepared) == 2  # One per replica.
+  np.testing.assert_array_equal(activations[0].numpy(), values[[3, 1]])
+  np.testing.assert_array_equal(activations[1].numpy(), values[[4, 1]])

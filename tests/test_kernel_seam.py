@@ -1,9 +1,10 @@
 """The kernel seam: which ops serve a step, decided from the tables' devices.
 
-``kernels/ops.select_ops`` is the one place that decides: this package's
+``kernels/ops.select_ops`` is the one place that decides (``XLA_OPS`` for
+XLA, TensorFlow's ops in a SavedModel, else by devices): this package's
 CPU kernels only for tables whose every variable lives in this process's
 CPU memory; TensorFlow's ops for a table on a GPU, on a parameter server
-or on another worker (or nowhere yet). The engine decides once and passes
+or on another worker (or nowhere yet). The engine asks it and passes
 its ops down, so a table elsewhere never reaches a kernel, the fused
 update included. No GPU here: devices are given as strings, and an
 engine's tables are made to report another device.
@@ -21,6 +22,7 @@ from tpu_embedding import compat
 from tpu_embedding import kernels
 from tpu_embedding.kernels import ops as ops_module
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
+from tpu_embedding.kernels.ops import XLA_OPS
 from tpu_embedding.kernels.ops import KernelOps
 from tpu_embedding.kernels.ops import in_this_process_cpu
 from tpu_embedding.kernels.ops import select_ops
@@ -81,6 +83,27 @@ def test_no_tables_get_tensorflow_ops():
 def test_tensorflow_ops_when_the_kernels_cannot_load(monkeypatch):
   monkeypatch.setattr(ops_module, "load", lambda: None)
   assert select_ops([HERE["localhost cpu"]]) is TENSORFLOW_OPS
+
+
+@pytest.mark.parametrize(
+  "devices", [[], list(HERE.values())], ids=["none", "here"]
+)
+def test_xla_and_savedmodel_traces_get_their_ops_whatever_the_devices(
+  devices, monkeypatch
+):
+  """XLA_OPS for XLA (static shapes, TensorFlow's ops), then TensorFlow's
+  in a SavedModel (TF Serving loads no kernels), before the devices."""
+  chosen = []
+
+  @tf.function(jit_compile=True)
+  def compiled():
+    chosen.append(select_ops(devices, host=HOST))
+    return tf.constant(0)
+
+  compiled.get_concrete_function()
+  assert chosen == [XLA_OPS]
+  monkeypatch.setattr(compat, "in_save_context", lambda: True)
+  assert select_ops(devices, host=HOST) is TENSORFLOW_OPS
 
 
 def test_concurrent_below_one_is_refused():

@@ -51,8 +51,8 @@ from tpu_embedding.lookup import combine
 from tpu_embedding.lookup import group_table
 from tpu_embedding.lookup import split_activations
 from tpu_embedding.resolved import ResolvedConfig
-from tpu_embedding.resolved import table_name
 from tpu_embedding.stacking import TableStack
+from tpu_embedding.stacking import stack_of
 from tpu_embedding.structure import check_same_structure
 
 #: Reads the rows of several tables at once: ``[lookup.RowRequest]`` →
@@ -143,10 +143,15 @@ def look_up(
     ``occurrence_gradients`` needs for the update).
   """
   if stacks is None:
-    groups = [(table, config.features_of(table)) for table in config.tables]
-    flat, batches = look_up_groups(groups, prepared, row_source, ops=ops)
-  else:
-    flat, batches = _look_up_stacks(config, stacks, prepared, row_source, ops)
+    stacks = [stack_of([table], 0) for table in config.tables]
+  flat, batches = look_up_groups(
+    [
+      (stack, [config.features_of(t) for t in stack.tables]) for stack in stacks
+    ],
+    prepared,
+    row_source,
+    ops=ops,
+  )
   return tf.nest.pack_sequence_as(config.structure, flat), batches
 
 
@@ -162,61 +167,37 @@ def stack_features(config: ResolvedConfig, stack: TableStack) -> list[int]:
   return [i for table in stack.tables for i in config.features_of(table)]
 
 
-def _look_up_stacks(
-  config: ResolvedConfig,
-  stacks: Sequence[TableStack],
-  prepared: Sequence[PreparedFeature],
-  row_source: RowSource,
-  ops: StepOps,
-) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
-  flat: list[Any] = [None] * len(prepared)
-  batches = {}
-  for stack in stacks:
-    members = [
-      (table, offset, len(config.features_of(table)))
-      for table, offset in zip(stack.tables, stack.offsets, strict=True)
-    ]
-    batches[stack.name] = group_table(
-      stack.config,
-      [prepared[i] for i in stack_features(config, stack)],
-      ops,
-      members if stack.stacked else None,
-    )
-  all_rows = row_source(
-    [_request(stack.config, batches[stack.name]) for stack in stacks]
-  )
-  for stack, rows in zip(stacks, all_rows, strict=True):
-    batch = batches[stack.name]
-    outputs = split_activations(combine(rows, batch, ops), batch)
-    for i, output in zip(stack_features(config, stack), outputs, strict=True):
-      flat[i] = output
-  return flat, batches
-
-
 def look_up_groups(
-  groups: Sequence[tuple[TableConfig, Sequence[int]]],
+  groups: Sequence[tuple[TableStack, Sequence[Sequence[int]]]],
   prepared: Sequence[PreparedFeature],
   row_source: RowSource,
   *,
   ops: StepOps,
 ) -> tuple[list[tf.Tensor], dict[str, TableBatch]]:
-  """``look_up`` for explicit ``(table, feature indices)`` groups.
+  """``look_up`` for explicit groups: each stack (or table: a stack of
+  one, ``stacking.stack_of``) with, per member table, the indices in
+  ``prepared`` of its features.
 
   Returns:
     ``(flat activations, batches)``, activations in ``prepared`` order.
   """
   flat: list[Any] = [None] * len(prepared)
-  batches = {
-    table_name(table): group_table(table, [prepared[i] for i in indices], ops)
-    for table, indices in groups
-  }
+  batches = {}
+  for stack, indices in groups:
+    members = zip(stack.tables, stack.offsets, map(len, indices), strict=True)
+    batches[stack.name] = group_table(
+      stack.config,
+      [prepared[i] for mine in indices for i in mine],
+      ops,
+      list(members),
+    )
   all_rows = row_source(
-    [_request(table, batches[table_name(table)]) for table, _ in groups]
+    [_request(stack.config, batches[stack.name]) for stack, _ in groups]
   )
-  for (table, indices), rows in zip(groups, all_rows, strict=True):
-    batch = batches[table_name(table)]
-    for i, output in zip(
-      indices, split_activations(combine(rows, batch, ops), batch), strict=True
-    ):
+  for (stack, indices), rows in zip(groups, all_rows, strict=True):
+    batch = batches[stack.name]
+    outputs = split_activations(combine(rows, batch, ops), batch)
+    flat_indices = [i for mine in indices for i in mine]
+    for i, output in zip(flat_indices, outputs, strict=True):
       flat[i] = output
   return flat, batches

@@ -55,6 +55,7 @@ from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import rows_table
 from tpu_embedding.resolved import table_name
+from tpu_embedding.stacking import stack_of
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
@@ -188,7 +189,7 @@ def _lookup_one(
   )
   ops = lookup_ops()  # Serving: TensorFlow's ops alone.
   (activations,), _ = look_up_groups(
-    [(named, [0])],
+    [(stack_of([named], 0), [[0]])],
     [prepared],
     lambda requests: [occurrence_rows(read(requests[0][1]), requests[0][2])],
     ops=ops,

@@ -7,8 +7,8 @@ gradients into row gradients for the backend's updates. The backend is
 chosen from the strategy (``backends/selection.py``), with the plan of the
 tables' stacks and placements it made (``planning.py``), and, with
 ``pipeline_execution_with_tensor_core=True``, wrapped in a
-``PipelinedBackend``. The row ops of its training steps are decided once,
-from the devices holding its tables (``kernels/ops.select_ops``), and
+``PipelinedBackend``. The row ops of its training steps are chosen by
+``kernels/ops.select_ops`` alone, from the devices holding its tables, and
 passed down explicitly; every other lookup gets TensorFlow's.
 
 Example:
@@ -28,7 +28,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding import compat
 from tpu_embedding import errors
 from tpu_embedding import memory
 from tpu_embedding.activations import look_up
@@ -42,7 +41,6 @@ from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import concat_pieces
-from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import XLA_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.ops import lookup_ops
@@ -123,7 +121,7 @@ class OffTPUEngine(Engine, Trackable):
     self._stores: dict[str, TableStore] = {}
     self._steps: dict[int, Step] = {}
     self._enqueued: Enqueued | None = None
-    self._ops: StepOps | None = None  # Decided at the first training step.
+    self._devices: list[str] | None = None  # Listed at the first step.
 
   # --- checkpoints and tables ----------------------------------------------
 
@@ -258,8 +256,9 @@ class OffTPUEngine(Engine, Trackable):
       or _distributed(features)
       or _distributed(weights)
     ):
-      # Per-replica values (e.g. from a distributed dataset): check replica
-      # 0's now; each replica prepares its own in dequeue.
+      # Per-replica values (e.g. from a distributed dataset): replica 0's
+      # are prepared (checked) now, for its dequeue; each other replica
+      # prepares its own in dequeue.
       first_features, first_weights = select_replica(
         self._strategy, (features, weights), 0
       )
@@ -267,7 +266,8 @@ class OffTPUEngine(Engine, Trackable):
         first_features, first_weights, "features passed to enqueue"
       )
       self._maybe_build([p.static_shape for p in prepared])
-      self._steps = {}
+      first = first_local_replica(self._strategy)
+      self._steps = {first: Step(prepared, training, current_graph())}
       self._enqueued = Enqueued(features, weights, training, current_graph())
       return
     prepared = self._prepare(features, weights, "features passed to enqueue")
@@ -459,28 +459,21 @@ class OffTPUEngine(Engine, Trackable):
     return self._step_ops()
 
   def _step_ops(self) -> StepOps:
-    """``step_ops``, decided once from the devices holding the tables.
-
-    A function traced for a SavedModel gets TensorFlow's ops (TF Serving
-    loads no kernel library); one traced for XLA gets ``XLA_OPS`` (the
-    kernels have no XLA lowering, and XLA needs static shapes).
-    """
-    if compat.in_save_context():
-      return TENSORFLOW_OPS
-    if compat.in_xla_context():
-      self._check_xla()
-      return XLA_OPS
-    if self._ops is None:
-      devices = [
+    """``step_ops``: ``select_ops`` on the devices holding the tables
+    (listed once), checked for XLA where it gives ``XLA_OPS``."""
+    if self._devices is None:
+      self._devices = [
         str(getattr(variable, "device", ""))
         for store in self._stores.values()
         for variable in store.held_variables()
       ]
-      # Each local replica runs its own ops, one chain per table or
-      # stack, all at once.
-      replicas = len(self._backend.local_devices)
-      self._ops = select_ops(devices, concurrent=replicas * len(self._stacks))
-    return self._ops
+    # Each local replica runs its own ops, one chain per table or stack,
+    # all at once.
+    replicas = len(self._backend.local_devices)
+    ops = select_ops(self._devices, concurrent=replicas * len(self._stacks))
+    if ops is XLA_OPS:
+      self._check_xla()
+    return ops
 
   def _check_xla(self) -> None:
     """Raises unless this engine's steps compile with XLA (one replica,

@@ -14,8 +14,8 @@ Which ops serve a step is decided in one place, ``ops.select_ops``, from
 the devices that hold the tables: the kernels (``ops.KernelOps``) only
 where every table variable lives in this process's CPU memory (never on a
 GPU, a parameter server or another worker), TensorFlow's ops
-(``ops.TENSORFLOW_OPS``) everywhere else. The engine decides once and
-passes the ops down explicitly to its training steps; a SavedModel must
+(``ops.TENSORFLOW_OPS``) everywhere else. The engine asks it and passes
+the ops down explicitly to its training steps; a SavedModel must
 load with TensorFlow alone (TF Serving has no kernel library), so lookups
 for serving and functions traced for a SavedModel get TensorFlow's ops.
 

@@ -15,9 +15,11 @@ backends, the exchanges and the table stores:
   process), the same outputs bit for bit. Each method falls back to
   TensorFlow's ops for inputs its kernel does not take.
 
-``select_ops`` is the one place that decides, from the devices holding an
-engine's tables: the kernels only where the library loads and every table
-variable lives in this process's CPU memory.
+``select_ops`` is the one place that decides, from the function being
+traced and the devices holding an engine's tables: ``XLA_OPS`` for XLA,
+TensorFlow's in a SavedModel and for lookups outside training, the
+kernels only where the library loads and every table variable lives in
+this process's CPU memory.
 
 Example:
   >>> import tensorflow as tf
@@ -190,9 +192,9 @@ XLA_OPS = XlaOps()
 
 
 def lookup_ops() -> StepOps:
-  """The ops of a lookup outside training (serving, SavedModels):
-  TensorFlow's, servable as they are; ``XLA_OPS`` when traced for XLA."""
-  return XLA_OPS if compat.in_xla_context() else TENSORFLOW_OPS
+  """The ops of a lookup outside training (serving, SavedModels): no
+  tables for the kernels (``select_ops(())``)."""
+  return select_ops(())
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -313,16 +315,20 @@ def in_this_process_cpu(device: str, host: str | None = None) -> bool:
 def select_ops(
   devices: Iterable[str], concurrent: int = 1, host: str | None = None
 ) -> StepOps:
-  """The ops that serve training steps on tables held on ``devices``.
+  """The ops of the function being traced, on tables held on ``devices``.
 
-  The kernels (``KernelOps``) only where the library loads and every
-  device is a CPU of this process (``in_this_process_cpu``): never for a
-  table on a GPU, a parameter server or another worker, nor for no
-  tables. Else ``TENSORFLOW_OPS``, the same numbers.
+  ``XLA_OPS`` in a function compiled by XLA (the kernels have no XLA
+  lowering, and XLA needs static shapes; TensorFlow's ops alone, so
+  servable too). Else ``TENSORFLOW_OPS`` in a function traced for a
+  SavedModel (TF Serving loads no kernel library). Else the kernels
+  (``KernelOps``) only where the library loads and every device is a CPU
+  of this process (``in_this_process_cpu``): never for a table on a GPU,
+  a parameter server or another worker, nor for no tables (a lookup
+  outside training). Else ``TENSORFLOW_OPS``, the same numbers.
 
   Args:
     devices: the devices of every variable of the engine's tables (and
-      slots).
+      slots); none for a lookup outside training.
     concurrent: the step's independent kernel chains that run at once in
       this process: each replica runs one per table or stack (its
       deduplication, gather and update). With one per CPU core or more,
@@ -339,6 +345,10 @@ def select_ops(
   """
   if concurrent < 1:
     raise ValueError(f"concurrent must be >= 1, got {concurrent}.")
+  if compat.in_xla_context():
+    return XLA_OPS
+  if compat.in_save_context():
+    return TENSORFLOW_OPS
   devices = list(devices)
   if not devices or not all(in_this_process_cpu(d, host) for d in devices):
     return TENSORFLOW_OPS
