@@ -187,9 +187,8 @@ class TableStore(metaclass=abc.ABCMeta):
     self.table = table
     self._variables = dict(variables)
     self._blocks = blocks
-    self._guard = guard.for_blocks(
-      table_name(table), [block["parameters"].device for block in blocks]
-    )
+    devices = [getattr(b["parameters"], "device", None) for b in blocks]
+    self._guard = guard.for_blocks(table_name(table), devices)
     # One bit per row of each block: set by every write, cleared by a save
     # (``tpu_embedding.delta_checkpoints``).
     self._changes = [

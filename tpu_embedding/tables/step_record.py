@@ -51,7 +51,7 @@ _EMPTY = np.iinfo(np.int64).min
 class StepRecord:
   """The step ids applied to one row block, in a ring of ``SLOTS``."""
 
-  def __init__(self, device: str, name: str):
+  def __init__(self, device: str | None, name: str):
     """Creates the ring on ``device`` (a plain variable, not tracked: no
     checkpoint holds it)."""
     with tf.device(device):

@@ -59,7 +59,7 @@ class BlockGuard:
 class UpdateGuard:
   """Makes each store's ``BlockGuard`` (``UNGUARDED``: updates as they come)."""
 
-  def for_blocks(self, name: str, devices: Sequence[str]) -> BlockGuard:
+  def for_blocks(self, name: str, devices: Sequence[str | None]) -> BlockGuard:
     """The guard of a store named ``name`` with blocks on ``devices``."""
     del name, devices
     return BlockGuard()
@@ -106,14 +106,16 @@ class LockedUpdates(UpdateGuard):
   def __init__(self) -> None:
     self._chain = LockChain()
 
-  def for_blocks(self, name: str, devices: Sequence[str]) -> BlockGuard:
+  def for_blocks(self, name: str, devices: Sequence[str | None]) -> BlockGuard:
     return _LockedBlocks(self._chain, name, devices)
 
 
 class _LockedBlocks(BlockGuard):
   """A critical section and a step record per block, on its device."""
 
-  def __init__(self, chain: LockChain, name: str, devices: Sequence[str]):
+  def __init__(
+    self, chain: LockChain, name: str, devices: Sequence[str | None]
+  ):
     self._chain = chain
     self._locks = []
     self._records = []
