@@ -1,9 +1,13 @@
-"""The package's modules import each other without circles.
+"""The package's folders import each other one way, down the layers.
 
 Every import counts: at module level, inside functions, and under
-``TYPE_CHECKING``. A circle means two modules each need the other, that is
-code in the wrong place (ARCHITECTURE.md: data flows one way); move the code
-to where it belongs instead of hiding the import in a function.
+``TYPE_CHECKING``. A *unit* is a folder (a subpackage, all its modules
+together) or a top-level module; ``LAYERS`` orders them, bottom first, and
+a unit imports only units of lower layers (ARCHITECTURE.md: imports flow
+one way). Within a unit, modules import each other without circles. An
+import against the layers means code in the wrong place: move it to the
+layer it belongs to, or pass it in, instead of hiding the import in a
+function.
 """
 
 from __future__ import annotations
@@ -16,6 +20,52 @@ import pytest
 import tpu_embedding
 
 PACKAGE = pathlib.Path(tpu_embedding.__file__).parent
+
+
+#: The units, bottom first. A unit imports only units of the layers before
+#: its own (never one of its layer, or above). A new folder or top-level
+#: module takes its place here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+  # Foundations: TensorFlow's private names, errors, small helpers, the
+  # gradients' types, initializers.
+  (
+    "compat",
+    "errors",
+    "allocator",
+    "data",
+    "run_lock",
+    "thread_setting",
+    "gradients",
+    "initializers",
+  ),
+  # How inputs become rows (KeyMapping, DynamicVocabulary), the optimizers'
+  # rules, replicas, variables.
+  ("keys", "optimizers", "replicas", "tracking"),
+  # What the user declares, and its types.
+  ("config",),
+  ("types", "kernels", "output_shapes"),
+  ("structure",),
+  ("resolved",),
+  # Placement; inputs as ids.
+  ("sharding", "inputs"),
+  ("lookup",),
+  # One table (or stack) in one layout: the row store.
+  ("tables", "steps"),
+  ("stacking", "checkpoint_files"),
+  ("planning", "activations", "checkpoint_deltas"),
+  # Rows to and from the stores; checkpoints; the memory check.
+  ("backends", "checkpoints", "memory"),
+  ("pipelining", "vocabularies"),
+  # The engines (one per platform), serving.
+  ("engines", "serving"),
+  ("embedding",),
+  # Keras layers and exports, on top of the engines.
+  ("layers", "export"),
+  # FDO measures any config kind (ours, TensorFlow's, keras-rs').
+  ("fdo",),
+  # The public names (tpu_embedding/__init__.py).
+  ("__init__",),
+)
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -99,7 +149,7 @@ def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
   return found
 
 
-def test_the_package_has_no_import_circles():
+def test_the_modules_of_a_folder_import_each_other_without_circles():
   graph = import_graph()
   found = circles(graph)
   lines = [
@@ -110,6 +160,73 @@ def test_the_package_has_no_import_circles():
     if b in component
   ]
   assert not found, "Import circles:\n" + "\n".join(lines)
+
+
+def unit(module: str) -> str:
+  """The layer unit of a module: its folder, or itself at the top level."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else "__init__"
+
+
+def against_the_layers(
+  graph: dict[str, dict[str, int]], layers: tuple[tuple[str, ...], ...]
+) -> list[str]:
+  """Each import of a unit of the same or a higher layer, as text."""
+  layer = {name: i for i, names in enumerate(layers) for name in names}
+  return [
+    f"{a}:{line} imports {b} ({unit(a)}, layer {layer[unit(a)]}, imports "
+    f"{unit(b)}, layer {layer[unit(b)]})"
+    for a in sorted(graph)
+    for b, line in sorted(graph[a].items())
+    if unit(a) != unit(b) and layer[unit(b)] >= layer[unit(a)]
+  ]
+
+
+def test_every_folder_and_top_level_module_has_one_layer():
+  listed = [name for names in LAYERS for name in names]
+  units = {unit(module) for module in _modules()}
+  assert len(listed) == len(set(listed)), "A unit listed twice in LAYERS"
+  assert set(listed) == units, (
+    f"Not in LAYERS: {sorted(units - set(listed))}; "
+    f"in LAYERS but not in the package: {sorted(set(listed) - units)}"
+  )
+
+
+def test_folders_import_down_the_layers():
+  found = against_the_layers(import_graph(), LAYERS)
+  assert not found, "Imports against LAYERS:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+  "source, expected",
+  [
+    ("from tpu_embedding.low import x", []),
+    ("from tpu_embedding.high.b import x", ["tpu_embedding.mid.a:1"]),
+    ("def f():\n  from tpu_embedding import high", ["tpu_embedding.mid.a:2"]),
+    ("from tpu_embedding.mid.c import x", []),
+    ("from tpu_embedding import side", ["tpu_embedding.mid.a:1"]),
+  ],
+  ids=["down", "up", "up_in_a_function", "same_folder", "same_layer"],
+)
+def test_imports_against_the_layers_are_found(source, expected):
+  modules = {
+    name: 0
+    for name in (
+      "tpu_embedding.low",
+      "tpu_embedding.mid.a",
+      "tpu_embedding.mid.c",
+      "tpu_embedding.side",
+      "tpu_embedding.high",
+      "tpu_embedding.high.b",
+    )
+  }
+  graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+  for node in ast.walk(ast.parse(source)):
+    for name in _imported(node, "tpu_embedding.mid.a", False, modules):
+      graph["tpu_embedding.mid.a"][name] = node.lineno
+  layers = (("low",), ("mid", "side"), ("high",))
+  found = against_the_layers(graph, layers)
+  assert [text.split(" ")[0] for text in found] == expected
 
 
 @pytest.mark.parametrize(

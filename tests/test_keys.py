@@ -9,11 +9,11 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tpu_embedding.keys import IdentityMapping
+from tpu_embedding.keys.dynamic import DynamicMapping
 from tpu_embedding.resolved import ResolvedTable
 from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import rows_table
-from tpu_embedding.vocabularies.mapping import DynamicMapping
 
 #: TableConfig's constructor arguments.
 ARGUMENTS = [

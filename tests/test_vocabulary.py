@@ -14,8 +14,8 @@ from tpu_embedding import kernels
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import KernelOps
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.vocabularies.buckets import bucket_of
-from tpu_embedding.vocabularies.buckets import key_ids
+from tpu_embedding.keys.buckets import bucket_of
+from tpu_embedding.keys.buckets import key_ids
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import advance
 from tpu_embedding.vocabularies.transition import find

@@ -1,6 +1,6 @@
 """Independent oracle of a dynamic vocabulary's steps, in plain Python.
 
-Written from the rules in ``tpu_embedding/vocabularies/config.py`` (a
+Written from the rules in ``tpu_embedding/keys/vocabulary.py`` (a
 loop over keys and buckets, no vectorization), not from the TensorFlow
 code, so the two can be compared step by step.
 """

@@ -32,9 +32,9 @@ import tensorflow as tf
 from tpu_embedding import initializers
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.initializers import TruncatedNormal
+from tpu_embedding.keys.vocabulary import DynamicVocabulary
 from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
-from tpu_embedding.vocabularies.config import DynamicVocabulary
 
 COMBINERS = ("mean", "sum", "sqrtn")
 
@@ -213,7 +213,7 @@ class TableConfig:
       vocabulary: (keyword only; not in TensorFlow's ``TableConfig``)
         None (ids are rows), or a ``DynamicVocabulary``: the
         table takes raw keys and gives them its ``vocabulary_size`` rows
-        as they come (``tpu_embedding/vocabularies/config.py``).
+        as they come (``tpu_embedding/keys/vocabulary.py``).
 
     Raises:
       ValueError: if an argument is invalid; the message names it, gives the

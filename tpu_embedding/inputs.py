@@ -350,7 +350,7 @@ def prepare_feature(
     path: the feature path, for messages.
     check_ids: whether to add the ``[0, vocabulary_size)`` range check
       (only where the table's inputs are rows: its key mapping's
-      ``input_ids`` may make keys of them, ``keys.py``).
+      ``input_ids`` may make keys of them, ``keys``).
 
   Returns:
     The ``PreparedFeature``.

@@ -6,7 +6,7 @@ order of ``tf.nest.flatten(feature_config)``; a table without an optimizer
 takes the global one. The user's objects are cloned, never changed.
 
 A resolved table (``ResolvedTable``) carries the ``KeyMapping`` of its
-inputs (``keys.py``) instead of their declaration: ids are rows, or a
+inputs (``keys``) instead of their declaration: ids are rows, or a
 ``DynamicVocabulary`` maps keys to rows ``[0, capacity)`` and the default
 row ``capacity``, so it holds ``capacity + 1`` rows. Its fields are valid
 ``TableConfig`` arguments (it is built by that constructor), and resolving
@@ -34,10 +34,10 @@ from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.keys import IdentityMapping
 from tpu_embedding.keys import KeyMapping
+from tpu_embedding.keys.dynamic import declared_mapping
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.types import FeatureConfigNest
-from tpu_embedding.vocabularies.mapping import declared_mapping
 
 
 class ResolvedTable(TableConfig):
@@ -56,7 +56,7 @@ class ResolvedTable(TableConfig):
     key_mapping: how its inputs become rows.
 
   Attributes:
-    key_mapping: how its inputs become rows (``keys.py``).
+    key_mapping: how its inputs become rows (``keys``).
   """
 
   def __init__(

@@ -43,10 +43,11 @@ import tensorflow as tf
 
 # The aliases of one concern live with it and are gathered here (the feature
 # config nest with FeatureConfig, Initializer with the initializers, the
-# hyper-parameters' with the optimizers): those modules never import this
-# one, so there is no import circle.
+# hyper-parameters' with the optimizers, an input feature with the key
+# mappings): those modules never import this one, so imports flow one way.
 from tpu_embedding.config import FeatureConfigNest
 from tpu_embedding.initializers import Initializer
+from tpu_embedding.keys import FeatureInput
 from tpu_embedding.optimizers.base import ClipValue
 from tpu_embedding.optimizers.base import LearningRate
 
@@ -70,9 +71,6 @@ T = TypeVar("T")
 #: A nest of ``T``: a ``T``, or a list, tuple or namedtuple of nests, or a
 #: dict from strings to nests.
 Nest: TypeAlias = Union[T, Sequence["Nest[T]"], Mapping[str, "Nest[T]"]]
-
-#: One input feature: ids as a dense tensor, a sparse tensor or a ragged one.
-FeatureInput: TypeAlias = Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]
 
 #: The ids of one batch: a nest of ``FeatureInput`` shaped like the config.
 FeatureNest: TypeAlias = Nest[FeatureInput]

@@ -52,6 +52,7 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding import errors
 from tpu_embedding.backends.base import Backend
+from tpu_embedding.engines import fdo_file
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.tpu_conversion import translate
 from tpu_embedding.optimizers.base import Optimizer
@@ -302,9 +303,7 @@ class SparseCoreEngine(_TensorFlowEngine):
     self._step: _SparseCoreStep | None = None
     if isinstance(sparse_core_config, (str, os.PathLike)):
       # An FDO file (``tpu_embedding.fdo``): the measured limits.
-      from tpu_embedding import fdo
-
-      sparse_core_config = fdo.load_sparse_core_config(sparse_core_config)
+      sparse_core_config = fdo_file.load_sparse_core_config(sparse_core_config)
     self.sparse_core_embedding_config = sparse_core_config
     return tf_class(
       self._tf_configs.feature_config,

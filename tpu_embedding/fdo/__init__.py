@@ -71,7 +71,7 @@ The package, one concept per module:
   ``[chip, source SparseCore, destination shard]``), ``FdoStats`` and the
   configs to paste;
 * ``collector``: ``FdoCollector``, ``compute_stats``;
-* ``files``: the JSON file (``load``, ``load_sparse_core_config``);
+* the file (``load``...) is the engine's, ``engines/fdo_file.py``;
 * ``online``: while training (``FdoTracker``, ``keras_callback``,
   ``local_batch``).
 
@@ -89,12 +89,12 @@ Example:
   (2, 1)
 """
 
+from tpu_embedding.engines.fdo_file import FORMAT
+from tpu_embedding.engines.fdo_file import load
+from tpu_embedding.engines.fdo_file import load_sparse_core_config
 from tpu_embedding.fdo.collector import FdoCollector
 from tpu_embedding.fdo.collector import compute_stats
 from tpu_embedding.fdo.configs import to_tf_feature_config
-from tpu_embedding.fdo.files import FORMAT
-from tpu_embedding.fdo.files import load
-from tpu_embedding.fdo.files import load_sparse_core_config
 from tpu_embedding.fdo.layout import STACKINGS
 from tpu_embedding.fdo.layout import Layout
 from tpu_embedding.fdo.layout import StackLayout

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpu_embedding.fdo import files
+from tpu_embedding.engines import fdo_file as files
 from tpu_embedding.fdo import samples
 from tpu_embedding.fdo.collector import FdoCollector
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpu_embedding.fdo import files
+from tpu_embedding.engines import fdo_file as files
 from tpu_embedding.fdo.topologies import Topology
 
 TFE = tf.tpu.experimental.embedding

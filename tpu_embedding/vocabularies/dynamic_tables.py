@@ -3,7 +3,7 @@
 A dynamic table of capacity ``C`` is stored as ``C + 1`` rows: rows
 ``[0, C)`` are given to keys, row ``C`` is the default row (what keys
 without a row read; never updated). Its resolved table carries that
-``DynamicMapping`` (``mapping.py``), which also drops the default row from
+``DynamicMapping`` (``keys/dynamic.py``), which also drops the default row from
 updates; ``DynamicTables`` does the rest around the one lookup path:
 
 * a training lookup gathers the global batch's keys of each dynamic table
@@ -49,13 +49,13 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.keys import KeysToRows
+from tpu_embedding.keys.dynamic import DynamicMapping
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tracking import VariableTracker
-from tpu_embedding.vocabularies.mapping import DynamicMapping
 from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary
 from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.sharing import flat

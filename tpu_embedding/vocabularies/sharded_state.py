@@ -26,10 +26,10 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.keys.vocabulary import DynamicVocabulary
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.tables import slicing
-from tpu_embedding.vocabularies.config import DynamicVocabulary
 from tpu_embedding.vocabularies.sharing import flat
 from tpu_embedding.vocabularies.sharing import slices_of
 from tpu_embedding.vocabularies.state import VocabularyState

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.vocabularies.config import DynamicVocabulary
+from tpu_embedding.keys.vocabulary import DynamicVocabulary
 from tpu_embedding.vocabularies.sharing import ReplicaSharing
 from tpu_embedding.vocabularies.transition import VocabularyVariables
 from tpu_embedding.vocabularies.transition import advance

@@ -1,14 +1,14 @@
 """One training step of a dynamic vocabulary, in TensorFlow ops.
 
 ``find`` maps keys to rows; ``advance`` runs the step's admission and
-eviction (the rules are in ``config.py``) on ``VocabularyVariables`` and
-returns each key's row and the rows to reset. Both touch only the
-buckets of the step's keys: ``[keys, bucket_size]`` gathers, never a
-pass over the table.
+eviction (the rules are in ``keys/vocabulary.py``) on
+``VocabularyVariables`` and returns each key's row and the rows to reset.
+Both touch only the buckets of the step's keys: ``[keys, bucket_size]``
+gathers, never a pass over the table.
 
 Example:
   >>> import tensorflow as tf
-  >>> from tpu_embedding.vocabularies.config import DynamicVocabulary
+  >>> from tpu_embedding.keys.vocabulary import DynamicVocabulary
   >>> variables = VocabularyVariables(DynamicVocabulary(4, bucket_size=4), 4)
   >>> step = advance(variables, tf.constant([7, 9, 7], tf.int64))
   >>> step.rows.numpy().tolist(), sorted(step.new_rows.numpy().tolist())
@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
-from tpu_embedding.vocabularies.buckets import BucketLayout
-from tpu_embedding.vocabularies.config import DynamicVocabulary
+from tpu_embedding.keys.buckets import BucketLayout
+from tpu_embedding.keys.vocabulary import DynamicVocabulary
 
 #: The state's arrays: per row, and per probation entry (both sharded by
 #: bucket range); and its scalars (the step, and evictions so far).
@@ -48,7 +48,7 @@ def array_extents(
   shard holding elements ``[start, start + length)`` of the whole array.
 
   Example:
-    >>> from tpu_embedding.vocabularies.buckets import BucketLayout
+    >>> from tpu_embedding.keys.buckets import BucketLayout
     >>> vocabulary = DynamicVocabulary(bucket_size=4, min_count=2)
     >>> extents = array_extents(vocabulary, BucketLayout(10, 4, 1, 2))
     >>> extents["keys"], extents["probation_keys"]

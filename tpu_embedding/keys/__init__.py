@@ -19,9 +19,9 @@ the TPU engines             ``check_on_tpu``
 ==========================  =============================================
 
 The mappings: ``IdentityMapping`` (here), a fixed table's: ids are rows;
-``DynamicMapping`` (``vocabularies/mapping.py``): keys get rows
-``[0, capacity)`` from the vocabulary's state, and keys without a row read
-the default row ``capacity``.
+``DynamicMapping`` (``dynamic.py``): keys get rows ``[0, capacity)`` from
+the state of the table's ``DynamicVocabulary`` (``vocabulary.py``, keys in
+buckets: ``buckets.py``), and keys without a row read the default row.
 
 Example:
   >>> import tensorflow as tf
@@ -38,10 +38,13 @@ import abc
 import dataclasses
 from collections.abc import Callable
 from typing import Any
+from typing import TypeAlias
+from typing import Union
 
 import tensorflow as tf
 
-from tpu_embedding.types import FeatureInput
+#: One input feature: ids as a dense tensor, a sparse tensor or a ragged one.
+FeatureInput: TypeAlias = Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]
 
 #: Maps int64 keys (any shape) to int64 rows: a dynamic table's state, as
 #: it is (serving lookups and exports).

@@ -3,7 +3,7 @@
 A table declared with a ``DynamicVocabulary`` of capacity ``C`` holds
 ``C + 1`` rows: rows ``[0, C)`` are given to keys as they come, row ``C``
 is the default row (what keys without a row read; never updated).
-``DynamicMapping`` is what its resolved table carries (``keys.py``):
+``DynamicMapping`` is what its resolved table carries (``keys``):
 
 * inputs: raw keys of the vocabulary's dtype become int64 keys
   (``buckets.key_ids``; a string key must not be empty), never checked
@@ -48,8 +48,8 @@ from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.keys import IdentityMapping
 from tpu_embedding.keys import KeyMapping
-from tpu_embedding.vocabularies.buckets import key_ids
-from tpu_embedding.vocabularies.config import DynamicVocabulary
+from tpu_embedding.keys.buckets import key_ids
+from tpu_embedding.keys.vocabulary import DynamicVocabulary
 
 
 def declared_mapping(
