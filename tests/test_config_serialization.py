@@ -8,8 +8,10 @@ shared tables stay shared.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
+import pickle
 
 import keras
 import numpy as np
@@ -19,6 +21,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tpu_embedding import config as config_module
 from tpu_embedding import initializers
+from tpu_embedding import sharding
 from tpu_embedding.optimizers import saving
 from tpu_embedding.tables.initial_values import row_values
 
@@ -226,3 +229,20 @@ def test_optimizers_round_trip_as_data(optimizer):
   data = json_trip(saving.to_config(optimizer, "here"))
   assert data["class_name"] == type(optimizer).__name__
   assert saving.from_config(data) == optimizer
+
+
+def test_a_row_threshold_is_the_placement_policy_it_always_became():
+  # RowThreshold (once an int carrying forced placements) is the policy.
+  threshold = sharding.RowThreshold(5, {"t": "replicated"})
+  policy = sharding.PlacementPolicy(5, {"t": "replicated"})
+  assert threshold == policy == sharding.PlacementPolicy.of(threshold)
+  assert int(threshold) == 5 and dict(threshold.forced) == {"t": "replicated"}
+  assert copy.deepcopy(threshold) == pickle.loads(pickle.dumps(policy))
+  # pickle.dumps(RowThreshold(5, {"t": "replicated"}), 0) of the int class:
+  earlier = (
+    b"ctpu_embedding.sharding\nRowThreshold\np0\n(I5\n(dp1\nVt\np2\n"
+    b"Vreplicated\np3\nstp4\nRp5\n."
+  )
+  assert pickle.loads(earlier) == policy
+  with pytest.raises(ValueError, match="neither"):
+    sharding.RowThreshold(5, {"t": "sparsecore"})

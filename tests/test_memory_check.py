@@ -16,7 +16,8 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding import memory
-from tpu_embedding import sharding
+from tpu_embedding.planning import Planner
+from tpu_embedding.sharding import PlacementPolicy
 
 GIB = 2**30
 
@@ -149,7 +150,7 @@ def test_a_row_sharded_table_counts_its_share_per_worker():
   # Worker w of a 2-worker MultiWorkerMirroredStrategy (one replica each)
   # holds replica w's block: the plan's bytes of that replica only.
   table = tpe.TableConfig(1001, 8, name="t", optimizer=tpe.Adam(0.1))
-  plan = sharding.make_plan([table], num_replicas=2, row_threshold=0)
+  plan = Planner(2).plan([table], PlacementPolicy(0), None).tables
   assert memory.bytes_here(plan, [0]) == {"t": 501 * 8 * 4 * 3}
   assert memory.bytes_here(plan, [1]) == {"t": 500 * 8 * 4 * 3}
   assert memory.bytes_here(plan, [0, 1]) == {"t": 1001 * 8 * 4 * 3}

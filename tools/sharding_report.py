@@ -39,7 +39,6 @@ import tpu_embedding as tpe  # noqa: E402
 from tpu_embedding.backends.sharded import replicas_planner  # noqa: E402
 from tpu_embedding.resolved import resolve  # noqa: E402
 from tpu_embedding.sharding import PlacementPolicy  # noqa: E402
-from tpu_embedding.sharding import make_plan  # noqa: E402
 from tpu_embedding.vocabularies.dynamic_tables import dynamic_mappings  # noqa: E402
 from tpu_embedding.vocabularies.transition import VocabularyVariables  # noqa: E402
 
@@ -329,7 +328,8 @@ def report(args: argparse.Namespace) -> None:
   resolved = resolve(
     [tpe.FeatureConfig(t) for t in tables], tpe.Adagrad(0.1)
   ).tables
-  single = make_plan(resolved, 1, threshold).bytes_per_replica()[0]
+  one = replicas_planner(1).plan(resolved, PlacementPolicy(threshold), None)
+  single = one.tables.bytes_per_replica()[0]
   for replicas in counts:
     planned = replicas_planner(replicas).plan(
       resolved, PlacementPolicy(threshold), stacking

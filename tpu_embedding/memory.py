@@ -26,11 +26,10 @@ To build anyway set ``TPU_EMBEDDING_SKIP_MEMORY_CHECK=1`` in the
 environment, or build inside ``with tpu_embedding.memory.unchecked():``.
 
 Example:
-  >>> from tpu_embedding import sharding
   >>> from tpu_embedding.config import TableConfig
   >>> from tpu_embedding.optimizers import Adagrad
   >>> table = TableConfig(1000, 8, name="t", optimizer=Adagrad(0.1))
-  >>> plan = sharding.make_plan([table], num_replicas=2, row_threshold=0)
+  >>> plan = Planner(2).plan([table], PlacementPolicy(0)).tables
   >>> bytes_here(plan, replicas=[0, 1])  # both row blocks in this process
   {'t': 64000}
   >>> bytes_here(plan, replicas=[1])  # one worker of two
@@ -56,9 +55,10 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding.config import TableConfig
+from tpu_embedding.planning import Planner
 from tpu_embedding.replicas import local_devices
+from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.sharding import make_plan
 
 #: Set to ``1`` to build tables whatever the memory available.
 SKIP_ENV = "TPU_EMBEDDING_SKIP_MEMORY_CHECK"
@@ -256,7 +256,9 @@ def tables_here(
   Returns:
     ``{table: bytes}``.
   """
-  plan = plan or make_plan(tables, 1)
+  if plan is None:  # Every table whole: the plan of one shard.
+    plan = Planner(1).plan(tables, PlacementPolicy(), None).tables
+  assert plan is not None
   return bytes_here(plan, host_replicas(replicas, strategy))
 
 

@@ -6,7 +6,7 @@ Each backend says what its layouts allow in a ``Planner`` (its
 ``table_stacking="auto"`` stacks there. ``Planner.plan`` decides in one
 pass, from a ``sharding.PlacementPolicy``:
 
-* the placement each table gets alone (``PlacementPolicy.kind``);
+* the placement each table gets alone (``sharding.make_plan``);
 * the stacks (``stacking.plan_stacks``): tables of different placements
   never stack;
 * each store's placement (a stack takes its members' placement, not the
@@ -42,6 +42,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.sharding import TablePlacement
+from tpu_embedding.sharding import make_plan
 from tpu_embedding.sharding import member_placement
 from tpu_embedding.sharding import placement
 from tpu_embedding.stacking import TableStack
@@ -109,12 +110,13 @@ class Planner:
         or a policy fixing the placement of a table not in ``tables``.
     """
     num_shards = self.num_shards
+    # Each table's placement alone (checks the names the policy fixes).
+    alone: dict[str, TablePlacement] | None = None
+    if num_shards is not None:
+      alone = make_plan(tables, num_shards, policy).placements
 
     def kind(table: TableConfig) -> str:
-      if num_shards is None:
-        return WHOLE
-      name = table_name(table)
-      return policy.kind(name, table.vocabulary_size, num_shards)
+      return WHOLE if alone is None else alone[table_name(table)].kind
 
     stacks = tuple(
       plan_stacks(
@@ -126,17 +128,16 @@ class Planner:
         self.auto_stacks,
       )
     )
-    if num_shards is None:
+    if alone is None or num_shards is None:
       return TablePlan(stacks, None, None)
-    policy.check_tables([table_name(t) for t in tables])
     stores: dict[str, TablePlacement] = {}
     placements: dict[str, TablePlacement] = {}
     for stack in stacks:
+      if not stack.stacked:
+        stores[stack.name] = placements[stack.name] = alone[stack.name]
+        continue
       store = placement(stack.config, kind(stack.tables[0]), num_shards)
       stores[stack.name] = store
-      if not stack.stacked:
-        placements[stack.name] = store
-        continue
       for table, offset in zip(stack.tables, stack.offsets, strict=True):
         name = table_name(table)
         placements[name] = member_placement(

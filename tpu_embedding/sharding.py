@@ -7,12 +7,12 @@ blocks, one per replica ("div" sharding, the layout of
 replicas one row more. Smaller tables are replicated: every replica holds a
 full copy and applies the same (globally summed) update to it. A
 ``PlacementPolicy`` says which: the row threshold, and the placement of
-chosen tables whatever their size (``RowThreshold``, an ``int`` carrying
-those, is accepted wherever a threshold is, and becomes a policy there).
+chosen tables whatever their size (an ``int`` is accepted wherever a policy
+is, and becomes one there; ``RowThreshold`` is the policy's earlier name).
 
 The plan holds no variables; it is inspectable (``report()``) before any
-memory is spent. A backend plans its tables' stacks and placements
-together (``planning.py``); ``make_plan`` plans tables none stacked.
+memory is spent. ``make_plan`` places each table alone; a backend's
+``Planner`` (``planning.py``) stacks tables from those placements.
 
 Example:
   >>> import tpu_embedding as tpe
@@ -53,6 +53,8 @@ _FLOAT_BYTES = 4
 class PlacementPolicy:
   """Which tables are row-sharded: what every plan is made from.
 
+  ``RowThreshold`` is another name for it; ``int(policy)`` is its threshold.
+
   Attributes:
     row_threshold: tables with more rows are row-sharded, smaller ones
       replicated; 0 shards every table.
@@ -69,6 +71,8 @@ class PlacementPolicy:
     >>> policy = PlacementPolicy(10_000, {"users": ROW_SHARDED})
     >>> policy.kind("users", 500, 4), policy.kind("items", 500, 4)
     ('row_sharded', 'replicated')
+    >>> int(RowThreshold(10_000, {"users": ROW_SHARDED}))
+    10000
     >>> PlacementPolicy(10, {"users": "sparsecore"})
     Traceback (most recent call last):
     ...
@@ -94,16 +98,22 @@ class PlacementPolicy:
 
   @classmethod
   def of(cls, threshold: int | PlacementPolicy) -> PlacementPolicy:
-    """The policy a ``row_sharding_threshold`` argument gives: an ``int``,
-    a ``RowThreshold`` or a policy.
+    """The policy a ``row_sharding_threshold`` argument gives: an ``int``
+    or a policy.
 
     Example:
-      >>> PlacementPolicy.of(RowThreshold(5, {"t": REPLICATED}))
-      PlacementPolicy(row_threshold=5, forced={'t': 'replicated'})
+      >>> PlacementPolicy.of(5)
+      PlacementPolicy(row_threshold=5, forced={})
     """
     if isinstance(threshold, PlacementPolicy):
       return threshold
-    return cls(int(threshold), getattr(threshold, "forced", {}))
+    return cls(int(threshold))
+
+  def __int__(self) -> int:
+    return int(self.row_threshold)
+
+  def __reduce__(self) -> tuple[type, tuple[int, dict[str, str]]]:
+    return (PlacementPolicy, (self.row_threshold, dict(self.forced)))
 
   def __repr__(self) -> str:
     return (
@@ -142,45 +152,8 @@ class PlacementPolicy:
       )
 
 
-class RowThreshold(int):
-  """A row-sharding threshold that fixes the placement of some tables.
-
-  An ``int`` carrying a ``PlacementPolicy``'s ``forced`` placements,
-  accepted wherever ``row_sharding_threshold`` is (``TPUEmbedding``, the
-  Keras layers), which make it a ``PlacementPolicy``
-  (``PlacementPolicy.of``); a policy may be passed there instead.
-
-  Attributes:
-    forced: ``{table name: ROW_SHARDED or REPLICATED}`` (read-only).
-
-  Example:
-    >>> threshold = RowThreshold(10_000, {"users": ROW_SHARDED})
-    >>> int(threshold), dict(threshold.forced)
-    (10000, {'users': 'row_sharded'})
-  """
-
-  forced: Mapping[str, str]
-
-  def __new__(cls, threshold: int, forced: Mapping[str, str]) -> RowThreshold:
-    """Creates the threshold.
-
-    Args:
-      threshold: rows above which the other tables are row-sharded.
-      forced: ``{table name: ROW_SHARDED or REPLICATED}``.
-
-    Raises:
-      ValueError: for another placement than those two.
-    """
-    checked = PlacementPolicy(0, forced).forced
-    self = super().__new__(cls, threshold)
-    self.forced = checked
-    return self
-
-  def __reduce__(self) -> tuple[type, tuple[int, dict[str, str]]]:
-    return (RowThreshold, (int(self), dict(self.forced)))
-
-  def __repr__(self) -> str:
-    return f"RowThreshold({int(self)}, {dict(self.forced)!r})"
+#: The policy's earlier name: ``RowThreshold(threshold, forced)``.
+RowThreshold = PlacementPolicy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,15 +272,15 @@ def make_plan(
   num_replicas: int,
   row_threshold: int | PlacementPolicy = DEFAULT_ROW_THRESHOLD,
 ) -> ShardingPlan:
-  """Plans the placement of named ``tables`` (none stacked) over
-  ``num_replicas``.
+  """Places each of the named ``tables`` alone over ``num_replicas``: the
+  placements a backend's ``Planner`` (``planning.py``) stacks tables from.
 
   Args:
     tables: named table configs (with their resolved optimizers).
     num_replicas: replicas in sync (1 gives every table whole).
     row_threshold: tables with more rows are row-sharded; 0 shards all.
-      A ``PlacementPolicy`` (or ``RowThreshold``) also fixes the placement
-      of the tables it names.
+      A ``PlacementPolicy`` also fixes the placement of the tables it
+      names.
 
   Returns:
     The ``ShardingPlan``.

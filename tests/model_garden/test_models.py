@@ -23,7 +23,8 @@ from model_garden.ranking import optimizers
 from model_garden.ranking.configs import definitions
 from model_garden.ranking.layers import CrossNetwork
 from model_garden.ranking.layers import DotInteraction
-from tpu_embedding import sharding
+from tpu_embedding.planning import Planner
+from tpu_embedding.sharding import PlacementPolicy
 
 CRITEO_VOCAB_SIZES = [
   39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951,
@@ -196,7 +197,8 @@ def test_feature_config_is_model_gardens():
 def test_cpu_small_tables_are_partly_row_sharded_over_two_replicas():
   config = configs.get_config("dlrm_criteo_cpu_small").task.model
   tables = [f.table for f in embedding.feature_config(config).values()]
-  plan = sharding.make_plan(tables, 2, config.row_sharding_threshold())
+  policy = PlacementPolicy(config.row_sharding_threshold())
+  plan = Planner(2).plan(tables, policy, None).tables
   kinds = [p.kind for p in plan.placements.values()]
   assert 0 < kinds.count("row_sharded") < len(kinds)
   multi_hot = configs.get_config("dlrm_dcn_v2_criteo_cpu_small").task.model

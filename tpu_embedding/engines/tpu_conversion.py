@@ -188,8 +188,8 @@ FEATURE_ARGS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class TFConfigs:
-  """TensorFlow's configs for one resolved feature config.
+class ToTFConfigs:
+  """TensorFlow's configs translated from one resolved feature config.
 
   Attributes:
     feature_config: a nest of ``tf.tpu.experimental.embedding.FeatureConfig``
@@ -348,7 +348,9 @@ def to_tf_table(table: TableConfig) -> Any:
   return _Translator().table(table)
 
 
-def translate(config: ResolvedConfig, optimizer: Optimizer | None) -> TFConfigs:
+def translate(
+  config: ResolvedConfig, optimizer: Optimizer | None
+) -> ToTFConfigs:
   """TensorFlow's configs for a resolved feature config.
 
   Args:
@@ -356,7 +358,7 @@ def translate(config: ResolvedConfig, optimizer: Optimizer | None) -> TFConfigs:
     optimizer: the global optimizer the config was resolved with, or None.
 
   Returns:
-    The ``TFConfigs``: fresh TensorFlow objects, table sharing preserved.
+    The ``ToTFConfigs``: fresh TensorFlow objects, table sharing preserved.
 
   Raises:
     ValueError: if an optimizer cannot be translated.
@@ -372,7 +374,7 @@ def translate(config: ResolvedConfig, optimizer: Optimizer | None) -> TFConfigs:
   translator = _Translator()
   tf_optimizer = translator.optimizer(optimizer)
   features = [translator.feature(f) for f in config.features]
-  return TFConfigs(
+  return ToTFConfigs(
     feature_config=tf.nest.pack_sequence_as(config.structure, features),
     tables=tuple(translator.table(t) for t in config.tables),
     optimizer=tf_optimizer,

@@ -148,7 +148,7 @@ class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
     # Keras compiles with XLA where our steps do (replicas.py).
     self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._optimizer = common.embedding_optimizer(optimizer)
-    self._tf_configs = tf_configs.TFConfigs()
+    self._tf_configs = tf_configs.FromTFConfigs()
     self._config = resolve(
       self._tf_configs.feature_config(feature_config), None
     )

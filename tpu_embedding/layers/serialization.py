@@ -18,8 +18,7 @@ arguments together from them, and keeps the names it had for them:
   Keras initializers, and ``tf.zeros_initializer``, ``tf.ones_initializer``,
   ``tf.constant_initializer``, ``tf.random_normal_initializer``,
   ``tf.random_uniform_initializer``;
-* row-sharding thresholds, ``sharding.PlacementPolicy`` (and
-  ``sharding.RowThreshold``) included.
+* row-sharding thresholds, ``sharding.PlacementPolicy`` included.
 
 A callable learning rate, a slot creation function or a TPU layout cannot be
 saved: ``serialize_feature_config`` raises a ValueError naming the table.
@@ -47,7 +46,6 @@ from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.sharding import PlacementPolicy
-from tpu_embedding.sharding import RowThreshold
 from tpu_embedding.types import FeatureConfigNest
 
 __all__ = [
@@ -107,19 +105,18 @@ def serialize_row_threshold(
   threshold: int | PlacementPolicy,
 ) -> int | dict[str, Any]:
   """A ``row_sharding_threshold`` argument as plain data: an ``int``, or a
-  ``PlacementPolicy`` (or ``RowThreshold``) as a dict.
+  ``PlacementPolicy`` as a dict.
 
   Example:
-    >>> from tpu_embedding.sharding import RowThreshold
-    >>> serialize_row_threshold(RowThreshold(10, {"t": "replicated"}))
+    >>> serialize_row_threshold(PlacementPolicy(10, {"t": "replicated"}))
     {'threshold': 10, 'forced': {'t': 'replicated'}}
     >>> deserialize_row_threshold(_)
     PlacementPolicy(row_threshold=10, forced={'t': 'replicated'})
   """
-  if not isinstance(threshold, (PlacementPolicy, RowThreshold)):
+  if not isinstance(threshold, PlacementPolicy):
     return int(threshold)
-  policy = PlacementPolicy.of(threshold)
-  return {"threshold": policy.row_threshold, "forced": dict(policy.forced)}
+  forced = dict(threshold.forced)
+  return {"threshold": threshold.row_threshold, "forced": forced}
 
 
 def deserialize_row_threshold(

@@ -12,7 +12,7 @@ optimizers compare by value), so an attribute without a translation is an
 error, never dropped.
 
 One TensorFlow table becomes one of ours, so features sharing a table
-still share it; ``TFConfigs`` remembers which is which, and the layers key
+still share it; ``FromTFConfigs`` remembers which is which, and the layers key
 ``embedding_tables`` by the user's objects and accept them in serving
 configs.
 
@@ -20,7 +20,7 @@ Example:
   >>> import tensorflow as tf
   >>> TFE = tf.tpu.experimental.embedding
   >>> table = TFE.TableConfig(10, 4, name="t", optimizer=TFE.SGD(0.1))
-  >>> configs = TFConfigs()
+  >>> configs = FromTFConfigs()
   >>> ours = configs.feature_config({"a": TFE.FeatureConfig(table),
   ...                                "b": TFE.FeatureConfig(table)})
   >>> ours["a"].table is ours["b"].table, ours["a"].table.optimizer
@@ -114,8 +114,8 @@ def _check_attributes(config: Any, translated: tuple[str, ...]) -> None:
     )
 
 
-class TFConfigs:
-  """Rebuilds TensorFlow configs as ours, remembering which is which.
+class FromTFConfigs:
+  """Rebuilds TensorFlow's configs as ours, remembering which is which.
 
   ``feature_config`` leaves this package's configs as they are.
   """

@@ -170,7 +170,7 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
     # Keras compiles with XLA where our steps do (replicas.py).
     self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._optimizer = common.embedding_optimizer(optimizer)
-    self._tf_configs = tf_configs.TFConfigs()
+    self._tf_configs = tf_configs.FromTFConfigs()
     feature_config = self._tf_configs.feature_config(feature_config)
     # A frozen dataclass: Keras does not wrap (and track) the user's nest.
     self._config = resolve(feature_config, self._optimizer)

@@ -15,14 +15,14 @@ Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
   >>> from tpu_embedding.resolved import resolve
-  >>> from tpu_embedding.sharding import make_plan
+  >>> from tpu_embedding.sharding import ROW_SHARDED, placement
   >>> from tpu_embedding.tables.row_sharded import RowShardedTable
   >>> from tpu_embedding.tracking import VariableTracker
   >>> table = resolve(tpe.FeatureConfig(tpe.TableConfig(
   ...     5, 1, name="t", initializer=tpe.RowIdInitializer())), None).tables[0]
-  >>> placement = make_plan([table], 2, 0).placements["t"]
+  >>> rows = placement(table, ROW_SHARDED, 2)
   >>> owner = tf.__internal__.tracking.Trackable()
-  >>> store = RowShardedTable.create(table, placement, ["/cpu:0", "/cpu:0"],
+  >>> store = RowShardedTable.create(table, rows, ["/cpu:0", "/cpu:0"],
   ...                                0, VariableTracker(owner))
   >>> [b["parameters"].shape[0] for b in store.blocks]
   [3, 2]
