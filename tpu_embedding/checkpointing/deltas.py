@@ -10,11 +10,11 @@ size and time follow the rows touched, not the tables.
 
 Each worker writes its own rows (tables sharded over workers), the chief
 everything else, as parts merged and committed like a full checkpoint
-(``checkpoint_files``): a ``<prefix>.index`` is only ever a whole delta,
+(``parts.PartWriter``): a ``<prefix>.index`` is only ever a whole delta,
 and a save killed while writing leaves the previous saves as they were.
 The bits are cleared only once the delta is committed.
 
-A delta names its parent: the digest (``checkpoint_files.save_id``) of
+A delta names its parent: the digest (``parts.save_id``) of
 the save it follows. ``apply_deltas`` (``checkpoints.restore(...,
 deltas=...)``) checks the whole chain before changing anything, then
 writes each delta's rows in order into any layout and replica count:
@@ -56,9 +56,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpu_embedding import checkpoint_files
 from tpu_embedding import compat
-from tpu_embedding.tables import slicing
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing import rows as saved_rows
+from tpu_embedding.checkpointing import slicing
+from tpu_embedding.checkpointing.keys import SavedKeys
 
 __all__ = [
   "DeltaMismatchError",
@@ -140,7 +142,7 @@ def record_save(checkpoint: Any, file_prefix: str) -> None:
   """Records ``file_prefix`` (committed, full or delta) as the last save
   of ``checkpoint``'s tables and clears their changed rows."""
   tables, _ = _split(checkpoint)
-  saved = (file_prefix, checkpoint_files.save_id(file_prefix))
+  saved = (file_prefix, parts.save_id(file_prefix))
   for table in tables:
     table.store.clear_changes()
   for anchor in {
@@ -157,11 +159,6 @@ def last_save(checkpoint: Any) -> tuple[str, str] | None:
     if anchor in _last_saves:
       return _last_saves[anchor]
   return None
-
-
-def _workers(checkpoint: Any) -> checkpoint_files.Workers | None:
-  parts = checkpoint_files.worker_parts(checkpoint)
-  return checkpoint_files.Workers(parts[0]) if parts else None
 
 
 def _value(value: Any) -> tf.Tensor:
@@ -227,19 +224,14 @@ def write_delta(
       )
     previous, parent = last
   else:
-    parent = checkpoint_files.save_id(previous)
-  workers = _workers(checkpoint)
-  index, chief = (
-    (0, True) if workers is None else (workers.index, workers.chief)
+    parent = parts.save_id(previous)
+  found = parts.worker_parts(checkpoint)
+  writer = parts.PartWriter(
+    file_prefix, parts.Workers(found[0]) if found else None
   )
-  temp = f"{file_prefix}_temp"
-  if workers is not None:
-    workers.barrier()  # Every worker is here: any *_temp is stale.
-  if chief:
-    checkpoint_files.remove_stale_temps(file_prefix)
-  if workers is not None:
-    workers.barrier()
-  names, specs, tensors = [], [], []
+  index, chief = writer.index, writer.chief
+  writer.begin()
+  entries = []
   rows = 0
   by_store: dict[int, tf.Tensor] = {}
   for table in tables:
@@ -251,16 +243,11 @@ def write_delta(
     ids = by_store[id(store)]
     values = store.read_rows(ids, table.store_key)
     rows = max(rows, int(ids.shape[0]))
-    names += [
-      f"_DELTA/{index:05d}/rows/{table.key}",
-      f"_DELTA/{index:05d}/values/{table.key}",
+    entries += [
+      (f"_DELTA/{index:05d}/rows/{table.key}", "", ids),
+      (f"_DELTA/{index:05d}/values/{table.key}", "", values),
     ]
-    specs += ["", ""]
-    tensors += [ids, values]
-  for key, spec, tensor in _rest_entries(rest, chief):
-    names.append(key)
-    specs.append(spec)
-    tensors.append(tensor)
+  entries += _rest_entries(rest, chief)
   if chief:
     meta = {
       "format": FORMAT,
@@ -269,23 +256,10 @@ def write_delta(
       "tables": sorted(t.key for t in tables),
       "rows": rows,
     }
-    names.append(META_KEY)
-    specs.append("")
-    tensors.append(tf.constant(json.dumps(meta, sort_keys=True)))
-  tf.io.gfile.makedirs(temp)
-  with tf.device("CPU"):
-    tf.raw_ops.SaveV2(
-      prefix=f"{temp}/part-{index:05d}",
-      tensor_names=names,
-      shape_and_slices=specs,
-      tensors=tensors,
-    )
-  if workers is not None:
-    workers.barrier()
-  if chief:
-    checkpoint_files.merge_and_commit(temp, file_prefix)
-  if workers is not None:
-    workers.barrier()  # Nobody reads the delta before it is whole.
+    meta_json = tf.constant(json.dumps(meta, sort_keys=True))
+    entries.append((META_KEY, "", meta_json))
+  writer.write(f"{index:05d}", entries)
+  writer.commit()
   record_save(checkpoint, file_prefix)
   return file_prefix
 
@@ -337,7 +311,7 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
     DeltaMismatchError: one line naming the delta, the save it follows
       and the save it was given after.
   """
-  previous, expected = base, checkpoint_files.save_id(base)
+  previous, expected = base, parts.save_id(base)
   metas = []
   for delta in deltas:
     meta = read_meta(delta)
@@ -349,7 +323,7 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
         "they follow."
       )
     metas.append(meta)
-    previous, expected = delta, checkpoint_files.save_id(delta)
+    previous, expected = delta, parts.save_id(delta)
   return metas
 
 
@@ -380,8 +354,8 @@ def apply_deltas(
   metas = check_chain(base, deltas)
   tables, rest = _split(checkpoint)
   # What the saves call this checkpoint's values (another path may have
-  # reached them first when they were saved: checkpoint_files.SavedKeys).
-  saved_keys = checkpoint_files.SavedKeys(base)
+  # reached them first when they were saved: keys.SavedKeys).
+  saved_keys = SavedKeys(base)
 
   def saved(key: str) -> str:
     return saved_keys.saved_key(key) or key
@@ -449,13 +423,7 @@ def _restore_rest(
       spec = next(iter(value)) if isinstance(value, dict) else ""
       piece = next(iter(value.values())) if isinstance(value, dict) else value
       dtype = getattr(piece, "dtype", None) or _value(piece).dtype
-      with tf.device("CPU"):
-        (tensor,) = tf.raw_ops.RestoreV2(
-          prefix=delta,
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          dtypes=[dtype],
-        )
+      (tensor,) = saved_rows.read_tensors(delta, [key], [dtype], [spec])
       restored[own_key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor
     if restored:
       # Multi-worker state takes this worker's slices, as serialized.

@@ -1,20 +1,23 @@
-"""Files of a checkpoint written by several processes: parts, merge, commit.
+"""The part writer: every file of a checkpoint this package writes.
 
-The pieces ``tpu_embedding.checkpoints`` (full saves) and
-``tpu_embedding.checkpoint_deltas`` (delta saves) share: which state every
-worker writes its own part of, a barrier over the workers, and the atomic
-directory handling. Parts are written under ``<prefix>_temp/`` and merged
-there; the merged data files move to ``<prefix>`` and its index last, so a
-``<prefix>.index`` is only ever a whole save (the rename of the index is
-the commit); whatever a killed save left is removed by the next save in
+A save by several processes (full saves of multi-worker state, deltas) is
+written as parts: each worker writes its own (``PartWriter.write``: named
+tensors, whole or as slices of a full tensor, ``slice_spec``; rows in
+chunks of ``chunk_rows``) under ``<prefix>_temp/``, and the chief merges
+them there (TensorFlow's ``MergeV2Checkpoints``, as for its partitioned
+variables). The merged data files move to ``<prefix>`` and its index last,
+so a ``<prefix>.index`` is only ever a whole save (the rename of the index
+is the commit); whatever a killed save left is removed by the next save in
 that directory before it writes anything. A save is named by ``save_id``:
 a digest of its committed index, the same on every worker.
 
 Example:
   >>> import tempfile
-  >>> import tensorflow as tf
   >>> prefix = tempfile.mkdtemp() + "/ckpt"
-  >>> _ = tf.train.Checkpoint(v=tf.Variable(1.0)).write(prefix)
+  >>> write_tensors(prefix, [("t", slice_spec([4, 2], [(1, 2), (0, 2)]),
+  ...                         tf.ones([2, 2]))])
+  >>> tf.train.load_checkpoint(prefix).get_variable_to_shape_map()["t"]
+  [4, 2]
   >>> len(save_id(prefix))
   16
 """
@@ -30,8 +33,68 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding import compat
-from tpu_embedding.tables import slicing
+from tpu_embedding.checkpointing import slicing
+from tpu_embedding.checkpointing.slicing import Entry
+
+#: Chunks of rows a worker copies and writes at once (and the largest
+#: stored piece a restore reads whole), by default: at least 8 MiB (a
+#: small block is one chunk), a sixteenth of a block, at most 64 MiB.
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
+
+
+def slice_spec(
+  full_shape: Sequence[int], extents: Sequence[tuple[int, int]]
+) -> str:
+  """The ``shape_and_slice`` of a slice of a ``full_shape`` tensor
+  (``"6 2 0,3:-"``): ``(start, length)`` per dimension, length -1 for
+  all of it."""
+  slices = ":".join("-" if n < 0 else f"{s},{n}" for s, n in extents)
+  return " ".join(str(d) for d in full_shape) + " " + slices
+
+
+def rows_per_part(
+  rows: int,
+  width: int,
+  chunk_bytes: int | None,
+  parts: int,
+  bounds: tuple[int, int],
+) -> int:
+  """``chunk_bytes`` of rows (at least one), or ``rows / parts`` within
+  ``bounds`` (bytes of float32 rows of ``width``)."""
+  if chunk_bytes is not None:
+    return max(1, chunk_bytes // (4 * width))
+  least, most = bounds
+  share = max(-(-rows // parts), least // (4 * width))
+  return max(1, min(share, most // (4 * width)))
+
+
+def chunk_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
+  """Rows per chunk written of a block of ``rows`` rows (and the most rows
+  of a stored piece read whole).
+
+  Args:
+    rows: the block's rows.
+    width: the table's dim (float32 rows).
+    chunk_bytes: None for the default (a sixteenth of the block, between
+      ``MIN_CHUNK_BYTES`` and ``MAX_CHUNK_BYTES``), or the most bytes a
+      chunk holds (at least one row).
+
+  Returns:
+    Rows per chunk.
+  """
+  bounds = (MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+  return rows_per_part(rows, width, chunk_bytes, 16, bounds)
+
+
+def write_tensors(prefix: str, entries: Sequence[Entry]) -> None:
+  """Writes ``entries`` as the checkpoint ``prefix``, in their order."""
+  with tf.device("CPU"):
+    tf.raw_ops.SaveV2(
+      prefix=prefix,
+      tensor_names=[key for key, _, _ in entries],
+      shape_and_slices=[spec for _, spec, _ in entries],
+      tensors=[value for _, _, value in entries],
+    )
 
 
 def worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
@@ -67,22 +130,6 @@ class Workers:
         )
       )
     _barriers[self.strategy]()
-
-
-def key_id(key: str) -> str:
-  """A file-name-safe, stable id of a checkpoint key."""
-  return hashlib.sha1(key.encode()).hexdigest()[:12]
-
-
-def checkpoint_keys(
-  checkpoint: Any, variables: Sequence[Any]
-) -> list[list[str]]:
-  """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
-  # TensorFlow's own serialization names them (no value is read: the
-  # variables are written apart).
-  with slicing.written_apart():
-    keys = compat.checkpoint_keys(checkpoint)
-  return [keys[id(v)] for v in variables]
 
 
 def remove(path: str) -> None:
@@ -129,21 +176,66 @@ def commit(merged: str, file_prefix: str) -> None:
   tf.io.gfile.rename(f"{merged}.index", f"{file_prefix}.index", overwrite=True)
 
 
-def merge_and_commit(temp: str, file_prefix: str) -> None:
-  """Merges the workers' ``part-*`` checkpoints in ``temp`` into one,
-  moves it to ``file_prefix`` (``commit``) and removes ``temp``."""
-  parts = sorted(
-    name[: -len(".index")] for name in tf.io.gfile.glob(f"{temp}/part-*.index")
-  )
-  merged = f"{temp}/merged"
-  with tf.device("CPU"):
-    tf.raw_ops.MergeV2Checkpoints(
-      checkpoint_prefixes=parts,
-      destination_prefix=merged,
-      delete_old_dirs=False,
-    )
-  commit(merged, file_prefix)
-  remove(temp)
+class PartWriter:
+  """One save to ``file_prefix``, written as parts by every worker.
+
+  Every worker makes one with the same ``file_prefix`` and calls
+  ``begin``, then writes its parts (``write``, or TensorFlow's own save to
+  ``prefix(name)``), then ``commit``: each is a barrier over the workers.
+
+  Args:
+    file_prefix: the save's prefix, on a filesystem all workers share.
+    workers: the cluster (None: this process alone).
+  """
+
+  def __init__(self, file_prefix: str, workers: Workers | None):
+    self.file_prefix = file_prefix
+    self.temp = f"{file_prefix}_temp"
+    self._workers = workers
+    self.index = 0 if workers is None else workers.index
+    self.chief = workers is None or workers.chief
+
+  def _barrier(self) -> None:
+    if self._workers is not None:
+      self._workers.barrier()
+
+  def begin(self) -> None:
+    """The chief removes what killed saves left (every worker is here:
+    any ``*_temp`` is stale)."""
+    self._barrier()
+    if self.chief:
+      remove_stale_temps(self.file_prefix)
+    self._barrier()
+
+  def prefix(self, name: str) -> str:
+    """The prefix of the part ``name``."""
+    return f"{self.temp}/part-{name}"
+
+  def write(self, name: str, entries: Sequence[Entry]) -> None:
+    """Writes ``entries`` as the part ``name`` (names unique per save)."""
+    tf.io.gfile.makedirs(self.temp)
+    write_tensors(self.prefix(name), entries)
+
+  def commit(self) -> None:
+    """Once every worker wrote its parts, the chief merges them, moves
+    the result to ``file_prefix`` (``commit``) and removes the parts;
+    nobody returns before the save is whole."""
+    self._barrier()
+    if self.chief:
+      parts = sorted(
+        name[: -len(".index")]
+        for name in tf.io.gfile.glob(f"{self.temp}/part-*.index")
+      )
+      merged = f"{self.temp}/merged"
+      with tf.device("CPU"):
+        tf.raw_ops.MergeV2Checkpoints(
+          checkpoint_prefixes=parts,
+          destination_prefix=merged,
+          delete_old_dirs=False,
+        )
+      commit(merged, self.file_prefix)
+      remove(self.temp)
+    self._barrier()
 
 
 def save_id(file_prefix: str) -> str:
@@ -155,64 +247,3 @@ def save_id(file_prefix: str) -> str:
   """
   with tf.io.gfile.GFile(f"{file_prefix}.index", "rb") as index:
     return hashlib.sha256(index.read()).hexdigest()[:16]
-
-
-#: The tensor a TensorFlow checkpoint keeps its object graph in.
-_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
-
-
-def _escaped(name: str) -> str:
-  """A local name as a checkpoint key writes it (TensorFlow's escaping)."""
-  return name.replace(".", "..").replace("/", ".S")
-
-
-class SavedKeys:
-  """What a saved checkpoint calls the values of another object graph.
-
-  A checkpoint key is the path by which its saver first reached a value
-  (``dense_optimizer/_trainable_variables/0/...`` for a model weight the
-  optimizer tracks); a checkpoint holding less (a serving export's
-  ``tf.train.Checkpoint(embedding=..., model=...)``) calls the same value
-  by another path (``model/dense/kernel/...``). TensorFlow's restore
-  matches them through the saved object graph; so does ``saved_key``:
-  it follows a key's path from the saved graph's root, child by child,
-  to the saved key of that attribute. Deltas hold values under their
-  full checkpoint's keys and no object graph: translate with the full
-  checkpoint's.
-
-  Example:
-    >>> import tempfile
-    >>> import tensorflow as tf
-    >>> weight = tf.Variable(1.0)
-    >>> prefix = tf.train.Checkpoint(
-    ...   a=tf.train.Checkpoint(w=weight), b=tf.train.Checkpoint(w=weight)
-    ... ).write(tempfile.mkdtemp() + "/ckpt")
-    >>> SavedKeys(prefix).saved_key("b/w/.ATTRIBUTES/VARIABLE_VALUE")
-    'a/w/.ATTRIBUTES/VARIABLE_VALUE'
-  """
-
-  def __init__(self, file_prefix: str):
-    reader = tf.train.load_checkpoint(file_prefix)
-    self.file_prefix = file_prefix
-    self._graph = compat.TrackableObjectGraph()
-    if reader.has_tensor(_OBJECT_GRAPH):
-      self._graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
-
-  def saved_key(self, key: str) -> str | None:
-    """The saved key of the value another graph keys ``key``, or None
-    when the saved graph has no such path."""
-    if not self._graph.nodes:
-      return None
-    path, _, attribute = key.partition("/.ATTRIBUTES/")
-    node = self._graph.nodes[0]
-    for name in path.split("/") if path else []:
-      child = next(
-        (c for c in node.children if _escaped(c.local_name) == name), None
-      )
-      if child is None:
-        return None
-      node = self._graph.nodes[child.node_id]
-    for saved in node.attributes:
-      if saved.name == attribute:
-        return str(saved.checkpoint_key)
-    return None

@@ -23,22 +23,22 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing import rows
+from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.sharding import TablePlacement
-from tpu_embedding.tables import saved_rows
-from tpu_embedding.tables import slicing
 from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
-from tpu_embedding.tables.saved_rows import chunk_rows
 
 
 class WorkerShardedVariable(
-  WholeValueVariable, slicing.WorkerParts, saved_rows.RowBlocks
+  WholeValueVariable, slicing.WorkerParts, rows.RowBlocks
 ):
   """A row-sharded variable whose blocks live on several workers."""
 
@@ -115,15 +115,10 @@ class WorkerShardedVariable(
   def _slice_spec(self, local: int) -> str:
     return self._rows_spec(*self._rows(local))
 
-  def _rows_spec(self, start: int, rows: int) -> str:
-    """The checkpoint slice spec of rows ``[start, start + rows)``."""
-    spec: str = tf.Variable.SaveSliceInfo(
-      full_name="",
-      full_shape=self.shape.as_list(),
-      var_offset=[start, 0],
-      var_shape=[rows, self.shape[1]],
-    ).spec
-    return spec
+  def _rows_spec(self, start: int, count: int) -> str:
+    """The checkpoint slice spec of rows ``[start, start + count)``."""
+    full_shape = self.shape.as_list()
+    return parts.slice_spec(full_shape, [(start, count), (0, full_shape[1])])
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
@@ -153,9 +148,9 @@ class WorkerShardedVariable(
     self, chunk_bytes: int | None = None
   ) -> Iterator[tuple[int, int, int, str]]:
     """``(local shard, first local row, rows, slice spec)`` of every chunk
-    (``chunk_bytes``: see ``chunk_rows``)."""
+    (``chunk_bytes``: see ``parts.chunk_rows``)."""
     width = self.shape[1]
-    chunk = max(1, chunk_rows(self._rows(0)[1], width, chunk_bytes))
+    chunk = max(1, parts.chunk_rows(self._rows(0)[1], width, chunk_bytes))
     for local in range(len(self._shards)):
       start, rows = self._rows(local)
       for first in range(0, rows, chunk):
@@ -167,23 +162,17 @@ class WorkerShardedVariable(
       (shard, self._rows(local)[0]) for local, shard in enumerate(self._shards)
     ]
 
-  def write_parts(
-    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
-  ) -> None:
-    (key,) = keys
-    self.write_rows(key, prefix, chunk_bytes)
-
-  def write_rows(
-    self, key: str, prefix: str, chunk_bytes: int | None = None
-  ) -> None:
-    """Writes this worker's rows under checkpoint ``key``, in chunks.
+  def saved_parts(
+    self, keys: list[str], chunk_bytes: int | None = None
+  ) -> Iterator[tuple[str, list[slicing.Entry]]]:
+    """This worker's rows under its checkpoint key, in chunks.
 
     Each chunk of rows is read (``ResourceGather``: only those rows; a
-    dense read of a sparsely updated variable would copy it whole) and
-    written as a slice of the full tensor to its own checkpoint part
-    ``<prefix>-<shard>-<chunk>``, for ``MergeV2Checkpoints``.
-    ``chunk_bytes``: see ``chunk_rows``.
+    dense read of a sparsely updated variable would copy it whole) as a
+    slice of the full tensor, a part ``<shard>-<chunk>`` of its own.
+    ``chunk_bytes``: see ``parts.chunk_rows``.
     """
+    (key,) = keys
     for local, first, count, spec in self._chunks(chunk_bytes):
       shard = self._shards[local]
       with tf.device(shard.device):
@@ -192,13 +181,7 @@ class WorkerShardedVariable(
           indices=tf.range(first, first + count, dtype=tf.int64),
           dtype=self.dtype,
         )
-      with tf.device("CPU"):
-        tf.raw_ops.SaveV2(
-          prefix=f"{prefix}-{local:03d}-{first:012d}",
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          tensors=[value],
-        )
+      yield f"{local:03d}-{first:012d}", [(key, spec, value)]
       del value
 
 
