@@ -7,15 +7,9 @@ The public names of ``tpu_embedding.checkpointing``: full saves
 (``checkpointing/manager.py``).
 
 Example:
-  >>> import tempfile
-  >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
-  >>> emb = tpe.TPUEmbedding(tpe.FeatureConfig(tpe.TableConfig(8, 2)),
-  ...                        tpe.SGD(0.1))
-  >>> emb.build()
-  >>> checkpoint = tf.train.Checkpoint(embedding=emb)
-  >>> path = tpe.checkpoints.write(checkpoint, tempfile.mkdtemp() + "/ckpt")
-  >>> _ = tpe.checkpoints.restore(checkpoint, path)
+  >>> tpe.checkpoints.chain_end("/run/ckpt-2", [])
+  '/run/ckpt-2'
 """
 
 from __future__ import annotations
@@ -25,13 +19,13 @@ from tpu_embedding.checkpointing.deltas import apply_deltas
 from tpu_embedding.checkpointing.deltas import write_delta
 from tpu_embedding.checkpointing.full import restore
 from tpu_embedding.checkpointing.full import write
-from tpu_embedding.checkpointing.keys import key_id
 from tpu_embedding.checkpointing.manager import DELTA_STATE  # noqa: F401
 from tpu_embedding.checkpointing.manager import CheckpointManager
 from tpu_embedding.checkpointing.manager import chain_end
 from tpu_embedding.checkpointing.manager import latest_with_deltas
 from tpu_embedding.checkpointing.manager import saved_chain
 from tpu_embedding.checkpointing.manager import write_chain
+from tpu_embedding.checkpointing.parts import key_id
 
 __all__ = [
   "CheckpointManager",

@@ -27,7 +27,7 @@ from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleEntryProto
 from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleHeaderProto
 
 # A checkpoint's saved object graph: which path reached each value, so
-# that another graph's keys find theirs (``checkpointing/keys.SavedKeys``).
+# that another graph's keys find theirs (``checkpointing.deltas.SavedKeys``).
 from tensorflow.core.protobuf.trackable_object_graph_pb2 import (
   TrackableObjectGraph,
 )

@@ -5,7 +5,6 @@
 * ``rows``: the row reader: a table's rows read part by part (whole
   pieces checksummed, larger ones by byte ranges), ``read_tensors``.
 * ``index``: where each saved piece's bytes lie (the index's format).
-* ``keys``: what checkpoints call values (``SavedKeys``).
 * ``slicing``: what state spread over workers saves (``WorkerParts``).
 * ``full``, ``deltas``, ``manager``: full saves, delta saves and
   ``CheckpointManager``, built on them (public: ``tpu_embedding.checkpoints``).

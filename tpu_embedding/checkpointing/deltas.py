@@ -60,7 +60,6 @@ from tpu_embedding import compat
 from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
-from tpu_embedding.checkpointing.keys import SavedKeys
 
 __all__ = [
   "DeltaMismatchError",
@@ -101,29 +100,16 @@ class _Table:
     self.variable = variable
     self.store, self.store_key = getattr(variable, _STORE_ATTRIBUTE)
 
-  @property
-  def per_worker(self) -> bool:
-    """Whether every worker writes its own rows (else the chief alone)."""
-    return (
-      isinstance(self.variable, slicing.WorkerParts)
-      and self.variable.worker_count > 1
-    )
-
-
-def _serialized(checkpoint: Any) -> list[tuple[Any, dict[str, Any]]]:
-  """``(object, {key: value})`` of every object of ``checkpoint`` as
-  TensorFlow serializes it, tables' values unread (``rows_apart``)."""
-  with slicing.rows_apart():
-    serialized = compat.serialized_tensors(checkpoint)
-  return list(serialized)
-
 
 def _split(
   checkpoint: Any,
 ) -> tuple[list[_Table], list[tuple[Any, dict[str, Any]]]]:
-  """The checkpoint's table variables, and its other objects' tensors."""
+  """The checkpoint's table variables, and its other objects' tensors as
+  TensorFlow serializes them, tables' values unread (``rows_apart``)."""
   tables, rest = [], []
-  for obj, by_key in _serialized(checkpoint):
+  with slicing.rows_apart():
+    serialized = list(compat.serialized_tensors(checkpoint))
+  for obj, by_key in serialized:
     variable = getattr(obj, "obj", obj)  # (a legacy saveable's converter)
     if hasattr(variable, _STORE_ATTRIBUTE):
       (key,) = by_key
@@ -173,7 +159,7 @@ def _value(value: Any) -> tf.Tensor:
 
 def _rest_entries(
   rest: list[tuple[Any, dict[str, Any]]], chief: bool
-) -> list[tuple[str, str, tf.Tensor]]:
+) -> list[slicing.Entry]:
   """``(key, slice spec, tensor)`` of the other objects' values: slices
   (this worker's part of multi-worker state) on every worker, whole
   values on the chief (also those multi-worker state gives whole: an
@@ -225,17 +211,15 @@ def write_delta(
     previous, parent = last
   else:
     parent = parts.save_id(previous)
-  found = parts.worker_parts(checkpoint)
-  writer = parts.PartWriter(
-    file_prefix, parts.Workers(found[0]) if found else None
-  )
+  spread = parts.worker_parts(checkpoint)  # every worker writes their rows
+  writer = parts.PartWriter(file_prefix, spread)
   index, chief = writer.index, writer.chief
   writer.begin()
   entries = []
   rows = 0
   by_store: dict[int, tf.Tensor] = {}
   for table in tables:
-    if not (chief or table.per_worker):
+    if not (chief or any(table.variable is v for v in spread)):
       continue
     store = table.store
     if id(store) not in by_store:
@@ -256,8 +240,9 @@ def write_delta(
       "tables": sorted(t.key for t in tables),
       "rows": rows,
     }
-    meta_json = tf.constant(json.dumps(meta, sort_keys=True))
-    entries.append((META_KEY, "", meta_json))
+    entries.append(
+      (META_KEY, "", tf.constant(json.dumps(meta, sort_keys=True)))
+    )
   writer.write(f"{index:05d}", entries)
   writer.commit()
   record_save(checkpoint, file_prefix)
@@ -327,6 +312,67 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
   return metas
 
 
+#: The tensor a TensorFlow checkpoint keeps its object graph in.
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def _escaped(name: str) -> str:
+  """A local name as a checkpoint key writes it (TensorFlow's escaping)."""
+  return name.replace(".", "..").replace("/", ".S")
+
+
+class SavedKeys:
+  """What a saved checkpoint calls the values of another object graph.
+
+  A checkpoint key is the path by which its saver first reached a value
+  (``dense_optimizer/_trainable_variables/0/...`` for a model weight the
+  optimizer tracks); a checkpoint holding less (a serving export's
+  ``tf.train.Checkpoint(embedding=..., model=...)``) calls the same value
+  by another path (``model/dense/kernel/...``). TensorFlow's restore
+  matches them through the saved object graph; so does ``saved_key``:
+  it follows a key's path from the saved graph's root, child by child,
+  to the saved key of that attribute. Deltas hold values under their
+  full checkpoint's keys and no object graph: translate with the full
+  checkpoint's.
+
+  Example:
+    >>> import tempfile
+    >>> import tensorflow as tf
+    >>> weight = tf.Variable(1.0)
+    >>> prefix = tf.train.Checkpoint(
+    ...   a=tf.train.Checkpoint(w=weight), b=tf.train.Checkpoint(w=weight)
+    ... ).write(tempfile.mkdtemp() + "/ckpt")
+    >>> SavedKeys(prefix).saved_key("b/w/.ATTRIBUTES/VARIABLE_VALUE")
+    'a/w/.ATTRIBUTES/VARIABLE_VALUE'
+  """
+
+  def __init__(self, file_prefix: str):
+    reader = tf.train.load_checkpoint(file_prefix)
+    self.file_prefix = file_prefix
+    self._graph = compat.TrackableObjectGraph()
+    if reader.has_tensor(_OBJECT_GRAPH):
+      self._graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+
+  def saved_key(self, key: str) -> str | None:
+    """The saved key of the value another graph keys ``key``, or None
+    when the saved graph has no such path."""
+    if not self._graph.nodes:
+      return None
+    path, _, attribute = key.partition("/.ATTRIBUTES/")
+    node = self._graph.nodes[0]
+    for name in path.split("/") if path else []:
+      child = next(
+        (c for c in node.children if _escaped(c.local_name) == name), None
+      )
+      if child is None:
+        return None
+      node = self._graph.nodes[child.node_id]
+    for saved in node.attributes:
+      if saved.name == attribute:
+        return str(saved.checkpoint_key)
+    return None
+
+
 def apply_deltas(
   checkpoint: Any, base: str, deltas: Sequence[str], *, partial: bool = False
 ) -> None:
@@ -354,7 +400,7 @@ def apply_deltas(
   metas = check_chain(base, deltas)
   tables, rest = _split(checkpoint)
   # What the saves call this checkpoint's values (another path may have
-  # reached them first when they were saved: keys.SavedKeys).
+  # reached them first when they were saved: SavedKeys).
   saved_keys = SavedKeys(base)
 
   def saved(key: str) -> str:
@@ -420,8 +466,9 @@ def _restore_rest(
       key = saved(own_key)
       if key not in stored:
         continue  # not saved (apply_deltas refused what the base has)
-      spec = next(iter(value)) if isinstance(value, dict) else ""
-      piece = next(iter(value.values())) if isinstance(value, dict) else value
+      spec, piece = (
+        next(iter(value.items())) if isinstance(value, dict) else ("", value)
+      )
       dtype = getattr(piece, "dtype", None) or _value(piece).dtype
       (tensor,) = saved_rows.read_tensors(delta, [key], [dtype], [spec])
       restored[own_key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor

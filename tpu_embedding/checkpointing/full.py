@@ -5,16 +5,13 @@ that holds it whole. A plain ``tf.train.Checkpoint`` save, which every
 worker writes on its own (the chief to the real path, the others to a
 temporary one), must therefore gather every table on every worker. The
 functions here are called by **every worker with the same path** on a
-filesystem they share, and keep each worker at its own rows:
-
-1. the chief writes everything but the multi-worker tables' rows (dense
-   weights, small tables, the object graph, which records every table) as
-   one part; every worker writes its own rows, as slices of each full
-   ``[vocabulary_size, dim]`` tensor, in chunks of at most 64 MiB (read
-   row by row: no whole-block copy; ``chunk_bytes`` sets another size);
-2. the chief merges the parts and commits them (``parts.PartWriter``): a
-   ``<prefix>.index`` is only ever a whole checkpoint, and a save killed
-   while writing leaves files the next save in that directory removes.
+filesystem they share, and keep each worker at its own rows: the chief
+writes everything but the multi-worker tables' rows (dense weights, small
+tables, the object graph, which records every table) as one part; every
+worker writes its own rows, as slices of each full ``[vocabulary_size,
+dim]`` tensor, in chunks of at most 64 MiB (read row by row: no
+whole-block copy; ``chunk_bytes`` sets another size); the chief merges
+and commits them (``parts.PartWriter``: atomic).
 
 The result is an ordinary TensorFlow checkpoint: each table under its usual
 key with its full value, readable by one device, any replica or worker
@@ -52,8 +49,8 @@ from tpu_embedding.checkpointing import deltas as delta_saves
 from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows
 from tpu_embedding.checkpointing import slicing
-from tpu_embedding.checkpointing.keys import checkpoint_keys
-from tpu_embedding.checkpointing.keys import key_id
+from tpu_embedding.checkpointing.parts import checkpoint_keys
+from tpu_embedding.checkpointing.parts import key_id
 
 
 def write(
@@ -89,7 +86,7 @@ def write(
     path: str = checkpoint.write(file_prefix, options=options)
     delta_saves.record_save(checkpoint, path)
     return path
-  writer = parts.PartWriter(file_prefix, parts.Workers(variables[0]))
+  writer = parts.PartWriter(file_prefix, variables)
   writer.begin()
   # The chief's part: everything but the multi-worker state (recorded, so
   # a restore finds it); then every worker's parts.

@@ -26,7 +26,7 @@ from tpu_embedding import run_lock
 from tpu_embedding.checkpointing import deltas as delta_saves
 from tpu_embedding.checkpointing import full
 from tpu_embedding.checkpointing import slicing
-from tpu_embedding.checkpointing.parts import worker_parts
+from tpu_embedding.checkpointing.parts import is_chief
 
 
 class _SlicedWriter:
@@ -42,8 +42,7 @@ class _SlicedWriter:
     callbacks = list(
       getattr(options, "experimental_write_callbacks", None) or []
     )
-    variables = worker_parts(self._checkpoint)
-    self.chief = not variables or variables[0].worker_index == 0
+    self.chief = is_chief(self._checkpoint)
     if callbacks:
       options = tf.train.CheckpointOptions()
     path = full.write(self._checkpoint, file_prefix, options)
@@ -221,7 +220,7 @@ class CheckpointManager(tf.train.CheckpointManager):
     manager's life: released when it is collected, or by the kernel when
     the process ends)."""
     if self._lock is not None or not (
-      self._is_chief() and run_lock.is_chief_task()
+      is_chief(self._checkpoint) and run_lock.is_chief_task()
     ):
       return
     lock = run_lock.RunLock(
@@ -259,16 +258,12 @@ class CheckpointManager(tf.train.CheckpointManager):
     path = self._save_full(checkpoint_number, check_interval, options)
     if path is not None and self.delta_interval:
       self.deltas = []
-      if self._is_chief():
+      if is_chief(self._checkpoint):
         write_chain(self._directory, path, [])
         for delta in old:
           for name in tf.io.gfile.glob(f"{delta}.*"):
             tf.io.gfile.remove(name)
     return path
-
-  def _is_chief(self) -> bool:
-    variables = worker_parts(self._checkpoint)
-    return not variables or variables[0].worker_index == 0
 
   def _save_delta(self, checkpoint_number: Any) -> str:
     counter = self._checkpoint.save_counter
@@ -277,7 +272,7 @@ class CheckpointManager(tf.train.CheckpointManager):
     prefix = os.path.join(self._directory, f"delta-{int(number)}")
     path = delta_saves.write_delta(self._checkpoint, prefix)
     self.deltas.append(path)
-    if self._is_chief():
+    if is_chief(self._checkpoint):
       write_chain(self._directory, self._latest_checkpoint, self.deltas)
     return path
 

@@ -9,7 +9,8 @@ variables). The merged data files move to ``<prefix>`` and its index last,
 so a ``<prefix>.index`` is only ever a whole save (the rename of the index
 is the commit); whatever a killed save left is removed by the next save in
 that directory before it writes anything. A save is named by ``save_id``:
-a digest of its committed index, the same on every worker.
+a digest of its committed index, the same on every worker; a part's name
+holds ``key_id`` of its key.
 
 Example:
   >>> import tempfile
@@ -33,6 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.checkpointing.slicing import Entry
 
@@ -107,29 +109,30 @@ def worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
   ]
 
 
+def is_chief(checkpoint: Any) -> bool:
+  """Whether this process writes what is not a worker's part."""
+  variables = worker_parts(checkpoint)
+  return not variables or variables[0].worker_index == 0
+
+
+def key_id(key: str) -> str:
+  """A file-name-safe, stable id of a checkpoint key."""
+  return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def checkpoint_keys(
+  checkpoint: Any, variables: Sequence[Any]
+) -> list[list[str]]:
+  """The checkpoint keys of each of ``variables`` in ``checkpoint``."""
+  # TensorFlow's own serialization names them (no value is read: the
+  # variables are written apart).
+  with slicing.written_apart():
+    keys = compat.checkpoint_keys(checkpoint)
+  return [keys[id(v)] for v in variables]
+
+
 #: One compiled barrier per strategy.
 _barriers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class Workers:
-  """This worker's place in the cluster, and a barrier over all workers."""
-
-  def __init__(self, variable: slicing.WorkerParts):
-    self.strategy = variable.strategy
-    self.index, self.count = variable.worker_index, variable.worker_count
-    self.chief = self.index == 0
-
-  def barrier(self) -> None:
-    if self.strategy not in _barriers:
-      strategy = self.strategy
-      _barriers[strategy] = tf.function(
-        lambda: strategy.reduce(
-          tf.distribute.ReduceOp.SUM,
-          strategy.run(lambda: tf.constant(1.0)),
-          axis=None,
-        )
-      )
-    _barriers[self.strategy]()
 
 
 def remove(path: str) -> None:
@@ -185,19 +188,32 @@ class PartWriter:
 
   Args:
     file_prefix: the save's prefix, on a filesystem all workers share.
-    workers: the cluster (None: this process alone).
+    variables: the saved state spread over the workers (``worker_parts``;
+      none: this process alone writes the save).
   """
 
-  def __init__(self, file_prefix: str, workers: Workers | None):
+  def __init__(
+    self, file_prefix: str, variables: Sequence[slicing.WorkerParts]
+  ):
     self.file_prefix = file_prefix
     self.temp = f"{file_prefix}_temp"
-    self._workers = workers
-    self.index = 0 if workers is None else workers.index
-    self.chief = workers is None or workers.chief
+    self._strategy = variables[0].strategy if variables else None
+    self.index = variables[0].worker_index if variables else 0
+    self.chief = self.index == 0
 
   def _barrier(self) -> None:
-    if self._workers is not None:
-      self._workers.barrier()
+    strategy = self._strategy
+    if strategy is None:
+      return
+    if strategy not in _barriers:
+      _barriers[strategy] = tf.function(
+        lambda: strategy.reduce(
+          tf.distribute.ReduceOp.SUM,
+          strategy.run(lambda: tf.constant(1.0)),
+          axis=None,
+        )
+      )
+    _barriers[strategy]()
 
   def begin(self) -> None:
     """The chief removes what killed saves left (every worker is here:

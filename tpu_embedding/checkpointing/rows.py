@@ -167,22 +167,17 @@ class SavedRows:
       for first in range(start, end, whole_rows):
         rows = min(whole_rows, end - first)
         spec = parts.slice_spec(full_shape, [(first, rows), (0, -1)])
-        yield first, self._restore(key, spec, dtype)
+        yield first, read_tensors(self.prefix, [key], [dtype], [spec])[0]
       return
     for piece in sorted(pieces, key=lambda p: p.first):
       low, high = max(start, piece.first), min(end, piece.first + piece.rows)
       whole = (low, high) == (piece.first, piece.first + piece.rows)
       if whole and piece.rows <= whole_rows:
-        yield low, self._restore(key, piece.spec, dtype)
+        yield low, read_tensors(self.prefix, [key], [dtype], [piece.spec])[0]
         continue
       for first in range(low, high, range_rows):
         rows = min(range_rows, high - first)
         yield first, self._read_bytes(key, piece, first, rows, dtype)
-
-  def _restore(self, key: str, spec: str, dtype: tf.DType) -> tf.Tensor:
-    """TensorFlow's read of ``spec`` of ``key``."""
-    (value,) = read_tensors(self.prefix, [key], [dtype], [spec])
-    return value
 
   def _read_bytes(
     self, key: str, piece: _Piece, first: int, rows: int, dtype: tf.DType

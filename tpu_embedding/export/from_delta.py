@@ -64,7 +64,7 @@ from tpu_embedding import compat
 from tpu_embedding.checkpointing import deltas
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.checkpointing.deltas import DeltaMismatchError
-from tpu_embedding.checkpointing.keys import SavedKeys
+from tpu_embedding.checkpointing.deltas import SavedKeys
 from tpu_embedding.checkpointing.manager import saved_chain
 from tpu_embedding.checkpointing.parts import remove
 from tpu_embedding.checkpointing.parts import save_id
@@ -199,7 +199,7 @@ def source_keys(
   with slicing.rows_apart():  # keys only: no table is read
     own = compat.checkpoint_keys(source.checkpoint)
   # The keys the source's saves hold these values under (a model weight
-  # may be saved as its optimizer's: keys.SavedKeys).
+  # may be saved as its optimizer's: deltas.SavedKeys).
   saved_keys = SavedKeys(saved_chain(source.path)[0])
   trained = {
     obj: [saved_keys.saved_key(key) or key for key in keys]

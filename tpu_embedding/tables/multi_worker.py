@@ -112,9 +112,6 @@ class WorkerShardedVariable(
       self._placement.shard_sizes[replica],
     )
 
-  def _slice_spec(self, local: int) -> str:
-    return self._rows_spec(*self._rows(local))
-
   def _rows_spec(self, start: int, count: int) -> str:
     """The checkpoint slice spec of rows ``[start, start + count)``."""
     full_shape = self.shape.as_list()
@@ -131,31 +128,15 @@ class WorkerShardedVariable(
       return super()._serialize_to_tensors()
     # Only this worker's rows, as slices of the full logical tensor (read
     # only if saved: a restore needs just the slices' names).
+    specs = [self._rows_spec(*self._rows(i)) for i in range(len(self._shards))]
     return {
       VALUE_KEY: {
-        self._slice_spec(local): compat.SaveSpec(
-          shard.read_value,
-          self._slice_spec(local),
-          "",
-          dtype=self.dtype,
-          device=shard.device,
+        spec: compat.SaveSpec(
+          shard.read_value, spec, "", dtype=self.dtype, device=shard.device
         )
-        for local, shard in enumerate(self._shards)
+        for spec, shard in zip(specs, self._shards, strict=True)
       }
     }
-
-  def _chunks(
-    self, chunk_bytes: int | None = None
-  ) -> Iterator[tuple[int, int, int, str]]:
-    """``(local shard, first local row, rows, slice spec)`` of every chunk
-    (``chunk_bytes``: see ``parts.chunk_rows``)."""
-    width = self.shape[1]
-    chunk = max(1, parts.chunk_rows(self._rows(0)[1], width, chunk_bytes))
-    for local in range(len(self._shards)):
-      start, rows = self._rows(local)
-      for first in range(0, rows, chunk):
-        count = min(chunk, rows - first)
-        yield local, first, count, self._rows_spec(start + first, count)
 
   def row_blocks(self) -> list[tuple[tf.Variable, int]]:
     return [
@@ -173,16 +154,20 @@ class WorkerShardedVariable(
     ``chunk_bytes``: see ``parts.chunk_rows``.
     """
     (key,) = keys
-    for local, first, count, spec in self._chunks(chunk_bytes):
-      shard = self._shards[local]
-      with tf.device(shard.device):
-        value = tf.raw_ops.ResourceGather(
-          resource=shard.handle,
-          indices=tf.range(first, first + count, dtype=tf.int64),
-          dtype=self.dtype,
-        )
-      yield f"{local:03d}-{first:012d}", [(key, spec, value)]
-      del value
+    chunk = parts.chunk_rows(self._rows(0)[1], self.shape[1], chunk_bytes)
+    for local, shard in enumerate(self._shards):
+      start, rows = self._rows(local)
+      for first in range(0, rows, chunk):
+        count = min(chunk, rows - first)
+        with tf.device(shard.device):
+          value = tf.raw_ops.ResourceGather(
+            resource=shard.handle,
+            indices=tf.range(first, first + count, dtype=tf.int64),
+            dtype=self.dtype,
+          )
+        spec = self._rows_spec(start + first, count)
+        yield f"{local:03d}-{first:012d}", [(key, spec, value)]
+        del value
 
 
 class MultiWorkerShardedTable(RowShardedTable):
