@@ -105,11 +105,10 @@ def write(
   return file_prefix
 
 
-def _checked(chunk_bytes: int | None) -> int | None:
-  """``chunk_bytes``, if None or positive."""
+def _checked(chunk_bytes: int | None) -> None:
+  """Raises a ``ValueError`` unless ``chunk_bytes`` is None or positive."""
   if chunk_bytes is not None and chunk_bytes < 1:
     raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}.")
-  return chunk_bytes
 
 
 def restore(

@@ -71,14 +71,19 @@ def latest_with_deltas(directory: str) -> tuple[str | None, list[str]]:
   latest = tf.train.latest_checkpoint(directory)
   if latest is None:
     return None, []
-  state = os.path.join(directory, DELTA_STATE)
-  if not tf.io.gfile.exists(state):
-    return latest, []
-  with tf.io.gfile.GFile(state) as f:
-    chain = json.load(f)
+  chain = _read_chain(directory)
   if os.path.join(directory, chain["base"]) != latest:
     return latest, []
   return latest, [os.path.join(directory, name) for name in chain["deltas"]]
+
+
+def _read_chain(directory: str) -> dict[str, Any]:
+  """The chain ``directory`` records (``write_chain``), or an empty one."""
+  state = os.path.join(directory, DELTA_STATE)
+  if not tf.io.gfile.exists(state):
+    return {"base": "", "deltas": []}
+  with tf.io.gfile.GFile(state) as f:
+    return dict(json.load(f))
 
 
 def chain_end(base: _Base, deltas: Sequence[str]) -> _Base | str:
@@ -133,12 +138,9 @@ def saved_chain(path: str) -> tuple[str, list[str]]:
   if not reader.has_tensor(delta_saves.META_KEY):
     return path, []
   directory, name = os.path.split(path)
-  state = os.path.join(directory, DELTA_STATE)
-  chain: dict[str, Any] = {"base": "", "deltas": []}
-  if tf.io.gfile.exists(state):
-    with tf.io.gfile.GFile(state) as f:
-      chain = json.load(f)
+  chain = _read_chain(directory)
   if name not in chain["deltas"]:
+    state = os.path.join(directory, DELTA_STATE)
     raise ValueError(
       f"{path} is a delta checkpoint, and {state} does not name the full "
       "checkpoint it follows (its chain was replaced by a newer full "

@@ -1,4 +1,4 @@
-"""The part writer: every file of a checkpoint this package writes.
+"""The part writer: the checkpoint files this package writes itself.
 
 A save by several processes (full saves of multi-worker state, deltas) is
 written as parts: each worker writes its own (``PartWriter.write``: named

@@ -1,11 +1,10 @@
 """What state spread over the workers saves: its parts, slices or whole values.
 
-A table sharded over several workers (``MultiWorkerShardedTable``) has no
-process that holds it whole, nor has a sharded vocabulary's state: both
-declare their parts (``WorkerParts``), which ``PartWriter`` writes. Inside
-``sliced()`` (which ``tpu_embedding.checkpoints`` enters for every save and
-restore) their
-variables save and restore only this worker's rows, as slices of the full
+No process holds a table sharded over several workers whole (nor a
+sharded vocabulary's state): they declare their parts (``WorkerParts``),
+which ``parts.PartWriter`` writes. Inside ``sliced()`` (which
+``tpu_embedding.checkpoints`` enters for every save and restore) they save
+and restore only this worker's rows, as slices of the full
 ``[vocabulary_size, dim]`` tensor; outside (a plain ``tf.train.Checkpoint``
 save, which each worker writes on its own) they gather the whole value on
 every worker so that the chief's file is complete, and warn once for a

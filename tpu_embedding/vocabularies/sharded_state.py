@@ -228,11 +228,11 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     parts = [  # (key, slice spec, tensor) of each non-empty array, per shard
       [
         (
-          by_name[n],
+          by_name[name],
           slice_spec([size], [(start, length)]),
-          copy[n].read_value(),
+          copy[name].read_value(),
         )
-        for n, (size, start, length) in copy.extents().items()
+        for name, (size, start, length) in copy.extents().items()
         if length
       ]
       for copy in self.copies
