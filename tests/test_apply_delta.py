@@ -29,8 +29,8 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests import processes
 from tests.scripts import run_tool
-from tpu_embedding import checkpoint_files
 from tpu_embedding import export
+from tpu_embedding.checkpointing.parts import save_id
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"users": (40, 4), "items": (30, 3)}  # table: (rows, dim)
@@ -375,10 +375,10 @@ def test_signature_outputs_equal_a_full_export(run, kind, names):
 def test_versions_record_their_source(run):
   base, paths = run["base"], run["paths"]
   v1 = export.read_source(str(base / "f32_v" / "1"))
-  assert v1["source"] == checkpoint_files.save_id(paths[1])
+  assert v1["source"] == save_id(paths[1])
   assert v1["history"] == ["ckpt-1"]
   v3 = export.read_source(str(base / "f32_v" / "3"))
-  assert v3["source"] == checkpoint_files.save_id(paths[3])
+  assert v3["source"] == save_id(paths[3])
   assert v3["history"] == ["ckpt-1", "delta-2", "delta-3"]
   assert sorted(v3["model"]) == [
     "model/bias/.ATTRIBUTES/VARIABLE_VALUE",
@@ -388,7 +388,7 @@ def test_versions_record_their_source(run):
   assert v3["unmapped_model_variables"] == 0
   # The tool's report: the rows the delta holds (those that changed).
   report = run["json"]
-  assert report["source"] == checkpoint_files.save_id(paths[2])
+  assert report["source"] == save_id(paths[2])
   assert report["parent"] == v1["source"]
   for name in SHAPES:
     before = _checkpoint_table(paths[1], name)
@@ -426,8 +426,8 @@ def test_a_skipped_delta_is_refused_in_one_line(run):
     run,
     process.stderr,
     [
-      checkpoint_files.save_id(paths[2]),  # the delta's parent
-      checkpoint_files.save_id(paths[1]),  # version 1's source
+      save_id(paths[2]),  # the delta's parent
+      save_id(paths[1]),  # version 1's source
       "delta-3",
     ],
   )
@@ -456,8 +456,8 @@ def test_another_runs_delta_is_refused_in_one_line(run, capsys):
     run,
     err,
     [
-      checkpoint_files.save_id(other[1]),
-      checkpoint_files.save_id(run["paths"][1]),
+      save_id(other[1]),
+      save_id(run["paths"][1]),
     ],
   )
 

@@ -32,7 +32,7 @@ import pytest
 import tensorflow as tf
 
 from tests.distributed import cluster
-from tpu_embedding import checkpoints
+from tpu_embedding.checkpointing.parts import remove_stale_temps
 
 SCRIPT = (
   pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_kill.py"
@@ -162,5 +162,5 @@ def test_a_save_first_sweeps_what_killed_saves_left(tmp_path):
   for name in kept + left:
     (tmp_path / name).parent.mkdir(exist_ok=True)
     (tmp_path / name).write_text("x")
-  checkpoints._remove_stale_temps(str(tmp_path / "ckpt-4"))  # noqa: SLF001
+  remove_stale_temps(str(tmp_path / "ckpt-4"))
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)

@@ -25,7 +25,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests import processes
 from tests.conftest import mirrored_strategy
-from tpu_embedding import checkpoint_deltas
+from tpu_embedding.checkpointing import deltas as checkpoint_deltas
 
 BATCH = 8
 DIM = 4

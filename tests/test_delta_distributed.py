@@ -27,7 +27,7 @@ import tpu_embedding as tpe
 from tests.distributed import cluster
 from tests.distributed import mwms_delta
 from tests.distributed import ps_delta
-from tpu_embedding import checkpoint_deltas
+from tpu_embedding.checkpointing import deltas as checkpoint_deltas
 
 HERE = pathlib.Path(__file__).parent / "distributed"
 #: Not training state: TensorFlow's object graph, a checkpoint's counter.

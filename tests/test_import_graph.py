@@ -40,7 +40,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ),
   # How inputs become rows (KeyMapping, DynamicVocabulary), the optimizers'
   # rules, replicas, variables.
-  ("keys", "optimizers", "replicas", "tracking"),
+  # Checkpoint files (one home: checkpointing/; checkpoints, its public
+  # names).
+  ("keys", "optimizers", "replicas", "tracking", "checkpointing"),
+  ("checkpoints",),
   # What the user declares, and its types.
   ("config",),
   ("types", "kernels", "output_shapes"),
@@ -51,10 +54,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("lookup",),
   # One table (or stack) in one layout: the row store.
   ("tables", "steps"),
-  ("stacking", "checkpoint_files"),
-  ("planning", "activations", "checkpoint_deltas"),
-  # Rows to and from the stores; checkpoints; the memory check.
-  ("backends", "checkpoints", "memory"),
+  ("stacking",),
+  ("planning", "activations"),
+  # Rows to and from the stores; the memory check.
+  ("backends", "memory"),
   ("pipelining", "vocabularies"),
   # The engines (one per platform), serving.
   ("engines", "serving"),

@@ -58,8 +58,8 @@ def test_every_built_in_mutant_names_code_that_is_there():
   areas = {m.path.split("/")[1] for m in tool.MUTANTS}
   assert {"optimizers", "tables", "backends", "export"} <= areas
   assert {m.path for m in tool.MUTANTS} >= {
-    "tpu_embedding/checkpoint_deltas.py",
-    "tpu_embedding/tables/saved_rows.py",
+    "tpu_embedding/checkpointing/deltas.py",
+    "tpu_embedding/checkpointing/rows.py",
     "tpu_embedding/export/quantize.py",
     "tpu_embedding/export/from_delta.py",
   }

@@ -1,4 +1,4 @@
-"""Rows of a saved tensor read alone (``tables/saved_rows.py``).
+"""Rows of a saved tensor read alone (``checkpointing/rows.py``).
 
 Checkpoints written by TensorFlow's ``SaveV2`` (and merged by its
 ``MergeV2Checkpoints``, as ``tpu_embedding.checkpoints.write`` merges the
@@ -15,9 +15,9 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tpu_embedding import checkpoints
-from tpu_embedding.tables.checkpoint_index import CheckpointIndex
-from tpu_embedding.tables.checkpoint_index import slice_key
-from tpu_embedding.tables.saved_rows import SavedRows
+from tpu_embedding.checkpointing.index import CheckpointIndex
+from tpu_embedding.checkpointing.index import slice_key
+from tpu_embedding.checkpointing.rows import SavedRows
 
 ROWS, DIM = 50, 3
 VALUE = np.arange(ROWS * DIM, dtype=np.float32).reshape(ROWS, DIM)

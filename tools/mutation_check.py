@@ -226,7 +226,7 @@ MUTANTS: tuple[Mutant, ...] = (
   ),
   _mutant(
     "delta_single_row",
-    "tpu_embedding/checkpoint_deltas.py",
+    "tpu_embedding/checkpointing/deltas.py",
     "if rows is not None and rows[0].size:",
     "if rows is not None and rows[0].size > 1:",
     [f"{_DELTAS}::test_a_delta_of_exactly_one_row_restores_it"],
@@ -245,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
   ),
   _mutant(
     "saved_rows_byte_offset",
-    "tpu_embedding/tables/saved_rows.py",
+    "tpu_embedding/checkpointing/rows.py",
     "offset = piece.entry.offset + (first - piece.first) * width",
     "offset = piece.entry.offset + first * width",
     ["tests/test_saved_rows.py::test_every_part_read_holds_the_saved_rows"],

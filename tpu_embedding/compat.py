@@ -22,12 +22,12 @@ import tensorflow as tf
 
 # A checkpoint index's entries: where each saved tensor's bytes are, so
 # that a restore reads some rows of a saved tensor alone
-# (``tables/checkpoint_index.py``).
+# (``checkpointing/index.py``).
 from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleEntryProto
 from tensorflow.core.protobuf.tensor_bundle_pb2 import BundleHeaderProto
 
 # A checkpoint's saved object graph: which path reached each value, so
-# that another graph's keys find theirs (``checkpoint_files.SavedKeys``).
+# that another graph's keys find theirs (``checkpointing.deltas.SavedKeys``).
 from tensorflow.core.protobuf.trackable_object_graph_pb2 import (
   TrackableObjectGraph,
 )
@@ -208,7 +208,7 @@ def restore_source(restore: Any) -> tuple[str, str]:
 
   ``restore`` is TensorFlow's restore-on-create callable (what
   ``VariableTracker.pending_restore`` returns); a row-sharded table reads
-  its blocks' rows of that key itself (``tables/saved_rows.py``) instead
+  its blocks' rows of that key itself (``checkpointing/rows.py``) instead
   of calling it (which reads every stored piece its rows overlap whole).
   """
   position = restore.checkpoint_position

@@ -2,7 +2,7 @@
 
 Some behaviour depends on what the calling code is doing, not on an
 argument that could be passed down through TensorFlow: whether a
-checkpoint is written in slices (``tables/slicing.py``). Replicas trace
+checkpoint is written in slices (``checkpointing/slicing.py``). Replicas trace
 in threads of their own, so the value is per thread.
 
 Example:

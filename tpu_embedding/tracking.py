@@ -84,7 +84,7 @@ class VariableTracker:
 
     The result is TensorFlow's restore-on-create callable (called, it
     reads the value; ``compat.restore_source`` says where it is, for
-    reading only some rows: ``tables/saved_rows.py``).
+    reading only some rows: ``checkpointing/rows.py``).
     """
     # pylint: disable=protected-access
     self._owner._maybe_initialize_trackable()

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
-from tpu_embedding.tables import multi_worker  # noqa: E402
+from tpu_embedding.checkpointing import parts  # noqa: E402
 
 #: Tables ``name: (rows, dim)``; different dims, so they are not stacked.
 TABLES = {"a": (29, 3), "b": (23, 5)}
@@ -102,8 +102,8 @@ def check_several_chunks(emb: tpe.TPUEmbedding) -> None:
   for name, (_, dim) in TABLES.items():
     for shard in emb.backend.shards(name):
       rows = int(shard.shape[0])
-      assert multi_worker.chunk_rows(rows, dim, CHUNK_BYTES) * 2 < rows
-      assert multi_worker.chunk_rows(rows, dim) >= rows
+      assert parts.chunk_rows(rows, dim, CHUNK_BYTES) * 2 < rows
+      assert parts.chunk_rows(rows, dim) >= rows
 
 
 def main(mode: str, directory: str, strategy=None) -> None:

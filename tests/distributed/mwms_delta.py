@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
-from tpu_embedding.tables import multi_worker  # noqa: E402
+from tpu_embedding.checkpointing import parts  # noqa: E402
 
 #: ``name: (rows, dim)``; different dims, so nothing is stacked.
 TABLES = {"a": (29, 3), "users": (16, 4), "small": (6, 2)}
@@ -162,7 +162,7 @@ def main(directory: str) -> None:
   emb.build()
   (shard,) = emb.backend.shards("a")  # Several chunks per block:
   rows = int(shard.shape[0])
-  assert multi_worker.chunk_rows(rows, 3, CHUNK_BYTES) * 2 < rows
+  assert parts.chunk_rows(rows, 3, CHUNK_BYTES) * 2 < rows
   checkpoint = tf.train.Checkpoint(embedding=emb, dense=dense)
   train = trainer(strategy, emb, dense)
 

@@ -29,8 +29,9 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from tpu_embedding import checkpoint_deltas
-from tpu_embedding import checkpoints
+from tpu_embedding.checkpointing.deltas import apply_deltas
+from tpu_embedding.checkpointing.manager import chain_end
+from tpu_embedding.checkpointing.manager import saved_chain
 from tpu_embedding.export.saved_model import ServedModel
 from tpu_embedding.export.signature import FeatureSpec
 from tpu_embedding.export.subset import TableSelection
@@ -167,12 +168,12 @@ def restore_for_export(
     >>> [table.numpy()[3] for table in served.embedding_tables.values()]
     [array([1., 1.], dtype=float32)]
   """
-  base, deltas = checkpoints.saved_chain(path)
+  base, deltas = saved_chain(path)
   # read, not restore: no save_counter is created (a checkpoint written by
   # Checkpoint.write or tpu_embedding.checkpoints has none to match it).
   status = checkpoint.read(base)
   embedding.build()  # creates the tables from the checkpoint's values
   status.expect_partial()  # slots, other tables, the training optimizer
   status.assert_existing_objects_matched()
-  checkpoint_deltas.apply_deltas(checkpoint, base, deltas, partial=True)
-  return checkpoints.chain_end(base, deltas)
+  apply_deltas(checkpoint, base, deltas, partial=True)
+  return chain_end(base, deltas)

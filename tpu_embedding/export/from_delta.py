@@ -4,7 +4,7 @@ An export from a checkpoint (``tools/export.py``, or ``export_for_serving(
 ..., source=ExportSource(path, checkpoint))``) records where its values
 came from, in ``assets.extra/tpu_embedding_source.json`` (a file TF
 Serving and TensorFlow's loader ignore): the checkpoint's digest
-(``checkpoint_files.save_id``, what a delta names its parent by) and, for
+(``checkpointing.parts.save_id``, what a delta names its parent by) and, for
 each exported table and model variable, its key in the training
 checkpoint and in the SavedModel's variables.
 
@@ -60,15 +60,19 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpu_embedding import checkpoint_deltas
-from tpu_embedding import checkpoint_files
-from tpu_embedding import checkpoints
 from tpu_embedding import compat
-from tpu_embedding.checkpoint_deltas import DeltaMismatchError
+from tpu_embedding.checkpointing import deltas
+from tpu_embedding.checkpointing import slicing
+from tpu_embedding.checkpointing.deltas import DeltaMismatchError
+from tpu_embedding.checkpointing.deltas import SavedKeys
+from tpu_embedding.checkpointing.manager import saved_chain
+from tpu_embedding.checkpointing.parts import remove
+from tpu_embedding.checkpointing.parts import save_id
+from tpu_embedding.checkpointing.parts import write_tensors
+from tpu_embedding.checkpointing.rows import read_tensors
 from tpu_embedding.export.quantize import QuantizedTable
 from tpu_embedding.export.quantize import check_table_dtype
 from tpu_embedding.export.quantize import quantize_rows
-from tpu_embedding.tables import slicing
 
 __all__ = [
   "DeltaExport",
@@ -195,10 +199,8 @@ def source_keys(
   with slicing.rows_apart():  # keys only: no table is read
     own = compat.checkpoint_keys(source.checkpoint)
   # The keys the source's saves hold these values under (a model weight
-  # may be saved as its optimizer's: checkpoint_files.SavedKeys).
-  saved_keys = checkpoint_files.SavedKeys(
-    checkpoints.saved_chain(source.path)[0]
-  )
+  # may be saved as its optimizer's: deltas.SavedKeys).
+  saved_keys = SavedKeys(saved_chain(source.path)[0])
   trained = {
     obj: [saved_keys.saved_key(key) or key for key in keys]
     for obj, keys in own.items()
@@ -289,7 +291,7 @@ def record_source(
   name = os.path.basename(source.path.rstrip("/"))
   record = {
     "format": FORMAT,
-    "source": checkpoint_files.save_id(source.path),
+    "source": save_id(source.path),
     "source_name": name,
     "history": [name],
     "table_dtype": check_table_dtype(table_dtype),
@@ -373,7 +375,7 @@ def _updates(
         f"which SavedModel '{base_export}' exports: it is not a delta of "
         "the run that SavedModel was exported from."
       )
-    found = checkpoint_deltas.read_rows(delta, table["key"])
+    found = deltas.read_rows(delta, table["key"])
     rows, dim = table["shape"]
     if found is None or not found[0].size:
       updates.row_counts[name] = 0
@@ -416,13 +418,9 @@ def _updates(
         f"{stored[trained_key]}; SavedModel '{base_export}' has "
         f"{shapes[saved_key]}: it is not a delta of this model."
       )
-    with tf.device("CPU"):
-      (updates.whole[saved_key],) = tf.raw_ops.RestoreV2(
-        prefix=delta,
-        tensor_names=[trained_key],
-        shape_and_slices=[""],
-        dtypes=[dtypes[saved_key]],
-      )
+    (updates.whole[saved_key],) = read_tensors(
+      delta, [trained_key], [dtypes[saved_key]]
+    )
   return updates
 
 
@@ -430,27 +428,17 @@ def _write_variables(base_prefix: str, prefix: str, updates: _Updates) -> None:
   """Writes the base's variables with ``updates`` to ``prefix``."""
   dtypes = tf.train.load_checkpoint(base_prefix).get_variable_to_dtype_map()
   names = sorted(dtypes)
+  values = read_tensors(base_prefix, names, [dtypes[n] for n in names])
+  entries = []
   with tf.device("CPU"):
-    values = tf.raw_ops.RestoreV2(
-      prefix=base_prefix,
-      tensor_names=names,
-      shape_and_slices=[""] * len(names),
-      dtypes=[dtypes[name] for name in names],
-    )
-    tensors = []
     for name, value in zip(names, values, strict=True):
       if name in updates.whole:
         value = updates.whole[name]
       elif name in updates.rows:
-        ids, rows = updates.rows[name]
-        value = tf.tensor_scatter_nd_update(value, ids[:, None], rows)
-      tensors.append(value)
-    tf.raw_ops.SaveV2(
-      prefix=prefix,
-      tensor_names=names,
-      shape_and_slices=[""] * len(names),
-      tensors=tensors,
-    )
+        ids, new_rows = updates.rows[name]
+        value = tf.tensor_scatter_nd_update(value, ids[:, None], new_rows)
+      entries.append((name, "", value))
+  write_tensors(prefix, entries)
 
 
 def _copy_tree(source: str, target: str) -> None:
@@ -480,10 +468,10 @@ def _commit(temp: str, export_dir: str) -> None:
   """Renames the whole version ``temp`` to ``export_dir`` (replacing it)."""
   old = f"{export_dir}_old"
   if tf.io.gfile.exists(export_dir):
-    checkpoint_files.remove(old)
+    remove(old)
     tf.io.gfile.rename(export_dir, old)
   tf.io.gfile.rename(temp, export_dir)
-  checkpoint_files.remove(old)
+  remove(old)
 
 
 def apply_delta(
@@ -521,7 +509,7 @@ def apply_delta(
       "write it to a new version directory."
     )
   record = read_source(base_export)
-  meta = checkpoint_deltas.read_meta(delta)
+  meta = deltas.read_meta(delta)
   if meta["parent"] != record["source"]:
     raise DeltaMismatchError(
       f"Delta '{delta}' follows save '{meta['parent_name']}' (id "
@@ -556,7 +544,7 @@ def apply_delta(
     )
   updates = _updates(base_export, record, delta, meta)
   temp = f"{export_dir}_temp"
-  checkpoint_files.remove(temp)  # what a killed write left
+  remove(temp)  # what a killed write left
   try:
     _copy_tree(base_export, temp)
     _write_variables(
@@ -567,14 +555,14 @@ def apply_delta(
     name = os.path.basename(delta.rstrip("/"))
     new_record = dict(
       record,
-      source=checkpoint_files.save_id(delta),
+      source=save_id(delta),
       source_name=name,
       history=[*record["history"], name],
     )
     _write_record(temp, new_record)
     compat.write_saved_model_fingerprint(temp)
   except BaseException:
-    checkpoint_files.remove(temp)
+    remove(temp)
     raise
   _commit(temp, export_dir)
   return DeltaExport(

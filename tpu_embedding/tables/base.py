@@ -54,6 +54,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
@@ -65,7 +66,6 @@ from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
-from tpu_embedding.tables import slicing
 from tpu_embedding.tables.changed_rows import ChangedRows
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard

@@ -10,7 +10,7 @@ kernel on this process's CPU, else TensorFlow's scatter), no
 deduplication, so repeats, any order and rows past the block (which XLA's
 scatter drops: ``kernels/static_unique.py``) all mark exactly the rows
 written. A delta checkpoint
-(``tpu_embedding.checkpoint_deltas``) reads the set flags and clears them
+(``tpu_embedding.checkpointing.deltas``) reads the set flags and clears them
 once its save is committed.
 
 Example:

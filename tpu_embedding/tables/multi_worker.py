@@ -23,24 +23,24 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing import rows
+from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.sharding import TablePlacement
-from tpu_embedding.tables import saved_rows
-from tpu_embedding.tables import slicing
 from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.row_sharded import RowShardedTable
-from tpu_embedding.tables.saved_rows import chunk_rows
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
 
 
 class WorkerShardedVariable(
-  WholeValueVariable, slicing.WorkerParts, saved_rows.RowBlocks
+  WholeValueVariable, slicing.WorkerParts, rows.RowBlocks
 ):
   """A row-sharded variable whose blocks live on several workers."""
 
@@ -114,18 +114,10 @@ class WorkerShardedVariable(
       self._placement.shard_sizes[replica],
     )
 
-  def _slice_spec(self, local: int) -> str:
-    return self._rows_spec(*self._rows(local))
-
-  def _rows_spec(self, start: int, rows: int) -> str:
-    """The checkpoint slice spec of rows ``[start, start + rows)``."""
-    spec: str = tf.Variable.SaveSliceInfo(
-      full_name="",
-      full_shape=self.shape.as_list(),
-      var_offset=[start, 0],
-      var_shape=[rows, self.shape[1]],
-    ).spec
-    return spec
+  def _rows_spec(self, start: int, count: int) -> str:
+    """The checkpoint slice spec of rows ``[start, start + count)``."""
+    full_shape = self.shape.as_list()
+    return parts.slice_spec(full_shape, [(start, count), (0, full_shape[1])])
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
@@ -138,70 +130,46 @@ class WorkerShardedVariable(
       return super()._serialize_to_tensors()
     # Only this worker's rows, as slices of the full logical tensor (read
     # only if saved: a restore needs just the slices' names).
+    specs = [self._rows_spec(*self._rows(i)) for i in range(len(self._shards))]
     return {
       VALUE_KEY: {
-        self._slice_spec(local): compat.SaveSpec(
-          shard.read_value,
-          self._slice_spec(local),
-          "",
-          dtype=self.dtype,
-          device=shard.device,
+        spec: compat.SaveSpec(
+          shard.read_value, spec, "", dtype=self.dtype, device=shard.device
         )
-        for local, shard in enumerate(self._shards)
+        for spec, shard in zip(specs, self._shards, strict=True)
       }
     }
-
-  def _chunks(
-    self, chunk_bytes: int | None = None
-  ) -> Iterator[tuple[int, int, int, str]]:
-    """``(local shard, first local row, rows, slice spec)`` of every chunk
-    (``chunk_bytes``: see ``chunk_rows``)."""
-    width = self.shape[1]
-    chunk = max(1, chunk_rows(self._rows(0)[1], width, chunk_bytes))
-    for local in range(len(self._shards)):
-      start, rows = self._rows(local)
-      for first in range(0, rows, chunk):
-        count = min(chunk, rows - first)
-        yield local, first, count, self._rows_spec(start + first, count)
 
   def row_blocks(self) -> list[tuple[tf.Variable, int]]:
     return [
       (shard, self._rows(local)[0]) for local, shard in enumerate(self._shards)
     ]
 
-  def write_parts(
-    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
-  ) -> None:
-    (key,) = keys
-    self.write_rows(key, prefix, chunk_bytes)
-
-  def write_rows(
-    self, key: str, prefix: str, chunk_bytes: int | None = None
-  ) -> None:
-    """Writes this worker's rows under checkpoint ``key``, in chunks.
+  def saved_parts(
+    self, keys: list[str], chunk_bytes: int | None = None
+  ) -> Iterator[tuple[str, list[slicing.Entry]]]:
+    """This worker's rows under its checkpoint key, in chunks.
 
     Each chunk of rows is read (``ResourceGather``: only those rows; a
-    dense read of a sparsely updated variable would copy it whole) and
-    written as a slice of the full tensor to its own checkpoint part
-    ``<prefix>-<shard>-<chunk>``, for ``MergeV2Checkpoints``.
-    ``chunk_bytes``: see ``chunk_rows``.
+    dense read of a sparsely updated variable would copy it whole) as a
+    slice of the full tensor, a part ``<shard>-<chunk>`` of its own.
+    ``chunk_bytes``: see ``parts.chunk_rows``.
     """
-    for local, first, count, spec in self._chunks(chunk_bytes):
-      shard = self._shards[local]
-      with tf.device(shard.device):
-        value = tf.raw_ops.ResourceGather(
-          resource=shard.handle,
-          indices=tf.range(first, first + count, dtype=tf.int64),
-          dtype=self.dtype,
-        )
-      with tf.device("CPU"):
-        tf.raw_ops.SaveV2(
-          prefix=f"{prefix}-{local:03d}-{first:012d}",
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          tensors=[value],
-        )
-      del value
+    (key,) = keys
+    chunk = parts.chunk_rows(self._rows(0)[1], self.shape[1], chunk_bytes)
+    for local, shard in enumerate(self._shards):
+      start, rows = self._rows(local)
+      for first in range(0, rows, chunk):
+        count = min(chunk, rows - first)
+        with tf.device(shard.device):
+          value = tf.raw_ops.ResourceGather(
+            resource=shard.handle,
+            indices=tf.range(first, first + count, dtype=tf.int64),
+            dtype=self.dtype,
+          )
+        spec = self._rows_spec(start + first, count)
+        yield f"{local:03d}-{first:012d}", [(key, spec, value)]
+        del value
 
 
 class MultiWorkerShardedTable(RowShardedTable):

@@ -38,13 +38,13 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.config import TableConfig
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
-from tpu_embedding.tables import saved_rows
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name

@@ -26,10 +26,11 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import slicing
+from tpu_embedding.checkpointing.parts import slice_spec
 from tpu_embedding.keys.vocabulary import DynamicVocabulary
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
-from tpu_embedding.tables import slicing
 from tpu_embedding.vocabularies.sharing import flat
 from tpu_embedding.vocabularies.sharing import slices_of
 from tpu_embedding.vocabularies.state import VocabularyState
@@ -50,7 +51,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
   ``tf.train.Checkpoint`` save gathers it on every worker (a collective,
   run only when the save reads it); ``tpu_embedding.checkpoints.write``
   has every worker write its shards as slices of the whole arrays instead
-  (``write_parts``), and ``tpu_embedding.checkpoints.restore`` reads each
+  (``saved_parts``), and ``tpu_embedding.checkpoints.restore`` reads each
   worker's range only.
 
   Args:
@@ -157,7 +158,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
         for name in self.copies[0].variables
       }
     if slicing.apart():
-      # Recorded, not read: every worker writes its own (write_parts).
+      # Recorded, not read: every worker writes its own (saved_parts).
       return {
         name: compat.SaveSpec(
           lambda: None, "", "", dtype=tf.int64, device=device
@@ -168,7 +169,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     # scalars whole): ``_restore_from_tensors`` takes the slices.
     specs = {}
     for name, (size, start, length) in self._worker_ranges().items():
-      spec = f"{size} {start},{length}" if length else ""
+      spec = slice_spec([size], [(start, length)]) if length else ""
 
       def local_values(name=name):
         return tf.concat([copy[name].read_value() for copy in self.copies], 0)
@@ -217,25 +218,25 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
       for name, (size, start, _) in first.items()
     }
 
-  def write_parts(
-    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
-  ) -> None:
+  def saved_parts(self, keys, chunk_bytes=None):
     """This worker's shards as slices of each whole array; the chief adds
     the step and every worker's evictions (summed: a collective). Each
     array is written whole (a vocabulary's state is small: ``chunk_bytes``
     is not used)."""
     del chunk_bytes  # unused
     by_name = {key.rsplit("/", 1)[-1]: key for key in keys}
-    parts = []  # (names, slice specs, tensors) of each file
-    for copy in self.copies:
-      kept = [(n, e) for n, e in copy.extents().items() if e[2]]  # Not empty.
-      parts.append(
+    parts = [  # (key, slice spec, tensor) of each non-empty array, per shard
+      [
         (
-          [by_name[name] for name, _ in kept],
-          [f"{size} {start},{length}" for _, (size, start, length) in kept],
-          [copy[name].read_value() for name, _ in kept],
+          by_name[name],
+          slice_spec([size], [(start, length)]),
+          copy[name].read_value(),
         )
-      )
+        for name, (size, start, length) in copy.extents().items()
+        if length
+      ]
+      for copy in self.copies
+    ]
     evictions = self._total_evictions()
     if self.worker_index == 0:
       # The scalars, and arrays without elements (no slice to write).
@@ -243,22 +244,13 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
         name for name, (size, _, _) in self._worker_ranges().items() if not size
       ]
       parts.append(
-        (
-          [by_name[name] for name in [*SCALARS, *empty]],
-          [""] * (len(SCALARS) + len(empty)),
-          [self.copies[0]["step"].read_value(), evictions]
-          + [tf.zeros([0], tf.int64)] * len(empty),
-        )
+        [
+          (by_name["step"], "", self.copies[0]["step"].read_value()),
+          (by_name["evictions"], "", evictions),
+          *[(by_name[name], "", tf.zeros([0], tf.int64)) for name in empty],
+        ]
       )
-    for index, (names, specs, tensors) in enumerate(parts):
-      if names:
-        with tf.device("CPU"):
-          tf.raw_ops.SaveV2(
-            prefix=f"{prefix}-{index:03d}",
-            tensor_names=names,
-            shape_and_slices=specs,
-            tensors=tensors,
-          )
+    return [(f"{i:03d}", part) for i, part in enumerate(parts) if part]
 
   def _all_shards(self) -> list[dict[str, tf.Tensor]]:
     """Every shard's values, in shard order."""

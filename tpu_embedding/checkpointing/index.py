@@ -12,7 +12,7 @@ row-major order.
 
 TensorFlow reads a slice of a saved tensor by reading every stored piece
 it overlaps whole (``RestoreV2``); it has no API saying where a piece's
-bytes are. This module reads the index, so that ``saved_rows`` can read
+bytes are. This module reads the index, so that ``rows.SavedRows`` can read
 some rows of a piece alone.
 
 Example:

@@ -1,4 +1,4 @@
-"""Rows of a table saved in a TensorFlow checkpoint, read without the rest.
+"""The row reader: rows of a saved table, read without the rest.
 
 TensorFlow's ``RestoreV2`` reads a slice of a saved tensor by reading every
 stored piece it overlaps whole. A table saved by one process is one piece:
@@ -9,12 +9,12 @@ whole stored block once per chunk. ``SavedRows.read_rows`` reads rows
 part, holding no more than one part at a time:
 
 * a stored piece (the whole tensor, or one slice of it) that lies wholly
-  within those rows and holds at most a chunk (``chunk_rows``: what
+  within those rows and holds at most a chunk (``parts.chunk_rows``: what
   ``tpu_embedding.checkpoints.write`` writes at once) is read whole by
   ``RestoreV2``, which checks its checksum;
 * of a larger piece, or one only partly within those rows, the rows are
   read by byte ranges of at most ``range_rows`` from its data file
-  (``checkpoint_index`` says where a piece's bytes lie; a piece split by
+  (``checkpointing/index.py`` says where a piece's bytes lie; a piece split by
   rows alone keeps each row's bytes together). Their checksum, which
   covers the whole piece, is not checked.
 
@@ -22,16 +22,16 @@ A checkpoint not stored so (a piece split along its columns, another
 dtype, a big-endian checkpoint) is read by ``RestoreV2`` a chunk at a
 time, as TensorFlow would. ``restore_blocks`` fills a table's row blocks
 (``RowBlocks``) so, in place: a restore holds one part beside the tables.
+Whole tensors are read by ``read_tensors`` (``RestoreV2``).
 
 Example:
   >>> import tempfile
   >>> prefix = tempfile.mkdtemp() + "/ckpt"
   >>> whole = tf.reshape(tf.range(12.0), [6, 2])
-  >>> _ = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=["t"],
-  ...                       shape_and_slices=[""], tensors=[whole])
-  >>> parts = SavedRows(prefix).read_rows("t", (6, 2), 2, 3, tf.float32,
-  ...                                     whole_rows=6, range_rows=2)
-  >>> [(first, part.numpy().tolist()) for first, part in parts]
+  >>> parts.write_tensors(prefix, [("t", "", whole)])
+  >>> read = SavedRows(prefix).read_rows("t", (6, 2), 2, 3, tf.float32,
+  ...                                    whole_rows=6, range_rows=2)
+  >>> [(first, part.numpy().tolist()) for first, part in read]
   [(2, [[4.0, 5.0], [6.0, 7.0]]), (4, [[8.0, 9.0]])]
 """
 
@@ -49,15 +49,10 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_embedding import compat
-from tpu_embedding.tables.checkpoint_index import CheckpointIndex
-from tpu_embedding.tables.checkpoint_index import UnreadableIndexError
-from tpu_embedding.tables.checkpoint_index import slice_key
-
-#: Chunks of rows ``tpu_embedding.checkpoints.write`` copies at once (and
-#: the largest stored piece a restore reads whole), by default: at least
-#: 8 MiB (a small block is one chunk), a sixteenth of a block, at most
-#: 64 MiB.
-MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing.index import CheckpointIndex
+from tpu_embedding.checkpointing.index import UnreadableIndexError
+from tpu_embedding.checkpointing.index import slice_key
 
 #: Rows a restore reads at once by byte range, by default: a 64th of a
 #: block, between 1 and 16 MiB (a part sent to a parameter server is held
@@ -65,46 +60,31 @@ MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 8 * 2**20, 64 * 2**20
 MIN_RANGE_BYTES, MAX_RANGE_BYTES = 2**20, 16 * 2**20
 
 
-def _rows_per_part(
-  rows: int,
-  width: int,
-  chunk_bytes: int | None,
-  parts: int,
-  bounds: tuple[int, int],
-) -> int:
-  """``chunk_bytes`` of rows (at least one), or ``rows / parts`` within
-  ``bounds`` (bytes of float32 rows of ``width``)."""
-  if chunk_bytes is not None:
-    return max(1, chunk_bytes // (4 * width))
-  least, most = bounds
-  share = max(-(-rows // parts), least // (4 * width))
-  return max(1, min(share, most // (4 * width)))
-
-
-def chunk_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
-  """Rows per chunk written of a block of ``rows`` rows (and the most rows
-  of a stored piece read whole).
-
-  Args:
-    rows: the block's rows.
-    width: the table's dim (float32 rows).
-    chunk_bytes: None for the default (a sixteenth of the block, between
-      ``MIN_CHUNK_BYTES`` and ``MAX_CHUNK_BYTES``), or the most bytes a
-      chunk holds (at least one row).
-
-  Returns:
-    Rows per chunk.
-  """
-  bounds = (MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
-  return _rows_per_part(rows, width, chunk_bytes, 16, bounds)
-
-
 def range_rows(rows: int, width: int, chunk_bytes: int | None = None) -> int:
   """Rows per byte range read into a block of ``rows`` rows: as
   ``chunk_rows``, with a default of a 64th of the block, between
   ``MIN_RANGE_BYTES`` and ``MAX_RANGE_BYTES``."""
   bounds = (MIN_RANGE_BYTES, MAX_RANGE_BYTES)
-  return _rows_per_part(rows, width, chunk_bytes, 64, bounds)
+  return parts.rows_per_part(rows, width, chunk_bytes, 64, bounds)
+
+
+def read_tensors(
+  prefix: str,
+  keys: Sequence[str],
+  dtypes: Sequence[tf.DType],
+  specs: Sequence[str] | None = None,
+) -> list[tf.Tensor]:
+  """TensorFlow's read of ``keys`` (whole, or their slices ``specs``)
+  from the checkpoint ``prefix``, checksummed, on this process's CPU."""
+  with tf.device("CPU"):
+    return list(
+      tf.raw_ops.RestoreV2(
+        prefix=prefix,
+        tensor_names=list(keys),
+        shape_and_slices=list(specs or [""] * len(keys)),
+        dtypes=list(dtypes),
+      )
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,12 +100,6 @@ class _Piece:
 def _extent(extent: Any) -> tuple[int, int]:  # a protobuf message
   """``(start, length)`` of a ``TensorSliceProto.Extent`` (all: -1)."""
   return (extent.start, extent.length if extent.HasField("length") else -1)
-
-
-def _spec(full_shape: Sequence[int], extents: Sequence[tuple[int, int]]) -> str:
-  """A ``shape_and_slice`` string (``"6 2 0,3:-"``)."""
-  slices = ":".join("-" if n < 0 else f"{s},{n}" for s, n in extents)
-  return " ".join(str(d) for d in full_shape) + " " + slices
 
 
 class SavedRows:
@@ -192,29 +166,18 @@ class SavedRows:
       # Not stored by rows: TensorFlow reads it (or says why it cannot).
       for first in range(start, end, whole_rows):
         rows = min(whole_rows, end - first)
-        spec = _spec(full_shape, [(first, rows), (0, -1)])
-        yield first, self._restore(key, spec, dtype)
+        spec = parts.slice_spec(full_shape, [(first, rows), (0, -1)])
+        yield first, read_tensors(self.prefix, [key], [dtype], [spec])[0]
       return
     for piece in sorted(pieces, key=lambda p: p.first):
       low, high = max(start, piece.first), min(end, piece.first + piece.rows)
       whole = (low, high) == (piece.first, piece.first + piece.rows)
       if whole and piece.rows <= whole_rows:
-        yield low, self._restore(key, piece.spec, dtype)
+        yield low, read_tensors(self.prefix, [key], [dtype], [piece.spec])[0]
         continue
       for first in range(low, high, range_rows):
         rows = min(range_rows, high - first)
         yield first, self._read_bytes(key, piece, first, rows, dtype)
-
-  def _restore(self, key: str, spec: str, dtype: tf.DType) -> tf.Tensor:
-    """TensorFlow's read of ``spec`` of ``key``."""
-    with tf.device("CPU"):
-      (value,) = tf.raw_ops.RestoreV2(
-        prefix=self.prefix,
-        tensor_names=[key],
-        shape_and_slices=[spec],
-        dtypes=[dtype],
-      )
-    return value
 
   def _read_bytes(
     self, key: str, piece: _Piece, first: int, rows: int, dtype: tf.DType
@@ -263,7 +226,9 @@ class SavedRows:
       found = index.entry(slice_key(key, extents))
       if found is None or found.size != rows * shape[1] * dtype.size:
         return None
-      pieces.append(_Piece(first, rows, _spec(shape, extents), found))
+      pieces.append(
+        _Piece(first, rows, parts.slice_spec(shape, extents), found)
+      )
     return pieces
 
 
@@ -299,20 +264,20 @@ def restore_blocks(
     key: the tensor's checkpoint key.
     full_shape: the tensor's ``[rows, dim]``.
     chunk_bytes: the most bytes read at once (at least one row); None:
-      ``chunk_rows`` for stored pieces read whole, ``range_rows`` for byte
+      ``parts.chunk_rows`` for stored pieces read whole, ``range_rows`` for byte
       ranges.
   """
   rows, width = int(blocks[0][0].shape[0]), int(full_shape[1])
   sizes = {
-    "whole_rows": chunk_rows(rows, width, chunk_bytes),
+    "whole_rows": parts.chunk_rows(rows, width, chunk_bytes),
     "range_rows": range_rows(rows, width, chunk_bytes),
   }
   for variable, start in blocks:
     count = int(variable.shape[0])
-    parts = saved.read_rows(
+    pieces = saved.read_rows(
       key, full_shape, start, count, variable.dtype, **sizes
     )
-    for first, value in parts:
+    for first, value in pieces:
       with tf.device(variable.device):
         tf.raw_ops.ResourceScatterUpdate(
           resource=variable.handle,

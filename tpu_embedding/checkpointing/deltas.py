@@ -10,11 +10,11 @@ size and time follow the rows touched, not the tables.
 
 Each worker writes its own rows (tables sharded over workers), the chief
 everything else, as parts merged and committed like a full checkpoint
-(``checkpoint_files``): a ``<prefix>.index`` is only ever a whole delta,
+(``parts.PartWriter``): a ``<prefix>.index`` is only ever a whole delta,
 and a save killed while writing leaves the previous saves as they were.
 The bits are cleared only once the delta is committed.
 
-A delta names its parent: the digest (``checkpoint_files.save_id``) of
+A delta names its parent: the digest (``parts.save_id``) of
 the save it follows. ``apply_deltas`` (``checkpoints.restore(...,
 deltas=...)``) checks the whole chain before changing anything, then
 writes each delta's rows in order into any layout and replica count:
@@ -56,9 +56,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tpu_embedding import checkpoint_files
 from tpu_embedding import compat
-from tpu_embedding.tables import slicing
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing import rows as saved_rows
+from tpu_embedding.checkpointing import slicing
 
 __all__ = [
   "DeltaMismatchError",
@@ -99,29 +100,16 @@ class _Table:
     self.variable = variable
     self.store, self.store_key = getattr(variable, _STORE_ATTRIBUTE)
 
-  @property
-  def per_worker(self) -> bool:
-    """Whether every worker writes its own rows (else the chief alone)."""
-    return (
-      isinstance(self.variable, slicing.WorkerParts)
-      and self.variable.worker_count > 1
-    )
-
-
-def _serialized(checkpoint: Any) -> list[tuple[Any, dict[str, Any]]]:
-  """``(object, {key: value})`` of every object of ``checkpoint`` as
-  TensorFlow serializes it, tables' values unread (``rows_apart``)."""
-  with slicing.rows_apart():
-    serialized = compat.serialized_tensors(checkpoint)
-  return list(serialized)
-
 
 def _split(
   checkpoint: Any,
 ) -> tuple[list[_Table], list[tuple[Any, dict[str, Any]]]]:
-  """The checkpoint's table variables, and its other objects' tensors."""
+  """The checkpoint's table variables, and its other objects' tensors as
+  TensorFlow serializes them, tables' values unread (``rows_apart``)."""
   tables, rest = [], []
-  for obj, by_key in _serialized(checkpoint):
+  with slicing.rows_apart():
+    serialized = list(compat.serialized_tensors(checkpoint))
+  for obj, by_key in serialized:
     variable = getattr(obj, "obj", obj)  # (a legacy saveable's converter)
     if hasattr(variable, _STORE_ATTRIBUTE):
       (key,) = by_key
@@ -140,7 +128,7 @@ def record_save(checkpoint: Any, file_prefix: str) -> None:
   """Records ``file_prefix`` (committed, full or delta) as the last save
   of ``checkpoint``'s tables and clears their changed rows."""
   tables, _ = _split(checkpoint)
-  saved = (file_prefix, checkpoint_files.save_id(file_prefix))
+  saved = (file_prefix, parts.save_id(file_prefix))
   for table in tables:
     table.store.clear_changes()
   for anchor in {
@@ -159,11 +147,6 @@ def last_save(checkpoint: Any) -> tuple[str, str] | None:
   return None
 
 
-def _workers(checkpoint: Any) -> checkpoint_files.Workers | None:
-  parts = checkpoint_files.worker_parts(checkpoint)
-  return checkpoint_files.Workers(parts[0]) if parts else None
-
-
 def _value(value: Any) -> tf.Tensor:
   """A serialized value as a tensor (callables and save specs read)."""
   tensor = getattr(value, "tensor", value)
@@ -176,7 +159,7 @@ def _value(value: Any) -> tf.Tensor:
 
 def _rest_entries(
   rest: list[tuple[Any, dict[str, Any]]], chief: bool
-) -> list[tuple[str, str, tf.Tensor]]:
+) -> list[slicing.Entry]:
   """``(key, slice spec, tensor)`` of the other objects' values: slices
   (this worker's part of multi-worker state) on every worker, whole
   values on the chief (also those multi-worker state gives whole: an
@@ -227,23 +210,16 @@ def write_delta(
       )
     previous, parent = last
   else:
-    parent = checkpoint_files.save_id(previous)
-  workers = _workers(checkpoint)
-  index, chief = (
-    (0, True) if workers is None else (workers.index, workers.chief)
-  )
-  temp = f"{file_prefix}_temp"
-  if workers is not None:
-    workers.barrier()  # Every worker is here: any *_temp is stale.
-  if chief:
-    checkpoint_files.remove_stale_temps(file_prefix)
-  if workers is not None:
-    workers.barrier()
-  names, specs, tensors = [], [], []
+    parent = parts.save_id(previous)
+  spread = parts.worker_parts(checkpoint)  # every worker writes their rows
+  writer = parts.PartWriter(file_prefix, spread)
+  index, chief = writer.index, writer.chief
+  writer.begin()
+  entries = []
   rows = 0
   by_store: dict[int, tf.Tensor] = {}
   for table in tables:
-    if not (chief or table.per_worker):
+    if not (chief or any(table.variable is v for v in spread)):
       continue
     store = table.store
     if id(store) not in by_store:
@@ -251,16 +227,11 @@ def write_delta(
     ids = by_store[id(store)]
     values = store.read_rows(ids, table.store_key)
     rows = max(rows, int(ids.shape[0]))
-    names += [
-      f"_DELTA/{index:05d}/rows/{table.key}",
-      f"_DELTA/{index:05d}/values/{table.key}",
+    entries += [
+      (f"_DELTA/{index:05d}/rows/{table.key}", "", ids),
+      (f"_DELTA/{index:05d}/values/{table.key}", "", values),
     ]
-    specs += ["", ""]
-    tensors += [ids, values]
-  for key, spec, tensor in _rest_entries(rest, chief):
-    names.append(key)
-    specs.append(spec)
-    tensors.append(tensor)
+  entries += _rest_entries(rest, chief)
   if chief:
     meta = {
       "format": FORMAT,
@@ -269,23 +240,11 @@ def write_delta(
       "tables": sorted(t.key for t in tables),
       "rows": rows,
     }
-    names.append(META_KEY)
-    specs.append("")
-    tensors.append(tf.constant(json.dumps(meta, sort_keys=True)))
-  tf.io.gfile.makedirs(temp)
-  with tf.device("CPU"):
-    tf.raw_ops.SaveV2(
-      prefix=f"{temp}/part-{index:05d}",
-      tensor_names=names,
-      shape_and_slices=specs,
-      tensors=tensors,
+    entries.append(
+      (META_KEY, "", tf.constant(json.dumps(meta, sort_keys=True)))
     )
-  if workers is not None:
-    workers.barrier()
-  if chief:
-    checkpoint_files.merge_and_commit(temp, file_prefix)
-  if workers is not None:
-    workers.barrier()  # Nobody reads the delta before it is whole.
+  writer.write(f"{index:05d}", entries)
+  writer.commit()
   record_save(checkpoint, file_prefix)
   return file_prefix
 
@@ -337,7 +296,7 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
     DeltaMismatchError: one line naming the delta, the save it follows
       and the save it was given after.
   """
-  previous, expected = base, checkpoint_files.save_id(base)
+  previous, expected = base, parts.save_id(base)
   metas = []
   for delta in deltas:
     meta = read_meta(delta)
@@ -349,8 +308,69 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
         "they follow."
       )
     metas.append(meta)
-    previous, expected = delta, checkpoint_files.save_id(delta)
+    previous, expected = delta, parts.save_id(delta)
   return metas
+
+
+#: The tensor a TensorFlow checkpoint keeps its object graph in.
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+
+def _escaped(name: str) -> str:
+  """A local name as a checkpoint key writes it (TensorFlow's escaping)."""
+  return name.replace(".", "..").replace("/", ".S")
+
+
+class SavedKeys:
+  """What a saved checkpoint calls the values of another object graph.
+
+  A checkpoint key is the path by which its saver first reached a value
+  (``dense_optimizer/_trainable_variables/0/...`` for a model weight the
+  optimizer tracks); a checkpoint holding less (a serving export's
+  ``tf.train.Checkpoint(embedding=..., model=...)``) calls the same value
+  by another path (``model/dense/kernel/...``). TensorFlow's restore
+  matches them through the saved object graph; so does ``saved_key``:
+  it follows a key's path from the saved graph's root, child by child,
+  to the saved key of that attribute. Deltas hold values under their
+  full checkpoint's keys and no object graph: translate with the full
+  checkpoint's.
+
+  Example:
+    >>> import tempfile
+    >>> import tensorflow as tf
+    >>> weight = tf.Variable(1.0)
+    >>> prefix = tf.train.Checkpoint(
+    ...   a=tf.train.Checkpoint(w=weight), b=tf.train.Checkpoint(w=weight)
+    ... ).write(tempfile.mkdtemp() + "/ckpt")
+    >>> SavedKeys(prefix).saved_key("b/w/.ATTRIBUTES/VARIABLE_VALUE")
+    'a/w/.ATTRIBUTES/VARIABLE_VALUE'
+  """
+
+  def __init__(self, file_prefix: str):
+    reader = tf.train.load_checkpoint(file_prefix)
+    self.file_prefix = file_prefix
+    self._graph = compat.TrackableObjectGraph()
+    if reader.has_tensor(_OBJECT_GRAPH):
+      self._graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+
+  def saved_key(self, key: str) -> str | None:
+    """The saved key of the value another graph keys ``key``, or None
+    when the saved graph has no such path."""
+    if not self._graph.nodes:
+      return None
+    path, _, attribute = key.partition("/.ATTRIBUTES/")
+    node = self._graph.nodes[0]
+    for name in path.split("/") if path else []:
+      child = next(
+        (c for c in node.children if _escaped(c.local_name) == name), None
+      )
+      if child is None:
+        return None
+      node = self._graph.nodes[child.node_id]
+    for saved in node.attributes:
+      if saved.name == attribute:
+        return str(saved.checkpoint_key)
+    return None
 
 
 def apply_deltas(
@@ -380,8 +400,8 @@ def apply_deltas(
   metas = check_chain(base, deltas)
   tables, rest = _split(checkpoint)
   # What the saves call this checkpoint's values (another path may have
-  # reached them first when they were saved: checkpoint_files.SavedKeys).
-  saved_keys = checkpoint_files.SavedKeys(base)
+  # reached them first when they were saved: SavedKeys).
+  saved_keys = SavedKeys(base)
 
   def saved(key: str) -> str:
     return saved_keys.saved_key(key) or key
@@ -446,16 +466,11 @@ def _restore_rest(
       key = saved(own_key)
       if key not in stored:
         continue  # not saved (apply_deltas refused what the base has)
-      spec = next(iter(value)) if isinstance(value, dict) else ""
-      piece = next(iter(value.values())) if isinstance(value, dict) else value
+      spec, piece = (
+        next(iter(value.items())) if isinstance(value, dict) else ("", value)
+      )
       dtype = getattr(piece, "dtype", None) or _value(piece).dtype
-      with tf.device("CPU"):
-        (tensor,) = tf.raw_ops.RestoreV2(
-          prefix=delta,
-          tensor_names=[key],
-          shape_and_slices=[spec],
-          dtypes=[dtype],
-        )
+      (tensor,) = saved_rows.read_tensors(delta, [key], [dtype], [spec])
       restored[own_key.rsplit("/.ATTRIBUTES/", 1)[-1]] = tensor
     if restored:
       # Multi-worker state takes this worker's slices, as serialized.

@@ -1,9 +1,10 @@
-"""Whether checkpoints of multi-worker tables hold slices or whole values.
+"""What state spread over the workers saves: its parts, slices or whole values.
 
-A table sharded over several workers (``MultiWorkerShardedTable``) has no
-process that holds it whole. Inside ``sliced()`` (which
-``tpu_embedding.checkpoints`` enters for every save and restore) its
-variables save and restore only this worker's rows, as slices of the full
+No process holds a table sharded over several workers whole (nor a
+sharded vocabulary's state): they declare their parts (``WorkerParts``),
+which ``parts.PartWriter`` writes. Inside ``sliced()`` (which
+``tpu_embedding.checkpoints`` enters for every save and restore) they save
+and restore only this worker's rows, as slices of the full
 ``[vocabulary_size, dim]`` tensor; outside (a plain ``tf.train.Checkpoint``
 save, which each worker writes on its own) they gather the whole value on
 every worker so that the chief's file is complete, and warn once for a
@@ -22,10 +23,15 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 import tensorflow as tf
 
 from tpu_embedding.thread_setting import ThreadSetting
+
+#: One tensor of a part: ``(checkpoint key, slice spec or "", value)``.
+Entry = tuple[str, str, Any]
 
 #: Tables at least this large warn when saved whole on every worker.
 LARGE_TABLE_BYTES = 64 * 2**20
@@ -51,7 +57,7 @@ def written_apart() -> contextlib.AbstractContextManager[None]:
 
 def rows_apart() -> contextlib.AbstractContextManager[None]:
   """Tables are written by their changed rows (a delta checkpoint,
-  ``tpu_embedding.checkpoint_deltas``): their whole values are never read,
+  ``checkpointing/deltas.py``): their whole values are never read,
   and multi-worker state gives this worker's slices."""
   return _mode.set("rows")
 
@@ -75,7 +81,7 @@ def apart() -> bool:
 
 class WorkerParts(abc.ABC):
   """State spread over the workers that ``tpu_embedding.checkpoints.write``
-  saves as parts: every worker writes its own (``write_parts``) while the
+  saves as parts: every worker writes its own (``saved_parts``) while the
   chief's part only records the keys (``written_apart()``)."""
 
   @property
@@ -94,14 +100,15 @@ class WorkerParts(abc.ABC):
     """Workers holding parts of the state."""
 
   @abc.abstractmethod
-  def write_parts(
-    self, keys: list[str], prefix: str, chunk_bytes: int | None = None
-  ) -> None:
-    """Writes this worker's part of each checkpoint key in ``keys`` (this
-    object's keys, in serialization order) under ``prefix``; every
-    worker calls it at once (collectives allowed). ``chunk_bytes``: the
-    most bytes of rows copied at once, where the state is written in
-    chunks (None: the state's default)."""
+  def saved_parts(
+    self, keys: list[str], chunk_bytes: int | None = None
+  ) -> Iterable[tuple[str, list[Entry]]]:
+    """``(name, entries)`` of each part this worker writes of the
+    checkpoint keys ``keys`` (this object's keys, in serialization
+    order), read as they are written; every worker iterates at once
+    (collectives allowed). ``chunk_bytes``: the most bytes of rows copied
+    at once, where the state is written in chunks (None: the state's
+    default)."""
 
 
 def warn_whole(table: str, shape: tf.TensorShape) -> None:
