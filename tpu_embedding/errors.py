@@ -157,9 +157,12 @@ NOT_OFF_TPU = (
 
 TABLES_EXCEED_MEMORY = (
   "tpu_embedding: tables need {needed} in this process ({tables}) but "
-  "{available} is available ({source}); use smaller tables or spread them "
-  "over more processes (MultiWorkerMirroredStrategy, "
-  "ParameterServerStrategy), or set {env}=1 (or build inside "
+  "{available} is available ({source}); use smaller tables, keep the "
+  "largest on a local disk behind a RAM cache (row_sharding_threshold="
+  "PlacementPolicy(disk=DiskTier(directory, cache_bytes, tables)), "
+  "docs/large_tables.md), spread them over more processes "
+  "(MultiWorkerMirroredStrategy, ParameterServerStrategy), or set {env}=1 "
+  "(or build inside "
   "`with tpu_embedding.memory.unchecked():`) to build anyway."
 )
 

@@ -50,6 +50,61 @@ _FLOAT_BYTES = 4
 
 
 @dataclasses.dataclass(frozen=True)
+class DiskTier:
+  """Tables kept on a local disk behind a RAM cache of their rows.
+
+  A table it names is a ``tables.tiered.TieredTable``: its rows and
+  optimizer slots live in files under ``directory/<table>`` (working
+  state, rebuilt from checkpoints), and at most ``cache_bytes`` of them in
+  memory; it trains with the same numbers as in memory. One device (the
+  default strategy, ``OneDeviceStrategy``) in this version.
+
+  Attributes:
+    directory: a local directory for the tables' files.
+    cache_bytes: memory for each named table's cache (parameters and
+      slots of the cached rows).
+    tables: the names of the tables kept on disk.
+
+  Raises:
+    ValueError: for tables without a directory or a positive cache.
+
+  Example:
+    >>> tier = DiskTier("/tmp/tables", 256 * 2**20, ("users",))
+    >>> tier.holds("users"), tier.holds("items")
+    (True, False)
+    >>> DiskTier("", 0, ("users",))
+    Traceback (most recent call last):
+    ...
+    ValueError: DiskTier for tables ('users',): directory must name a ...
+  """
+
+  directory: str = ""
+  cache_bytes: int = 0
+  tables: tuple[str, ...] = ()
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "tables", tuple(self.tables))
+    if self.tables and (not self.directory or self.cache_bytes <= 0):
+      raise ValueError(
+        f"DiskTier for tables {self.tables}: directory must name a local "
+        f"directory and cache_bytes be positive. Received: "
+        f"directory={self.directory!r}, cache_bytes={self.cache_bytes}"
+      )
+
+  def holds(self, name: str) -> bool:
+    """Whether table ``name`` is kept on disk."""
+    return name in self.tables
+
+  def cache_rows(self, dim: int, variables: int) -> int:
+    """Rows of a cache of ``variables`` arrays of width ``dim``."""
+    return self.cache_bytes // (_FLOAT_BYTES * dim * variables)
+
+
+#: No table kept on disk.
+IN_MEMORY = DiskTier()
+
+
+@dataclasses.dataclass(frozen=True)
 class PlacementPolicy:
   """Which tables are row-sharded: what every plan is made from.
 
@@ -62,6 +117,8 @@ class PlacementPolicy:
       these tables whatever their size (read-only); with a single shard
       every table is whole anyway. ``DistributedEmbedding`` fills it from
       keras-rs placements.
+    disk: the tables kept on a local disk behind a RAM cache
+      (``DiskTier``; none by default).
 
   Raises:
     ValueError: for a negative threshold, or another placement than
@@ -81,6 +138,7 @@ class PlacementPolicy:
 
   row_threshold: int = DEFAULT_ROW_THRESHOLD
   forced: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  disk: DiskTier = IN_MEMORY
 
   def __post_init__(self) -> None:
     if self.row_threshold < 0:
@@ -112,13 +170,14 @@ class PlacementPolicy:
   def __int__(self) -> int:
     return int(self.row_threshold)
 
-  def __reduce__(self) -> tuple[type, tuple[int, dict[str, str]]]:
-    return (PlacementPolicy, (self.row_threshold, dict(self.forced)))
+  def __reduce__(self) -> tuple[type, tuple[int, dict[str, str], DiskTier]]:
+    return (PlacementPolicy, (self.row_threshold, dict(self.forced), self.disk))
 
   def __repr__(self) -> str:
+    disk = f", disk={self.disk!r}" if self.disk.tables else ""
     return (
       f"PlacementPolicy(row_threshold={self.row_threshold}, "
-      f"forced={dict(self.forced)!r})"
+      f"forced={dict(self.forced)!r}{disk})"
     )
 
   def kind(self, name: str, vocabulary_size: int, num_shards: int) -> str:

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -116,6 +117,11 @@ class Backend(metaclass=abc.ABCMeta):
     """``{replica of the plan: device}`` of the rows this process holds
     (``memory.py`` counts their bytes); one device by default."""
     return {0: self.local_devices[0]}
+
+  def resident_bytes(self, needed: Mapping[str, int]) -> dict[str, int]:
+    """``needed`` (``{table: bytes}`` of its rows and slots) as this
+    backend holds them in memory (``memory.py`` checks them)."""
+    return dict(needed)
 
   def shards(
     self, table_name: str, slot: str = "parameters"

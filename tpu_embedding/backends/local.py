@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -25,13 +26,22 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.planning import Planner
 from tpu_embedding.planning import on_accelerators
 from tpu_embedding.resolved import table_name
+from tpu_embedding.sharding import IN_MEMORY
+from tpu_embedding.sharding import DiskTier
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import variable_specs
+from tpu_embedding.tables.tiered import TieredTable
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
 
 
 class LocalBackend(HostBackend):
-  """Tables as whole variables on one device."""
+  """Tables as whole variables on one device, or on a local disk behind a
+  RAM cache (the tables ``disk`` names: ``tables/tiered.py``)."""
+
+  def __init__(self, disk: DiskTier = IN_MEMORY):
+    super().__init__()
+    self._disk = disk
 
   @staticmethod
   def planner(strategy: tf.distribute.Strategy) -> Planner:
@@ -45,8 +55,26 @@ class LocalBackend(HostBackend):
   def create_tables(
     self, tables: Sequence[TableConfig], tracker: VariableTracker
   ) -> dict[str, TableStore]:
-    self._stores = {
-      table_name(t): WholeTable.create(t, tracker, guard=self.update_guard)
-      for t in tables
-    }
+    self._stores = {table_name(t): self._create(t, tracker) for t in tables}
     return self._stores
+
+  def _create(self, table: TableConfig, tracker: VariableTracker) -> TableStore:
+    name = table_name(table)
+    if self._disk.holds(name):
+      return TieredTable.create(
+        table,
+        self._disk.directory,
+        self._disk.cache_rows(table.dim, len(variable_specs(table))),
+        tracker,
+        self.update_guard,
+      )
+    return WholeTable.create(table, tracker, guard=self.update_guard)
+
+  def resident_bytes(self, needed: Mapping[str, int]) -> dict[str, int]:
+    """A table kept on disk holds its cache in memory."""
+    return {
+      name: min(size, self._disk.cache_bytes)
+      if self._disk.holds(name)
+      else size
+      for name, size in needed.items()
+    }

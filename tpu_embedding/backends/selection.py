@@ -26,6 +26,7 @@ from tpu_embedding.backends.sharded import ShardedBackend
 from tpu_embedding.config import TableConfig
 from tpu_embedding.planning import TablePlan
 from tpu_embedding.replicas import strategy_name
+from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStacking
@@ -57,7 +58,16 @@ def select_backend(
     not tf.distribute.has_strategy()
   ):
     planner = LocalBackend.planner(strategy)
-    return LocalBackend(), planner.plan(tables, policy, table_stacking)
+    planned = planner.plan(tables, policy, table_stacking)
+    _check_disk_tables(policy.disk, planned)
+    return LocalBackend(policy.disk), planned
+  if policy.disk.tables:
+    raise ValueError(
+      f"Tables {list(policy.disk.tables)} are kept on disk (DiskTier), "
+      f"which this version trains on one device only (the default "
+      f"strategy or OneDeviceStrategy), not under {strategy_name(strategy)}"
+      ": keep them in memory (row-sharded) there."
+    )
   if isinstance(
     strategy,
     (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
@@ -76,6 +86,22 @@ def select_backend(
     "and TPUStrategy. Create it outside any strategy scope or under one of "
     "those."
   )
+
+
+def _check_disk_tables(disk: DiskTier, planned: TablePlan) -> None:
+  """Refuses disk-tier names that are not tables held alone."""
+  alone = {stack.name for stack in planned.stacks if not stack.stacked}
+  stacked = {
+    n for stack in planned.stacks if stack.stacked for n in stack.names
+  }
+  for name in disk.tables:
+    if name not in alone:
+      where = "stacked with others" if name in stacked else "not a table"
+      raise ValueError(
+        f"DiskTier names table {name!r}, which is {where}: a table kept "
+        f"on disk is held alone (tables: {sorted(alone | stacked)}; "
+        "table_stacking=None keeps every table alone)."
+      )
 
 
 def _stores(planned: TablePlan) -> ShardingPlan:

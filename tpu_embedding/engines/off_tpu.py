@@ -199,11 +199,13 @@ class OffTPUEngine(Engine, Trackable):
       self._output_shapes.check(incoming)
       self._output_shapes.update(incoming)
     memory.check_tables_fit(
-      memory.tables_here(
-        self.config.tables,
-        self.sharding_plan,
-        self._backend.held_replicas,
-        self._strategy,
+      self._backend.resident_bytes(
+        memory.tables_here(
+          self.config.tables,
+          self.sharding_plan,
+          self._backend.held_replicas,
+          self._strategy,
+        )
       )
     )
     with tf.init_scope():

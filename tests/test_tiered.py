@@ -1,0 +1,207 @@
+"""Tables kept on a local disk behind a RAM cache (``DiskTier``).
+
+The oracle is the in-memory layout: the same embedding, the same steps,
+tables and slots compared bit for bit, for every optimizer that updates
+only looked-up rows, every input kind, a shared table, pipelined steps,
+and caches from "every step evicts" to "every row fits". Checkpoints move
+between the two layouts both ways. Rows never looked up are never written
+(the files stay sparse).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tpu_embedding.sharding import DiskTier
+from tpu_embedding.sharding import PlacementPolicy
+
+OPTIMIZERS = {
+  "sgd": lambda: tpe.SGD(0.2),
+  "adagrad": lambda: tpe.Adagrad(0.3),
+  "adagrad_momentum": lambda: tpe.AdagradMomentum(0.2, momentum=0.8),
+  "lazy_adam": lambda: tpe.Adam(0.1),
+  "ftrl": lambda: tpe.FTRL(0.2, l1_regularization_strength=0.01),
+}
+ROWS, DIM, BATCH, STEPS = 300, 4, 8, 12
+
+
+def make_embedding(optimizer, directory=None, cache_rows=48, pipeline=False):
+  """Table "big" (features "a" and "b": a shared table) and "small"; with
+  ``directory``, "big" kept on disk with a cache of ``cache_rows`` rows."""
+  big = tpe.TableConfig(
+    ROWS, DIM, name="big", initializer=tf.random_uniform_initializer(seed=7)
+  )
+  small = tpe.TableConfig(
+    7, DIM, name="small", initializer=tf.random_uniform_initializer(seed=8)
+  )
+  features = {
+    "a": tpe.FeatureConfig(big, name="a"),
+    "b": tpe.FeatureConfig(big, name="b"),
+    "c": tpe.FeatureConfig(small, name="c"),
+  }
+  policy = PlacementPolicy()
+  if directory is not None:
+    slots = 1 + len(optimizer.SLOT_NAMES)
+    policy = PlacementPolicy(
+      disk=DiskTier(str(directory), cache_rows * DIM * 4 * slots, ("big",))
+    )
+  emb = tpe.TPUEmbedding(
+    features,
+    optimizer,
+    row_sharding_threshold=policy,
+    pipeline_execution_with_tensor_core=pipeline,
+  )
+  emb.build(per_replica_batch_size=BATCH)
+  return emb
+
+
+def batches(kind, rng):
+  """``STEPS`` batches of features ``a``, ``b``, ``c`` as ``kind`` says."""
+  out = []
+  for _ in range(STEPS):
+    hot = rng.zipf(1.3, size=(BATCH, 3)) % ROWS
+    if kind == "dense":
+      a = tf.constant(hot[:, 0], tf.int64)
+      b = tf.constant(hot[:, 1], tf.int64)
+    elif kind == "ragged":
+      a = tf.ragged.constant(
+        [list(r[: 1 + i % 3]) for i, r in enumerate(hot)], tf.int64
+      )
+      b = tf.ragged.constant([[x] for x in hot[:, 2]], tf.int64)
+    elif kind == "sparse":
+      a = tf.sparse.from_dense(tf.constant(hot[:, :2] + 1, tf.int64))
+      a = tf.sparse.map_values(lambda v: v - 1, a)
+      b = tf.sparse.from_dense(tf.constant(hot[:, 2:] + 1, tf.int64))
+      b = tf.sparse.map_values(lambda v: v - 1, b)
+    else:  # weighted: ragged ids with weights
+      a = tf.ragged.constant([list(r[:2]) for r in hot], tf.int64)
+      b = tf.ragged.constant([[x] for x in hot[:, 2]], tf.int64)
+    c = tf.constant(rng.integers(0, 7, BATCH), tf.int64)
+    out.append({"a": a, "b": b, "c": c})
+  return out
+
+
+def weights_of(kind, batch):
+  if kind != "weighted":
+    return None
+  return {
+    "a": tf.ones_like(batch["a"], tf.float32) * 0.5,
+    "b": tf.ones_like(batch["b"], tf.float32) * 2.0,
+    "c": None,
+  }
+
+
+def train(emb, data, kind):
+  @tf.function
+  def step(features, weights):
+    emb.enqueue(features, weights)
+    with tf.GradientTape() as tape:
+      activations = emb.dequeue()
+      tape.watch(activations)
+      loss = sum(tf.reduce_sum(x * x) for x in tf.nest.flatten(activations))
+    emb.apply_gradients(tape.gradient(loss, activations))
+
+  for batch in data:
+    step(batch, weights_of(kind, batch))
+  emb.flush_pipeline()
+
+
+def values(emb):
+  return {
+    (table, key): np.asarray(tf.convert_to_tensor(variable)).copy()
+    for table, keys in emb.variables.items()
+    for key, variable in keys.items()
+  }
+
+
+def assert_same(got, want):
+  assert sorted(got) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("kind", ["dense", "ragged", "sparse", "weighted"])
+def test_training_equals_the_in_memory_table(optimizer, kind, tmp_path):
+  """A 48-row cache over 300 rows: twice a step's distinct rows at most
+  (steps evict, write back and read back)."""
+  data = batches(kind, np.random.default_rng(3))
+  want = make_embedding(OPTIMIZERS[optimizer]())
+  train(want, data, kind)
+  got = make_embedding(OPTIMIZERS[optimizer](), tmp_path)
+  train(got, data, kind)
+  store = got.table_stores["big"]
+  assert store.layout == "tiered"
+  assert got.table_stores["small"].layout == "whole"
+  # Rows were evicted, written back and read back.
+  assert store.cache.writes > 0 and store.cache.reads > 0
+  assert_same(values(got), values(want))
+
+
+@pytest.mark.parametrize("cache_rows", [32, ROWS])
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_cache_sizes_and_pipelining(cache_rows, pipeline, tmp_path):
+  """The smallest cache two steps' distinct rows fit in, and every row."""
+  data = batches("dense", np.random.default_rng(5))
+  want = make_embedding(tpe.Adagrad(0.3), pipeline=pipeline)
+  train(want, data, "dense")
+  got = make_embedding(tpe.Adagrad(0.3), tmp_path, cache_rows, pipeline)
+  train(got, data, "dense")
+  assert_same(values(got), values(want))
+
+
+def test_checkpoints_move_between_disk_and_memory(tmp_path):
+  data = batches("ragged", np.random.default_rng(9))
+  tiered = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk")
+  train(tiered, data[:6], "ragged")
+  saved = values(tiered)
+  path = tf.train.Checkpoint(embedding=tiered).save(str(tmp_path / "ckpt"))
+  memory = make_embedding(tpe.Adagrad(0.3))
+  tf.train.Checkpoint(embedding=memory).restore(path).assert_consumed()
+  assert_same(values(memory), saved)
+  # ... and back, into a fresh disk table, then both train alike.
+  train(memory, data[6:], "ragged")
+  path = tf.train.Checkpoint(embedding=memory).save(str(tmp_path / "mem"))
+  again = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk2")
+  tf.train.Checkpoint(embedding=again).restore(path).assert_consumed()
+  assert_same(values(again), values(memory))
+
+
+def test_rows_never_looked_up_are_never_written(tmp_path):
+  emb = make_embedding(tpe.SGD(0.1), tmp_path, cache_rows=8)
+  batch = {
+    "a": tf.constant([1, 2] * 4, tf.int64),
+    "b": tf.constant([3, 4] * 4, tf.int64),
+    "c": tf.constant([0] * BATCH, tf.int64),
+  }
+  data = [batch, {**batch, "a": tf.constant([5, 6] * 4, tf.int64)}] * 2
+  train(emb, data, "dense")
+  values(emb)  # Reading the whole table writes the changed cached rows.
+  rows = emb.table_stores["big"].cache
+  assert sorted(np.flatnonzero(rows.on_disk)) == [1, 2, 3, 4, 5, 6]
+  path = tmp_path / "big" / "parameters.rows"
+  assert os.path.getsize(path) == ROWS * DIM * 4
+  assert os.stat(path).st_blocks * 512 < ROWS * DIM * 4  # sparse
+
+
+def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):
+  emb = make_embedding(tpe.SGD(0.1), tmp_path, cache_rows=3)
+  data = batches("dense", np.random.default_rng(1))
+  with pytest.raises(Exception, match="give the cache at least twice"):
+    train(emb, data, "dense")
+
+
+def test_refusals_name_the_table(tmp_path):
+  with pytest.raises(ValueError, match="Table 'big'.*updates every row"):
+    make_embedding(tpe.Adam(0.1, lazy_adam=False), tmp_path)
+  with pytest.raises(ValueError, match="one device only"):
+    with mirrored_strategy(2).scope():
+      make_embedding(tpe.SGD(0.1), tmp_path)
+  with pytest.raises(ValueError, match="directory must name"):
+    DiskTier("", 0, ("big",))
