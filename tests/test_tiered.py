@@ -20,6 +20,7 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
+from tpu_embedding.tables.initial_values import grid_rows
 
 OPTIMIZERS = {
   "sgd": lambda: tpe.SGD(0.2),
@@ -173,21 +174,30 @@ def test_checkpoints_move_between_disk_and_memory(tmp_path):
   assert_same(values(again), values(memory))
 
 
-def test_rows_never_looked_up_are_never_written(tmp_path):
-  emb = make_embedding(tpe.SGD(0.1), tmp_path, cache_rows=8)
-  batch = {
-    "a": tf.constant([1, 2] * 4, tf.int64),
-    "b": tf.constant([3, 4] * 4, tf.int64),
-    "c": tf.constant([0] * BATCH, tf.int64),
-  }
-  data = [batch, {**batch, "a": tf.constant([5, 6] * 4, tf.int64)}] * 2
-  train(emb, data, "dense")
-  values(emb)  # Reading the whole table writes the changed cached rows.
-  rows = emb.table_stores["big"].cache
-  assert sorted(np.flatnonzero(rows.on_disk)) == [1, 2, 3, 4, 5, 6]
-  path = tmp_path / "big" / "parameters.rows"
-  assert os.path.getsize(path) == ROWS * DIM * 4
-  assert os.stat(path).st_blocks * 512 < ROWS * DIM * 4  # sparse
+def test_grid_blocks_never_looked_up_are_never_written(tmp_path):
+  """A table of 3 grid blocks (and a bit), its rows looked up in the
+  second only: the files hold that block alone; the table still reads
+  whole (initial values elsewhere) and equals the in-memory one."""
+  rows = 3 * grid_rows(DIM) + 5
+  table = tpe.TableConfig(
+    rows, DIM, name="t", initializer=tf.random_uniform_initializer(seed=2)
+  )
+  made = []
+  for disk in (DiskTier(str(tmp_path), 2**16, ("t",)), DiskTier()):
+    emb = tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)},
+      tpe.SGD(0.1),
+      row_sharding_threshold=PlacementPolicy(disk=disk),
+    )
+    emb.build(per_replica_batch_size=BATCH)
+    ids = grid_rows(DIM) + np.arange(BATCH, dtype=np.int64) * 7
+    train(emb, [{"f": tf.constant(ids)}] * 3, "dense")
+    made.append(emb)
+  assert_same(values(made[0]), values(made[1]))
+  path = tmp_path / "t" / "parameters.rows"
+  assert os.path.getsize(path) == rows * DIM * 4
+  written = os.stat(path).st_blocks * 512
+  assert grid_rows(DIM) * DIM * 4 <= written < 2 * grid_rows(DIM) * DIM * 4
 
 
 def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):
@@ -205,3 +215,30 @@ def test_refusals_name_the_table(tmp_path):
       make_embedding(tpe.SGD(0.1), tmp_path)
   with pytest.raises(ValueError, match="directory must name"):
     DiskTier("", 0, ("big",))
+
+
+def test_checkpoints_write_and_restore_by_parts(tmp_path):
+  """``tpe.checkpoints.write`` / ``restore`` stream a disk table in chunks
+  (here 3 rows each: 100 parts), to and from the in-memory layout."""
+  data = batches("dense", np.random.default_rng(4))
+  tiered = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk")
+  train(tiered, data[:6], "dense")
+  saved = values(tiered)
+  chunk = 3 * DIM * 4
+  prefix = str(tmp_path / "ckpt")
+  tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=tiered), prefix, chunk_bytes=chunk
+  )
+  assert len(tf.train.list_variables(prefix)) >= len(saved)
+  memory = make_embedding(tpe.Adagrad(0.3))
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=memory), prefix)
+  assert_same(values(memory), saved)
+  again = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk2")
+  tpe.checkpoints.restore(
+    tf.train.Checkpoint(embedding=again), prefix, chunk_bytes=chunk
+  )
+  assert_same(values(again), saved)
+  # Both go on training alike from the restored state.
+  train(again, data[6:], "dense")
+  train(memory, data[6:], "dense")
+  assert_same(values(again), values(memory))

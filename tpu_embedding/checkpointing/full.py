@@ -172,9 +172,7 @@ def restore(
     for (_, variable), old in zip(tables, previous, strict=True):
       compat.set_update_uid(variable, old if uid is None else uid)
   for key, variable in tables:
-    rows.restore_blocks(
-      variable.row_blocks(), saved, key, variable.shape, chunk_bytes
-    )
+    variable.restore_rows(saved, key, chunk_bytes)
   if save_path:
     delta_saves.apply_deltas(checkpoint, save_path, deltas)
   return status

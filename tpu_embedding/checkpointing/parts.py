@@ -105,7 +105,7 @@ def worker_parts(checkpoint: Any) -> list[slicing.WorkerParts]:
   return [
     obj
     for obj in tf.train.TrackableView(checkpoint).descendants()
-    if isinstance(obj, slicing.WorkerParts) and obj.worker_count > 1
+    if isinstance(obj, slicing.WorkerParts) and obj.written_in_parts
   ]
 
 

@@ -245,6 +245,12 @@ class RowBlocks(abc.ABC):
   def row_blocks(self) -> list[tuple[tf.Variable, int]]:
     """This process's blocks, each with its first row."""
 
+  def restore_rows(
+    self, saved: SavedRows, key: str, chunk_bytes: int | None = None
+  ) -> None:
+    """Reads this process's rows of checkpoint ``key``, part by part."""
+    restore_blocks(self.row_blocks(), saved, key, self.shape, chunk_bytes)
+
 
 def restore_blocks(
   blocks: Sequence[tuple[tf.Variable, int]],

@@ -99,6 +99,12 @@ class WorkerParts(abc.ABC):
   def worker_count(self) -> int:
     """Workers holding parts of the state."""
 
+  @property
+  def written_in_parts(self) -> bool:
+    """Whether a save writes it by parts: state spread over workers, or
+    too large to hold whole (a disk-tiered table)."""
+    return self.worker_count > 1
+
   @abc.abstractmethod
   def saved_parts(
     self, keys: list[str], chunk_bytes: int | None = None

@@ -1,26 +1,27 @@
-"""Which rows of a disk-backed table sit in its RAM cache, and their files.
+"""Which rows of a disk-tiered table sit in its RAM cache, and the rest.
 
 A ``RowCache`` keeps, on the host, the map from a table's rows to the
 slots of a fixed number of cached rows (``TieredTable`` holds the slots'
-values in ordinary variables, where the optimizers update them), and one
-file per variable (parameters, each slot) holding every row that left the
-cache. A step asks for its distinct rows (``admit``): the rows already
-cached keep their slots; each other row takes the slot of the least
-recently used row that this step and the one before it did not ask for,
-whose values, if they changed since they were read, are written back to
-its files first; the admitted rows' values are read from the files, or,
-for a row never written, taken from its initial value (the same grid of
-row blocks every layout fills from, ``initial_values.py``). Rows never
-asked for are never written: the files are sparse.
+values in ordinary variables, where the optimizers update them) and the
+table's files (``row_files.RowFiles``), which hold every row that left
+the cache. A step asks for its distinct rows (``admit``): the rows
+already cached keep their slots; each other row takes a slot that neither
+this step nor the one before asked for, chosen by a clock hand sweeping
+the slots (the least recently admitted go first); an evicted row whose
+values changed since they were read is written back to the files first.
 
-The files are working state: a checkpoint holds the table; after a crash
-the files are rebuilt from it (``TieredTable`` starts them empty).
+The files start sparse. A row's initial value comes from the same grid of
+row blocks every layout fills from (``initial_values.py``): when a row of
+a grid block is first read, the block's initial values are written to
+the files (all variables), so grid blocks no step asked for are never
+written.
 
 Example:
   >>> import tempfile
   >>> import numpy as np
+  >>> zeros = lambda key, first, count: np.zeros([count, 2], "f4")
   >>> cache = RowCache(tempfile.mkdtemp(), rows=100, dim=2, slots=4,
-  ...                  keys=("parameters",))
+  ...                  keys=("parameters",), grid=10, initial=zeros)
   >>> admitted = cache.admit(np.array([7, 9]))
   >>> admitted.slots.tolist(), admitted.load_rows.tolist()
   ([0, 1], [7, 9])
@@ -31,10 +32,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import numpy as np
+
+from tpu_embedding.tables.row_files import RowFiles
+
+#: ``initial(key, first, count)``: rows ``[first, first + count)`` of a
+#: variable's initial value (within one grid block).
+InitialRows = Callable[[str, int, int], np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,11 +72,13 @@ class RowCache:
   """The host's map of cached rows, and the table's files.
 
   Args:
-    directory: where the files go (one per key: ``<key>.rows``).
+    directory: where the files go.
     rows: the table's rows.
     dim: its width.
     slots: rows the cache holds.
     keys: the variables (``parameters`` and the slots' names).
+    grid: rows of a grid block of initial values.
+    initial: a grid block's initial values (``InitialRows``).
   """
 
   def __init__(
@@ -79,22 +88,24 @@ class RowCache:
     dim: int,
     slots: int,
     keys: Sequence[str],
+    grid: int,
+    initial: InitialRows,
   ):
     self.rows, self.dim, self.size = rows, dim, slots
     self.keys = tuple(keys)
+    self.files = RowFiles(directory, rows, dim, self.keys)
+    self._grid, self._initial = grid, initial
+    self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
     self.slot_of_row = np.full(rows, -1, np.int32)
     self.row_of_slot = np.full(slots, -1, np.int64)
     self.last_use = np.full(slots, -1, np.int64)
     self.dirty = np.zeros(slots, bool)
-    self.on_disk = np.zeros(rows, bool)
+    self.referenced = np.zeros(slots, bool)
+    self._hand = 0
     self.step = 0
     self.hits = self.misses = self.reads = self.writes = 0
-    self.files = {}
-    for key in self.keys:
-      path = os.path.join(directory, f"{key.replace('/', '_')}.rows")
-      with open(path, "wb") as f:  # Sparse: no row written yet.
-        f.truncate(rows * dim * 4)
-      self.files[key] = np.memmap(path, np.float32, "r+", shape=(rows, dim))
+
+  # --- a step ---------------------------------------------------------------
 
   def admit(self, rows: np.ndarray) -> Admitted:
     """Gives every row of ``rows`` (distinct, in ``[0, rows)``) a slot.
@@ -107,22 +118,14 @@ class RowCache:
     self.step += 1
     slots = self.slot_of_row[rows].astype(np.int64)
     missing = slots < 0
-    self.hits += int(rows.size - missing.sum())
-    self.misses += int(missing.sum())
+    need = int(missing.sum())
+    self.hits += rows.size - need
+    self.misses += need
     # Rows this step or the one before asked for stay (a pipelined update
     # of the step before lands after this lookup).
     self.last_use[slots[~missing]] = self.step
-    need = int(missing.sum())
-    free = np.flatnonzero(self.last_use < self.step - 1)
-    if need > free.size:
-      raise CacheTooSmallError(
-        f"A step asks for {rows.size} distinct rows, {need} of them not "
-        f"cached, but only {free.size} of the cache's {self.size} slots are "
-        "free of this step's and the previous step's rows: give the cache "
-        "at least twice the distinct rows of a step."
-      )
-    # The least recently used free slots (never used ones first).
-    chosen = free[np.argsort(self.last_use[free], kind="stable")[:need]]
+    self.referenced[slots[~missing]] = True
+    chosen = self._free_slots(need, rows.size)
     old = self.row_of_slot[chosen]
     held = old >= 0
     write_back = held & self.dirty[chosen]
@@ -134,12 +137,35 @@ class RowCache:
     self.dirty[chosen] = False
     slots[missing] = chosen
     return Admitted(
-      slots,
-      chosen[write_back],
-      old[write_back],
-      chosen,
-      new_rows,
+      slots, chosen[write_back], old[write_back], chosen, new_rows
     )
+
+  def _free_slots(self, need: int, asked: int) -> np.ndarray:
+    """``need`` slots no row of this or the previous step holds, by a
+    clock: the hand sweeps the slots; one whose row was asked for again
+    since the hand last passed gets a second chance (an approximation of
+    least recently used, amortized constant work per slot taken)."""
+    found: list[np.ndarray] = []
+    count = swept = 0
+    while count < need:
+      if swept >= 2 * self.size:  # (a turn clears every second chance)
+        raise CacheTooSmallError(
+          f"A step asks for {asked} distinct rows, {need} of them not "
+          f"cached, but fewer of the cache's {self.size} slots are free of "
+          "this step's and the previous step's rows: give the cache at "
+          "least twice the distinct rows of a step (DiskTier.cache_bytes)."
+        )
+      span = min(max(4 * (need - count), 1024), self.size)
+      window = (self._hand + np.arange(span)) % self.size
+      idle = self.last_use[window] < self.step - 1
+      taken = np.flatnonzero(idle & ~self.referenced[window])[: need - count]
+      passed = span if count + taken.size < need else int(taken[-1]) + 1
+      self.referenced[window[:passed]] = False
+      self._hand = int((self._hand + passed) % self.size)
+      found.append(window[taken])
+      count += taken.size
+      swept += passed
+    return np.concatenate(found) if found else np.zeros([0], np.int64)
 
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
@@ -149,28 +175,19 @@ class RowCache:
     self.dirty[slots] = True
     return slots
 
+  def load(self, rows: np.ndarray) -> list[np.ndarray]:
+    """The stored values of ``rows``, one array per key."""
+    self._write_initial(np.unique(rows // self._grid))
+    self.reads += rows.size
+    return [self.files.read(key, rows) for key in self.keys]
+
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
     """Writes ``values`` (one array per key) of ``rows`` to the files."""
-    if rows.size == 0:
-      return
     for key, value in zip(self.keys, values, strict=True):
-      self.write(key, rows, value)
-    self.writes += int(rows.size)
+      self.files.write(key, rows, value)
+    self.writes += rows.size
 
-  def write(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
-    """Writes rows of one key; the rows count as stored once every key
-    holds them (callers write them all)."""
-    self.files[key][rows] = value
-    self.on_disk[rows] = True
-
-  def stored(self, rows: np.ndarray) -> np.ndarray:
-    """Which of ``rows`` have values in the files."""
-    return self.on_disk[np.asarray(rows, np.int64)]
-
-  def read(self, key: str, rows: np.ndarray) -> np.ndarray:
-    """The stored values of ``rows`` (each ``stored``)."""
-    self.reads += int(rows.size)
-    return np.asarray(self.files[key][np.asarray(rows, np.int64)])
+  # --- whole values -----------------------------------------------------------
 
   def changed_slots(self) -> tuple[np.ndarray, np.ndarray]:
     """``(slots, rows)`` whose values changed since they were read."""
@@ -181,9 +198,42 @@ class RowCache:
     """Slots whose values the files now hold (a flush)."""
     self.dirty[slots] = False
 
+  def window(self, key: str, first: int, count: int) -> np.ndarray:
+    """Rows ``[first, first + count)`` of ``key`` as stored (the initial
+    values of grid blocks never written, which stay unwritten)."""
+    value = np.empty([count, self.dim], np.float32)
+    end = first + count
+    for block in range(first // self._grid, -(-end // self._grid)):
+      lo = max(first, block * self._grid)
+      hi = min(end, (block + 1) * self._grid)
+      if self._written[block]:
+        value[lo - first : hi - first] = self.files.read_range(key, lo, hi - lo)
+      else:
+        start = block * self._grid
+        rows = self._initial(key, start, min(self._grid, self.rows - start))
+        value[lo - first : hi - first] = rows[lo - start : hi - start]
+    return value
+
+  def write_window(self, key: str, first: int, value: np.ndarray) -> None:
+    """Writes rows from ``first`` of ``key`` (their grid blocks' other
+    rows and variables first get their initial values)."""
+    end = first + value.shape[0]
+    self._write_initial(np.arange(first // self._grid, -(-end // self._grid)))
+    self.files.write_range(key, first, value)
+
   def forget(self) -> None:
     """Empties the cache (after a flush: the files hold every change)."""
     self.slot_of_row[:] = -1
     self.row_of_slot[:] = -1
     self.last_use[:] = -1
     self.dirty[:] = False
+    self.referenced[:] = False
+
+  def _write_initial(self, blocks: np.ndarray) -> None:
+    """Writes the initial values of the grid blocks not on disk yet."""
+    for block in blocks[~self._written[blocks]]:
+      start = int(block) * self._grid
+      count = min(self._grid, self.rows - start)
+      for key in self.keys:
+        self.files.write_range(key, start, self._initial(key, start, count))
+      self._written[block] = True

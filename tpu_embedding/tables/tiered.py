@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,9 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import parts
+from tpu_embedding.checkpointing import rows
+from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
@@ -49,6 +53,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import WholeValueVariable
@@ -71,11 +76,12 @@ class TieredTable(TableStore):
     self,
     table: TableConfig,
     cache: Block,
-    rows: RowCache,
+    directory: str,
     guard: UpdateGuard = UNGUARDED,
   ):
+    """Wraps ``cache`` (``{key: [cache rows, dim] variable}``); the files
+    go to ``directory``, made empty."""
     self.table = table
-    self._rows = rows
     self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
       weakref.WeakKeyDictionary()
     )
@@ -84,6 +90,15 @@ class TieredTable(TableStore):
       key: row_values(initializer, shape, checkpoint_name(table.name, key))
       for key, initializer, _ in variable_specs(table)
     }
+    self._rows = RowCache(
+      directory,
+      table.vocabulary_size,
+      table.dim,
+      int(cache["parameters"].shape[0]),
+      list(cache),
+      grid_rows(table.dim),
+      self._initial_block,
+    )
     variables = {key: _TieredVariable(self, key) for key in cache}
     super().__init__(table, variables, [cache], guard)
 
@@ -126,14 +141,7 @@ class TieredTable(TableStore):
       )
     files = os.path.join(directory, name)
     os.makedirs(files, exist_ok=True)
-    rows = RowCache(
-      files,
-      table.vocabulary_size,
-      table.dim,
-      cache_rows,
-      [key for key, _, _ in specs],
-    )
-    store = cls(table, cache, rows, guard)
+    store = cls(table, cache, files, guard)
     store.track(tracker)
     return store
 
@@ -211,30 +219,11 @@ class TieredTable(TableStore):
 
   def _load(self, load_rows: tf.Tensor) -> list[np.ndarray]:
     """Values of the rows ``_plan`` admitted, one array per key."""
-    rows = load_rows.numpy()
-    stored = self._rows.stored(rows)
-    values = []
-    for key in self._rows.keys:
-      value = np.empty([rows.size, self.table.dim], np.float32)
-      if stored.any():
-        value[stored] = self._rows.read(key, rows[stored])
-      if not stored.all():
-        value[~stored] = self._initial_rows(key, rows[~stored])
-      values.append(value)
-    return values
+    return self._rows.load(load_rows.numpy())
 
-  def _initial_rows(self, key: str, rows: np.ndarray) -> np.ndarray:
-    """Initial values of ``rows``, from the grid blocks holding them."""
-    size = grid_rows(self.table.dim)
-    out = np.empty([rows.size, self.table.dim], np.float32)
-    blocks = rows // size
-    for block in np.unique(blocks):
-      first = int(block) * size
-      count = min(size, self.table.vocabulary_size - first)
-      mine = blocks == block
-      value = self._initial[key].rows(first, count, tf.float32).numpy()
-      out[mine] = value[rows[mine] - first]
-    return out
+  def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
+    """Initial values of rows ``[first, first + count)`` (a grid block)."""
+    return self._initial[key].rows(first, count, tf.float32).numpy()
 
   # --- the step ---------------------------------------------------------------
 
@@ -295,37 +284,38 @@ class TieredTable(TableStore):
 
   def _whole(self, key: str) -> np.ndarray:
     self.flush()
-    value = np.empty([self.table.vocabulary_size, self.table.dim], np.float32)
-    size = grid_rows(self.table.dim)
-    for first in range(0, self.table.vocabulary_size, size):
-      count = min(size, self.table.vocabulary_size - first)
-      rows = np.arange(first, first + count)
-      stored = self._rows.stored(rows)
-      if not stored.all():
-        value[first : first + count] = (
-          self._initial[key].rows(first, count, tf.float32).numpy()
-        )
-      if stored.any():
-        value[rows[stored]] = self._rows.read(key, rows[stored])
-    return value
+    return self.window(key, 0, self.table.vocabulary_size)
+
+  def window(self, key: str, first: int, count: int) -> np.ndarray:
+    """Rows ``[first, first + count)`` of ``key`` as the files hold them
+    (after ``flush``)."""
+    return self._rows.window(key, first, count)
 
   def assign(self, value: Any, key: str = "parameters") -> Any:
     """Writes a whole value of ``key`` to the files, grid block by grid
     block (the cache is emptied: its changed rows are written first; the
     other keys' rows never written get their initial values on disk)."""
-    self.flush()
-    self._rows.forget()
     value = tf.convert_to_tensor(value, tf.float32)
     size = grid_rows(self.table.dim)
-    for first in range(0, self.table.vocabulary_size, size):
-      count = min(size, self.table.vocabulary_size - first)
-      rows = np.arange(first, first + count)
-      fresh = rows[~self._rows.stored(rows)]
-      for other in self._rows.keys:
-        if other != key and fresh.size:
-          self._rows.write(other, fresh, self._initial_rows(other, fresh))
-      self._rows.write(key, rows, value[first : first + count].numpy())
+    self.assign_by_parts(
+      key,
+      (
+        (first, value[first : first + size])
+        for first in range(0, self.table.vocabulary_size, size)
+      ),
+    )
     return None
+
+  def assign_by_parts(
+    self, key: str, pieces: Iterable[tuple[int, Any]]
+  ) -> None:
+    """Writes ``(first row, rows)`` pieces of ``key`` to the files, one
+    at a time (the cache is emptied first, its changed rows written)."""
+    self.flush()
+    self._rows.forget()
+    for first, value in pieces:
+      self._rows.write_window(key, first, np.asarray(value, np.float32))
+      del value
 
   def clear_changes(self) -> None:
     pass  # (delta checkpoints: see changed_rows)
@@ -341,8 +331,13 @@ class TieredTable(TableStore):
     return super().bytes_per_device()
 
 
-class _TieredVariable(WholeValueVariable):
-  """What users and checkpoints see of a tiered table's variable."""
+class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
+  """What users and checkpoints see of a tiered table's variable.
+
+  ``tpu_embedding.checkpoints`` (and its ``CheckpointManager``) save it
+  in chunks of rows and restore it part by part, straight to and from
+  the files: never whole. A plain ``tf.train.Checkpoint`` reads it whole.
+  """
 
   def __init__(self, store: TieredTable, key: str):
     self._store = store
@@ -366,3 +361,65 @@ class _TieredVariable(WholeValueVariable):
 
   def assign(self, value: Any) -> Any:
     return self._store.assign(value, self._key)
+
+  # Saved by parts (slicing.WorkerParts), one process.
+
+  @property
+  def strategy(self) -> tf.distribute.Strategy:
+    return tf.distribute.get_strategy()
+
+  @property
+  def worker_index(self) -> int:
+    return 0
+
+  @property
+  def worker_count(self) -> int:
+    return 1
+
+  @property
+  def written_in_parts(self) -> bool:
+    return True
+
+  def _serialize_to_tensors(self) -> dict[str, Any]:
+    if slicing.apart():  # Recorded; checkpoints.write writes the rows.
+      device = self._store.blocks[0][self._key].device
+      nothing = compat.SaveSpec(
+        lambda: None, "", "", dtype=self.dtype, device=device
+      )
+      return {VALUE_KEY: nothing}
+    return super()._serialize_to_tensors()
+
+  def saved_parts(
+    self, keys: list[str], chunk_bytes: int | None = None
+  ) -> Iterator[tuple[str, list[slicing.Entry]]]:
+    """The rows in chunks, each a slice of the full tensor."""
+    (key,) = keys
+    full = self.shape.as_list()
+    chunk = parts.chunk_rows(full[0], full[1], chunk_bytes)
+    self._store.flush()
+    for first in range(0, full[0], chunk):
+      count = min(chunk, full[0] - first)
+      value = self._store.window(self._key, first, count)
+      spec = parts.slice_spec(full, [(first, count), (0, full[1])])
+      yield f"{first:012d}", [(key, spec, value)]
+      del value
+
+  # Restored by parts (rows.RowBlocks), into the files.
+
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    return []  # No variables: ``restore_rows`` writes the files.
+
+  def restore_rows(
+    self, saved: rows.SavedRows, key: str, chunk_bytes: int | None = None
+  ) -> None:
+    full = self.shape.as_list()
+    pieces = saved.read_rows(
+      key,
+      full,
+      0,
+      full[0],
+      tf.float32,
+      whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
+      range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
+    )
+    self._store.assign_by_parts(self._key, pieces)
