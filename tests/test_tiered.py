@@ -242,3 +242,25 @@ def test_checkpoints_write_and_restore_by_parts(tmp_path):
   train(again, data[6:], "dense")
   train(memory, data[6:], "dense")
   assert_same(values(again), values(memory))
+
+
+def test_a_directory_serves_one_table_at_a_time(tmp_path):
+  make_embedding(tpe.SGD(0.1), tmp_path)
+  with pytest.raises(ValueError, match="holds another disk-tiered table"):
+    make_embedding(tpe.SGD(0.1), tmp_path)
+  with pytest.raises(ValueError, match="is not local"):
+    make_embedding(tpe.SGD(0.1), "gs://bucket/tables")
+
+
+def test_dynamic_vocabularies_stay_in_memory(tmp_path):
+  table = tpe.TableConfig(
+    128, DIM, name="keys", vocabulary=tpe.DynamicVocabulary()
+  )
+  with pytest.raises(ValueError, match="'keys' has a DynamicVocabulary"):
+    tpe.TPUEmbedding(
+      tpe.FeatureConfig(table),
+      tpe.SGD(0.1),
+      row_sharding_threshold=PlacementPolicy(
+        disk=DiskTier(str(tmp_path), 2**16, ("keys",))
+      ),
+    ).build(per_replica_batch_size=BATCH)

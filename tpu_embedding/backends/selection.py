@@ -26,6 +26,8 @@ from tpu_embedding.backends.sharded import ShardedBackend
 from tpu_embedding.config import TableConfig
 from tpu_embedding.planning import TablePlan
 from tpu_embedding.replicas import strategy_name
+from tpu_embedding.resolved import key_mapping
+from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
@@ -59,7 +61,7 @@ def select_backend(
   ):
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    _check_disk_tables(policy.disk, planned)
+    _check_disk_tables(policy.disk, planned, tables)
     return LocalBackend(policy.disk), planned
   if policy.disk.tables:
     raise ValueError(
@@ -88,8 +90,17 @@ def select_backend(
   )
 
 
-def _check_disk_tables(disk: DiskTier, planned: TablePlan) -> None:
-  """Refuses disk-tier names that are not tables held alone."""
+def _check_disk_tables(
+  disk: DiskTier, planned: TablePlan, tables: Sequence[TableConfig]
+) -> None:
+  """Refuses disk-tier names that are not tables held alone, and tables
+  whose rows a dynamic vocabulary manages."""
+  for table in tables:
+    if disk.holds(table_name(table)) and not key_mapping(table).inputs_are_rows:
+      raise ValueError(
+        f"Table {table_name(table)!r} has a DynamicVocabulary, whose rows "
+        "this version does not keep on disk (DiskTier): keep it in memory."
+      )
   alone = {stack.name for stack in planned.stacks if not stack.stacked}
   stacked = {
     n for stack in planned.stacks if stack.stacked for n in stack.names

@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding import run_lock
 from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows
 from tpu_embedding.checkpointing import slicing
@@ -131,6 +132,7 @@ class TieredTable(TableStore):
         f"Table '{name}': a disk-tiered table makes its own slots; "
         "slot_variable_creation_fn is not supported."
       )
+    files, lock = _own_directory(directory, name)
     specs = variable_specs(table)
     cache: Block = {}
     for key, _, trainable in specs:
@@ -139,9 +141,8 @@ class TieredTable(TableStore):
         name=f"{checkpoint_name(name, key)}/cache",
         trainable=trainable,
       )
-    files = os.path.join(directory, name)
-    os.makedirs(files, exist_ok=True)
     store = cls(table, cache, files, guard)
+    weakref.finalize(store, _release, files, lock)
     store.track(tracker)
     return store
 
@@ -329,6 +330,47 @@ class TieredTable(TableStore):
   def bytes_per_device(self) -> dict[str, int]:
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
+
+
+#: The tiered tables' directories this process writes.
+_IN_USE: set[str] = set()
+
+
+def _own_directory(directory: str, table: str) -> tuple[str, Any]:
+  """``directory/<table>``, made and locked for this store alone, and
+  its lock.
+
+  Raises:
+    ValueError: for a remote, unwritable or already used directory.
+  """
+  if "://" in directory:
+    raise ValueError(
+      f"Table '{table}': DiskTier directory {directory!r} is not local; "
+      "a disk-tiered table needs a local disk (an SSD)."
+    )
+  path = os.path.realpath(os.path.join(directory, table))
+  if path in _IN_USE:
+    raise ValueError(
+      f"Table '{table}': {path} holds another disk-tiered table of this "
+      "process; give each TPUEmbedding its own DiskTier directory."
+    )
+  try:
+    lock = run_lock.RunLock(
+      path, "give each process its own DiskTier directory"
+    ).acquire()
+  except OSError as error:
+    raise ValueError(
+      f"Table '{table}': cannot write DiskTier directory {path} "
+      f"({error.strerror or error})."
+    ) from None
+  _IN_USE.add(path)
+  return path, lock
+
+
+def _release(path: str, lock: Any) -> None:
+  """A tiered store's directory, free again (the store is gone)."""
+  _IN_USE.discard(path)
+  lock.release()
 
 
 class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
