@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import tempfile
+import time
 from typing import Any
 
 from model_garden import cli
@@ -49,7 +51,8 @@ from model_garden import cli
 if __name__ == "__main__":
   cli.quiet_tensorflow()  # before TensorFlow is imported
 
-import _floor  # noqa: E402  (tools/_floor.py, next to this script)
+import _disk  # noqa: E402  (tools/_disk.py, next to this script)
+import _floor  # noqa: E402
 import _plots  # noqa: E402
 import _timing  # noqa: E402
 import keras  # noqa: E402
@@ -168,7 +171,8 @@ STACKING = {
 }
 
 
-def make_embedding(args):
+def make_embedding(args, disk=None):
+  """The tables (kept on ``disk``, a ``DiskTier``, if given: unstacked)."""
   tables = [
     tpe.TableConfig(args.rows, args.dim, combiner="sum", name=f"t{t}")
     for t in range(args.tables)
@@ -177,14 +181,19 @@ def make_embedding(args):
   embedding = tpe.TPUEmbedding(
     config,
     tpe.Adagrad(learning_rate=0.05),
-    table_stacking=STACKING[args.table_stacking](tables),
+    table_stacking=None
+    if disk is not None
+    else STACKING[args.table_stacking](tables),
+    row_sharding_threshold=tpe.sharding.PlacementPolicy(disk=disk)
+    if disk is not None
+    else tpe.sharding.DEFAULT_ROW_THRESHOLD,
   )
   embedding.build()
   return embedding
 
 
-def tpu_embedding_step(args, head):
-  embedding = make_embedding(args)
+def tpu_embedding_step(args, head, embedding=None):
+  embedding = embedding or make_embedding(args)
 
   @tf.function
   def step(features):
@@ -390,6 +399,26 @@ def build_parser() -> argparse.ArgumentParser:
     default=None,
     help="Draw examples/s (ours, Keras, the floor) across the sweeps to "
     "this PNG.",
+  )
+  parser.add_argument(
+    "--storage",
+    choices=["memory", "disk"],
+    default="memory",
+    help="disk: also train the tables kept on a local disk behind a RAM "
+    "cache (DiskTier), against the in-memory tables and the IO floor "
+    "(each table's hot rows fixed across steps; fresh batches each step).",
+  )
+  parser.add_argument(
+    "--cache_fraction",
+    type=float,
+    default=0.1,
+    help="--storage disk: each table's cache, a fraction of its rows.",
+  )
+  parser.add_argument(
+    "--disk_dir",
+    default=None,
+    help="--storage disk: a directory on the local disk (default: a new "
+    "one in the temporary directory).",
   )
   return parser
 
@@ -597,7 +626,9 @@ def main(argv: list[str] | None = None) -> None:
   results: list[_timing.Measurement] = []
   for found in extra.values():
     results += _record(found)
-  if args.sweep == "none":
+  if args.storage == "disk":
+    results += disk_setting(args)
+  elif args.sweep == "none":
     base = measure_setting(args, describe_ids(args))
     results += _record([base])
     sharded = [r for r in replica_counts if r > 1]
@@ -613,6 +644,116 @@ def main(argv: list[str] | None = None) -> None:
       args.json, {**vars(args), "figures": _figures(extra)}, results
     )
     print(f"wrote {args.json}")
+
+
+def _disk_batches(args, count: int, seed: int) -> list[dict[str, Any]]:
+  """``count`` fresh batches, each table's hot rows fixed (``_disk.py``)."""
+  rng = np.random.default_rng(seed)
+  p = _disk.probabilities(args.dist, args.rows, args.zipf)
+  orders = [
+    np.random.default_rng(1000 + t).permutation(args.rows)
+    for t in range(args.tables)
+  ]
+  return [
+    {
+      f"f{t}": _feature(
+        _disk.fixed_ids(rng, orders[t], p, args.batch_size * hot), hot, args
+      )
+      for t, hot in enumerate(hotness(args))
+    }
+    for _ in range(count)
+  ]
+
+
+def disk_setting(args) -> list[_timing.Measurement]:
+  """In memory and on disk, the same fresh batches, against the IO floor."""
+  directory = args.disk_dir or tempfile.mkdtemp(prefix="tpe_disk_")
+  cache_rows = max(1, int(args.cache_fraction * args.rows))
+  cache_bytes = cache_rows * args.dim * 4 * 2  # rows and accumulators
+  rate = _disk.disk_read_rate(directory)
+  print(
+    f"disk {directory}: {rate:,.0f} random 4 KiB reads/s (64 in flight); "
+    f"cache {args.cache_fraction:.0%} of each table ({cache_rows:,} rows, "
+    f"{cache_bytes / 2**20:,.1f} MiB)",
+    flush=True,
+  )
+  head = _head(args)
+  timed = args.repeats * args.steps
+  batches = _disk_batches(args, timed, seed=1)
+  memory_step = tpu_embedding_step(args, head)
+  for batch in batches[: args.warmup]:
+    memory_step(batch).numpy()
+  memory = _timed("in memory", memory_step, batches, args)
+  del memory_step
+  gc.collect()
+  disk = tpe.sharding.DiskTier(
+    directory, cache_bytes, tuple(f"t{t}" for t in range(args.tables))
+  )
+  embedding = make_embedding(args, disk)
+  disk_step = tpu_embedding_step(args, head, embedding)
+  caches = [embedding.table_stores[f"t{t}"].cache for t in range(args.tables)]
+  # Warm up until every cache is full (at most 500 steps).
+  for batch in _disk_batches(args, 500, seed=2):
+    disk_step(batch).numpy()
+    if all(c.misses >= c.size for c in caches):
+      break
+  before = _counts(caches)
+  on_disk = _timed("on disk", disk_step, batches, args)
+  seconds = timed * args.batch_size / on_disk.median
+  hits, misses, reads, writes = (
+    a - b for a, b in zip(_counts(caches), before, strict=True)
+  )
+  steps = timed
+  ideal = sum(
+    _disk.ideal_misses(args.dist, args.rows, args.batch_size * hot, args.zipf,
+                       cache_rows)
+    for hot in hotness(args)
+  )  # fmt: skip
+  files = 2  # parameters and accumulators: one read each per missed row
+  floor = min(memory.median, args.batch_size * rate / (ideal * files))
+  print(
+    f"  hit rate {hits / (hits + misses):.1%}; per step {misses / steps:,.0f} "
+    f"misses (an ideal cache: {ideal:,.0f}), {reads / steps * files:,.0f} "
+    f"row reads and {writes / steps * files:,.0f} row writes; "
+    f"{reads * files / seconds:,.0f} reads/s",
+    flush=True,
+  )
+  print(
+    f"  IO floor {floor:,.0f} examples/s = min(in memory, {rate:,.0f} "
+    f"reads/s / {ideal * files:,.0f} reads a step x batch); on disk at "
+    f"{on_disk.median / floor:.0%} of it, "
+    f"{on_disk.median / memory.median:.2f}x the in-memory rate",
+    flush=True,
+  )
+  return [memory, on_disk]
+
+
+def _counts(caches) -> tuple[int, int, int, int]:
+  """Hits, misses, rows read and rows written of all ``caches``."""
+  return (
+    sum(c.hits for c in caches),
+    sum(c.misses for c in caches),
+    sum(c.reads for c in caches),
+    sum(c.writes for c in caches),
+  )
+
+
+def _timed(name: str, step, batches, args) -> _timing.Measurement:
+  """``args.repeats`` timings of ``args.steps`` steps, each over batches
+  not seen before."""
+
+  def once(repeat: list[int] = [0]) -> float:  # noqa: B006 (a counter)
+    first = repeat[0] * args.steps
+    repeat[0] += 1
+    start = time.perf_counter()
+    for batch in batches[first : first + args.steps]:
+      loss = step(batch)
+    loss.numpy()
+    return args.steps * args.batch_size / (time.perf_counter() - start)
+
+  measured = _timing.repeat(name, "examples/s", once, args.repeats)
+  print(f"  {name:<10}: {measured.describe()}", flush=True)
+  return measured
 
 
 def replica_scaling(args, counts: list[int]) -> list[_timing.Measurement]:
