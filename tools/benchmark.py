@@ -715,7 +715,8 @@ def disk_setting(args) -> list[_timing.Measurement]:
     f"  hit rate {hits / (hits + misses):.1%}; per step {misses / steps:,.0f} "
     f"misses (an ideal cache: {ideal:,.0f}), {reads / steps * files:,.0f} "
     f"row reads and {writes / steps * files:,.0f} row writes; "
-    f"{reads * files / seconds:,.0f} reads/s",
+    f"{reads * files / seconds:,.0f} reads/s; the files' pages in the page "
+    f"cache {sum(c.files.cached_bytes() for c in caches) / 2**20:,.0f} MiB",
     flush=True,
   )
   print(

@@ -39,6 +39,10 @@ import numpy as np
 
 from tpu_embedding.tables.row_files import RowFiles
 
+#: Steps between requests to drop the files' clean pages from the page
+#: cache (the cache of rows is the table's memory, not the kernel's).
+DROP_EVERY = 8
+
 #: ``initial(key, first, count)``: rows ``[first, first + count)`` of a
 #: variable's initial value (within one grid block).
 InitialRows = Callable[[str, int, int], np.ndarray]
@@ -179,12 +183,14 @@ class RowCache:
     """The stored values of ``rows``, one array per key."""
     self._write_initial(np.unique(rows // self._grid))
     self.reads += rows.size
-    return [self.files.read(key, rows) for key in self.keys]
+    values = self.files.read(self.keys, rows)
+    if self.step % DROP_EVERY == 0:  # The page cache holds little of them.
+      self.files.drop_cache()
+    return values
 
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
     """Writes ``values`` (one array per key) of ``rows`` to the files."""
-    for key, value in zip(self.keys, values, strict=True):
-      self.files.write(key, rows, value)
+    self.files.write(self.keys, rows, values)
     self.writes += rows.size
 
   # --- whole values -----------------------------------------------------------

@@ -12,15 +12,18 @@ Example:
   >>> import tempfile
   >>> import numpy as np
   >>> files = RowFiles(tempfile.mkdtemp(), rows=10, dim=2, keys=["p"])
-  >>> files.write("p", np.array([7, 3]), np.array([[7, 7], [3, 3]], "f4"))
-  >>> files.read("p", np.array([3, 7])).tolist()
+  >>> files.write(["p"], np.array([7, 3]), [np.array([[7, 7], [3, 3]], "f4")])
+  >>> files.read(["p"], np.array([3, 7]))[0].tolist()
   [[3.0, 3.0], [7.0, 7.0]]
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import ctypes.util
 import errno
+import mmap
 import os
 from collections.abc import Sequence
 
@@ -29,8 +32,18 @@ import numpy as np
 #: Threads reading and writing rows (reads in flight at once).
 THREADS = 32
 
-#: Rows per task handed to a thread.
-_TASK_ROWS = 256
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+  ctypes.c_void_p,
+  ctypes.c_size_t,
+  ctypes.c_int,
+  ctypes.c_int,
+  ctypes.c_int,
+  ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 class DiskFullError(OSError):
@@ -66,16 +79,19 @@ class RowFiles:
       os.close(fd)
     self._fds = {}
 
-  def read(self, key: str, rows: np.ndarray) -> np.ndarray:
-    """``[len(rows), dim]`` values of ``rows``, in their order."""
-    out = np.empty([rows.size, self.dim], np.float32)
-    self._each_run(key, rows, out, reading=True)
+  def read(self, keys: Sequence[str], rows: np.ndarray) -> list[np.ndarray]:
+    """Per key, ``[len(rows), dim]`` values of ``rows``, in their order
+    (all keys' reads in flight together)."""
+    out = [np.empty([rows.size, self.dim], np.float32) for _ in keys]
+    self._each_run(keys, rows, out, reading=True)
     return out
 
-  def write(self, key: str, rows: np.ndarray, values: np.ndarray) -> None:
-    """Writes ``values`` (one per entry of ``rows``) at ``rows``."""
-    values = np.ascontiguousarray(values, np.float32)
-    self._each_run(key, rows, values, reading=False)
+  def write(
+    self, keys: Sequence[str], rows: np.ndarray, values: Sequence[np.ndarray]
+  ) -> None:
+    """Writes per key ``values`` (one row per entry of ``rows``)."""
+    values = [np.ascontiguousarray(v, np.float32) for v in values]
+    self._each_run(keys, rows, values, reading=False)
 
   def read_range(self, key: str, first: int, count: int) -> np.ndarray:
     """Rows ``[first, first + count)``."""
@@ -88,16 +104,39 @@ class RowFiles:
     self._io(key, first, np.ascontiguousarray(values, np.float32), False)
 
   def drop_cache(self) -> None:
-    """Asks the kernel to drop the files' pages from its page cache."""
+    """Asks the kernel to drop the files' clean pages from its page cache
+    (pages written but not yet on disk stay until they are)."""
     for fd in self._fds.values():
-      os.fsync(fd)
       os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
+  def cached_bytes(self) -> int:
+    """Bytes of the files in the page cache now (``mincore``)."""
+    total = 0
+    for fd in self._fds.values():
+      size = os.fstat(fd).st_size
+      if size == 0:
+        continue
+      address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+      if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+      try:
+        pages = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
+        if _libc.mincore(address, ctypes.c_size_t(size), pages.ctypes) == 0:
+          total += int((pages & 1).sum()) * mmap.PAGESIZE
+      finally:
+        _libc.munmap(address, ctypes.c_size_t(size))
+    return total
+
   def _each_run(
-    self, key: str, rows: np.ndarray, values: np.ndarray, reading: bool
+    self,
+    keys: Sequence[str],
+    rows: np.ndarray,
+    values: list[np.ndarray],
+    reading: bool,
   ) -> None:
-    """Reads into (or writes from) ``values[i]`` row ``rows[i]``: runs of
-    consecutive rows one call each, tasks of runs across the threads."""
+    """Reads into (or writes from) ``values[k][i]`` row ``rows[i]`` of
+    key ``keys[k]``: runs of consecutive rows one call each, spread over
+    the threads (every key's at once)."""
     rows = np.asarray(rows, np.int64)
     if rows.size == 0:
       return
@@ -106,24 +145,25 @@ class RowFiles:
     breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [rows.size]])
-    contiguous = bool((order == np.arange(rows.size)).all())
-    staged = values if contiguous else np.empty_like(values)
-    if not reading and not contiguous:
-      staged[:] = values[order]
+    staged = [v[order] if not reading else np.empty_like(v) for v in values]
 
-    def task(lo: int, hi: int) -> None:
-      for start, end in zip(starts[lo:hi], ends[lo:hi], strict=True):
-        self._io(key, int(ordered[start]), staged[start:end], reading)
+    def task(key: str, value: np.ndarray, runs: np.ndarray) -> None:
+      for run in runs:
+        start, end = starts[run], ends[run]
+        self._io(key, int(ordered[start]), value[start:end], reading)
 
-    step = max(1, _TASK_ROWS)
+    groups = np.array_split(np.arange(starts.size), THREADS)
     tasks = [
-      self._pool.submit(task, lo, min(lo + step, starts.size))
-      for lo in range(0, starts.size, step)
+      self._pool.submit(task, key, value, runs)
+      for key, value in zip(keys, staged, strict=True)
+      for runs in groups
+      if runs.size
     ]
     for future in tasks:
       future.result()
-    if reading and not contiguous:
-      values[order] = staged
+    if reading:
+      for value, read in zip(values, staged, strict=True):
+        value[order] = read
 
   def _io(
     self, key: str, first: int, values: np.ndarray, reading: bool
