@@ -1,0 +1,35 @@
+"""A disk-tiered table never held whole: peak RSS per phase (``VmHWM``).
+
+tests/tiered_memory_job.py (a fresh process) trains, saves and restores a
+732 MiB table and slots kept on disk with a 32 MiB cache. Each phase's
+peak over the process before the table exists must stay under a third
+of the table and slots: a copy of the table would cross it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from tests import processes
+
+JOB = pathlib.Path(__file__).parent / "tiered_memory_job.py"
+STATE = 3_000_000 * 32 * 4 * 2
+BOUND = STATE // 3
+
+
+def test_train_save_and_restore_stay_far_below_the_table(tmp_path):
+  done = processes.run(
+    [sys.executable, str(JOB), str(tmp_path)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  phases = result["phases"]
+  for phase in ("build", "train", "save", "restore"):
+    grown = phases[phase] - phases["before"]
+    assert grown < BOUND, (phase, grown / 2**20, phases)
+  assert result["same"]
