@@ -78,14 +78,38 @@ def test_a_table_larger_than_memory_is_refused_at_once(how, monkeypatch):
   assert re.fullmatch(
     r"tpu_embedding: tables need 953\.7 GiB in this process \(items: "
     r"953\.7 GiB\) but \d+\.\d [KMG]i?B is available \(.+\); use smaller "
-    r"tables or spread them over more processes "
-    r"\(MultiWorkerMirroredStrategy, ParameterServerStrategy\), or set "
+    r"tables, keep the largest on a local disk behind a RAM cache "
+    r"\(row_sharding_threshold=PlacementPolicy\(disk=DiskTier\(directory, "
+    r"cache_bytes, tables\)\), docs/large_tables\.md\), spread them over "
+    r"more processes \(MultiWorkerMirroredStrategy, "
+    r"ParameterServerStrategy\), or set "
     r"TPU_EMBEDDING_SKIP_MEMORY_CHECK=1 \(or build inside `with "
     r"tpu_embedding.memory.unchecked\(\):`\) to build anyway\.",
     message,
   ), message
   # TensorFlow's own out-of-memory error type, for code that catches it.
   assert isinstance(raised.value, tf.errors.ResourceExhaustedError)
+
+
+def test_a_table_kept_on_disk_counts_its_cache(monkeypatch, tmp_path):
+  """The way out the message names: a 47.7 GiB table on disk builds its
+  64 KiB cache (and a map of 4 bytes a row, 200 MB) under 256 MiB."""
+  from tpu_embedding.sharding import DiskTier
+  from tpu_embedding.sharding import PlacementPolicy
+
+  table = tpe.TableConfig(50_000_000, 128, name="items")
+  emb = tpe.TPUEmbedding(
+    tpe.FeatureConfig(table),
+    tpe.Adagrad(0.1),
+    row_sharding_threshold=PlacementPolicy(
+      disk=DiskTier(str(tmp_path), 2**16, ("items",))
+    ),
+  )
+  _limit(monkeypatch, 256 * 2**20)
+  emb.build()
+  assert emb.table_stores["items"].bytes_per_device() == {
+    emb.table_stores["items"].blocks[0]["parameters"].device: 2**16
+  }
 
 
 def test_the_message_names_the_largest_tables_first(monkeypatch):

@@ -99,6 +99,11 @@ class DiskTier:
     """Rows of a cache of ``variables`` arrays of width ``dim``."""
     return self.cache_bytes // (_FLOAT_BYTES * dim * variables)
 
+  def memory_bytes(self, rows: int) -> int:
+    """Memory a table of ``rows`` rows kept on disk holds: its cache and
+    its map of the cached rows (4 bytes a row)."""
+    return self.cache_bytes + 4 * rows
+
 
 #: No table kept on disk.
 IN_MEMORY = DiskTier()

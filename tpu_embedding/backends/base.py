@@ -118,9 +118,13 @@ class Backend(metaclass=abc.ABCMeta):
     (``memory.py`` counts their bytes); one device by default."""
     return {0: self.local_devices[0]}
 
-  def resident_bytes(self, needed: Mapping[str, int]) -> dict[str, int]:
-    """``needed`` (``{table: bytes}`` of its rows and slots) as this
-    backend holds them in memory (``memory.py`` checks them)."""
+  def resident_bytes(
+    self, needed: Mapping[str, int], tables: Sequence[TableConfig]
+  ) -> dict[str, int]:
+    """``needed`` (``{table: bytes}`` of the rows and slots of
+    ``tables``) as this backend holds them in memory (``memory.py``
+    checks them)."""
+    del tables
     return dict(needed)
 
   def shards(

@@ -70,11 +70,13 @@ class LocalBackend(HostBackend):
       )
     return WholeTable.create(table, tracker, guard=self.update_guard)
 
-  def resident_bytes(self, needed: Mapping[str, int]) -> dict[str, int]:
-    """A table kept on disk holds its cache in memory."""
-    return {
-      name: min(size, self._disk.cache_bytes)
-      if self._disk.holds(name)
-      else size
-      for name, size in needed.items()
+  def resident_bytes(
+    self, needed: Mapping[str, int], tables: Sequence[TableConfig]
+  ) -> dict[str, int]:
+    """A table kept on disk holds its cache and its map of cached rows."""
+    on_disk = {
+      table_name(t): self._disk.memory_bytes(t.vocabulary_size)
+      for t in tables
+      if self._disk.holds(table_name(t))
     }
+    return {name: on_disk.get(name, size) for name, size in needed.items()}

@@ -205,7 +205,8 @@ class OffTPUEngine(Engine, Trackable):
           self.sharding_plan,
           self._backend.held_replicas,
           self._strategy,
-        )
+        ),
+        self.config.tables,
       )
     )
     with tf.init_scope():

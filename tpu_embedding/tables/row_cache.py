@@ -100,7 +100,9 @@ class RowCache:
     self.files = RowFiles(directory, rows, dim, self.keys)
     self._grid, self._initial = grid, initial
     self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
-    self.slot_of_row = np.full(rows, -1, np.int32)
+    # Each row's slot + 1 (0: not cached): zeros, so that pages of rows
+    # never asked for take no memory.
+    self._slot_of_row = np.zeros(rows, np.int32)
     self.row_of_slot = np.full(slots, -1, np.int64)
     self.last_use = np.full(slots, -1, np.int64)
     self.dirty = np.zeros(slots, bool)
@@ -120,7 +122,7 @@ class RowCache:
     """
     rows = np.asarray(rows, np.int64)
     self.step += 1
-    slots = self.slot_of_row[rows].astype(np.int64)
+    slots = self._slot_of_row[rows].astype(np.int64) - 1
     missing = slots < 0
     need = int(missing.sum())
     self.hits += rows.size - need
@@ -133,9 +135,9 @@ class RowCache:
     old = self.row_of_slot[chosen]
     held = old >= 0
     write_back = held & self.dirty[chosen]
-    self.slot_of_row[old[held]] = -1
+    self._slot_of_row[old[held]] = 0
     new_rows = rows[missing]
-    self.slot_of_row[new_rows] = chosen
+    self._slot_of_row[new_rows] = chosen + 1
     self.row_of_slot[chosen] = new_rows
     self.last_use[chosen] = self.step
     self.dirty[chosen] = False
@@ -173,7 +175,7 @@ class RowCache:
 
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
-    slots = self.slot_of_row[np.asarray(rows, np.int64)].astype(np.int64)
+    slots = self._slot_of_row[np.asarray(rows, np.int64)].astype(np.int64) - 1
     if (slots < 0).any():
       raise AssertionError("an update of rows its step did not look up")
     self.dirty[slots] = True
@@ -229,7 +231,7 @@ class RowCache:
 
   def forget(self) -> None:
     """Empties the cache (after a flush: the files hold every change)."""
-    self.slot_of_row[:] = -1
+    self._slot_of_row[:] = 0
     self.row_of_slot[:] = -1
     self.last_use[:] = -1
     self.dirty[:] = False

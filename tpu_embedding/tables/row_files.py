@@ -169,7 +169,7 @@ class RowFiles:
     self, key: str, first: int, values: np.ndarray, reading: bool
   ) -> None:
     offset = first * self._row_bytes
-    view = memoryview(values).cast("B")
+    view = memoryview(values.data).cast("B")
     done = 0
     try:
       while done < view.nbytes:

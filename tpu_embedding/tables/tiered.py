@@ -88,7 +88,9 @@ class TieredTable(TableStore):
     )
     shape = (table.vocabulary_size, table.dim)
     self._initial = {
-      key: row_values(initializer, shape, checkpoint_name(table.name, key))
+      key: row_values(
+        initializer, shape, checkpoint_name(table_name(table), key)
+      )
       for key, initializer, _ in variable_specs(table)
     }
     self._rows = RowCache(
@@ -224,7 +226,10 @@ class TieredTable(TableStore):
 
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
-    return self._initial[key].rows(first, count, tf.float32).numpy()
+    value: np.ndarray = (
+      self._initial[key].rows(first, count, tf.float32).numpy()
+    )
+    return value
 
   # --- the step ---------------------------------------------------------------
 
@@ -384,7 +389,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
   def __init__(self, store: TieredTable, key: str):
     self._store = store
     self._key = key
-    self.name = checkpoint_name(store.table.name, key)
+    self.name = checkpoint_name(table_name(store.table), key)
 
   @property
   def shape(self) -> tf.TensorShape:
