@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -98,6 +99,11 @@ class RowCache:
     self.rows, self.dim, self.size = rows, dim, slots
     self.keys = tuple(keys)
     self.files = RowFiles(directory, rows, dim, self.keys)
+    # Write-backs run beside the steps: ``(rows, done)`` of those in flight.
+    self._writer = concurrent.futures.ThreadPoolExecutor(1)
+    self._in_flight: list[
+      tuple[np.ndarray, concurrent.futures.Future[None]]
+    ] = []
     self._grid, self._initial = grid, initial
     self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
     # Each row's slot + 1 (0: not cached): zeros, so that pages of rows
@@ -182,7 +188,9 @@ class RowCache:
     return slots
 
   def load(self, rows: np.ndarray) -> list[np.ndarray]:
-    """The stored values of ``rows``, one array per key."""
+    """The stored values of ``rows``, one array per key (after the
+    write-backs in flight of any of them)."""
+    self._wait(rows)
     self._write_initial(np.unique(rows // self._grid))
     self.reads += rows.size
     values = self.files.read(self.keys, rows)
@@ -191,9 +199,31 @@ class RowCache:
     return values
 
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
-    """Writes ``values`` (one array per key) of ``rows`` to the files."""
-    self.files.write(self.keys, rows, values)
+    """Writes ``values`` (one array per key) of ``rows`` to the files, in
+    the background (a later read of the rows, or ``wait``, waits for it;
+    a failure, such as a full disk, is raised there)."""
+    if rows.size == 0:
+      return
+    rows = np.array(rows)
+    values = [np.array(v) for v in values]
+    done = self._writer.submit(self.files.write, self.keys, rows, values)
+    self._in_flight.append((rows, done))
     self.writes += rows.size
+
+  def wait(self) -> None:
+    """Waits for every write-back in flight (raising its failure)."""
+    self._wait(None)
+
+  def _wait(self, rows: np.ndarray | None) -> None:
+    """Waits for the write-backs in flight of ``rows`` (None: all); drops
+    the finished ones, raising the first failure."""
+    kept = []
+    for written, done in self._in_flight:
+      if rows is None or done.done() or np.isin(rows, written).any():
+        done.result()
+      else:
+        kept.append((written, done))
+    self._in_flight = kept
 
   # --- whole values -----------------------------------------------------------
 
@@ -209,6 +239,7 @@ class RowCache:
   def window(self, key: str, first: int, count: int) -> np.ndarray:
     """Rows ``[first, first + count)`` of ``key`` as stored (the initial
     values of grid blocks never written, which stay unwritten)."""
+    self.wait()
     value = np.empty([count, self.dim], np.float32)
     end = first + count
     for block in range(first // self._grid, -(-end // self._grid)):
@@ -225,6 +256,7 @@ class RowCache:
   def write_window(self, key: str, first: int, value: np.ndarray) -> None:
     """Writes rows from ``first`` of ``key`` (their grid blocks' other
     rows and variables first get their initial values)."""
+    self.wait()
     end = first + value.shape[0]
     self._write_initial(np.arange(first // self._grid, -(-end // self._grid)))
     self.files.write_range(key, first, value)
