@@ -13,7 +13,6 @@ import numpy as np
 import tensorflow as tf
 
 import tpu_embedding as tpe
-from tpu_embedding.layers import common
 from tpu_embedding.layers.keras_compat import keras
 
 V_BIG, V_SMALL, DIM, BATCH = 40, 7, 3, 6
@@ -171,9 +170,10 @@ def mse(predictions, targets):
 
 
 def full_values(variables: dict[str, dict[str, Any]]) -> dict:
-  """``{(table, slot): numpy value}`` whatever the layout."""
+  """``{(table, slot): numpy value}`` whatever the layout (every layout's
+  variable converts to its whole value, see ``tpu_embedding.tables``)."""
   return {
-    (table, slot): common.full_value(variable)
+    (table, slot): np.asarray(tf.convert_to_tensor(variable))
     for table, slots in variables.items()
     for slot, variable in slots.items()
   }

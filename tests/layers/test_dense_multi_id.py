@@ -65,7 +65,7 @@ def _train(strategy):
     x, y = _data()
     # Built by a call on real ids: Keras' own build from a batch of data
     # passes a dense stand-in that sparse ids also produce (see
-    # ``tpu_embedding.layers.common.InputKinds``).
+    # ``tpu_embedding.layers.keras_inputs.InputKinds``).
     model(tf.constant(x[:2]), training=False)
   model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
   return model, layer

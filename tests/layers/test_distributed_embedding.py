@@ -177,7 +177,7 @@ def test_keras_optimizer_objects_go_through_embedding_optimizer(monkeypatch):
     return tpe.SGD(optimizer.learning_rate.numpy())
 
   monkeypatch.setattr(
-    keras_rs_configs.common, "embedding_optimizer", embedding_optimizer
+    keras_rs_configs, "embedding_optimizer", embedding_optimizer
   )
   translated = keras_rs_configs.translate({"f": krs_feature("f", table)})
   assert calls == [table.optimizer]

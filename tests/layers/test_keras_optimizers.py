@@ -27,10 +27,10 @@ from tests import oracle
 from tests.layers.tf_keras_pytest import run_pytest_under_tf_keras
 from tpu_embedding.layers import PartialTPUEmbedding
 from tpu_embedding.layers import TPUEmbedding
-from tpu_embedding.layers import common
 from tpu_embedding.layers.keras_compat import IS_KERAS_3
 from tpu_embedding.layers.keras_compat import keras
 from tpu_embedding.layers.keras_optimizers import KerasLearningRate
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.layers.keras_optimizers import to_embedding_optimizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -187,8 +187,8 @@ def test_one_step_through_the_layer_equals_the_oracle(family, case, rng):
 
 @pytest.mark.parametrize("name", sorted(OURS))
 def test_names_are_the_default_optimizers(name):
-  assert common.embedding_optimizer(name) == OURS[name]()
-  assert common.embedding_optimizer(name.upper()) == OURS[name]()
+  assert embedding_optimizer(name) == OURS[name]()
+  assert embedding_optimizer(name.upper()) == OURS[name]()
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -332,7 +332,7 @@ def test_a_subclass_is_refused(family):
     pass
 
   with pytest.raises(ValueError, match="MySGD .*Subclasses are refused"):
-    common.embedding_optimizer(MySGD(0.1))
+    embedding_optimizer(MySGD(0.1))
 
 
 # --- tf-keras ---------------------------------------------------------------

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tpu_embedding.layers import PartialTPUEmbedding
 from tpu_embedding.layers import TPUEmbedding
-from tpu_embedding.layers import common
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.layers.tf_configs import from_tf_optimizer
 
 TFE = tf.tpu.experimental.embedding
@@ -48,7 +48,7 @@ OPTIMIZERS = {
 def test_tensorflow_optimizers_become_ours(name):
   theirs, ours = OPTIMIZERS[name]
   assert from_tf_optimizer(theirs) == ours
-  assert common.embedding_optimizer(theirs) == ours
+  assert embedding_optimizer(theirs) == ours
 
 
 def test_tensorflow_configs_in_tpu_embedding():

@@ -46,17 +46,22 @@ def _data(tf, np, samples=16):
   }
 
 
-def _values(layer, common):
+def _values(layer):
+  import numpy as np
+  import tensorflow as tf
+
+  def full_value(variable):  # Every layout's variable converts to its whole.
+    return np.asarray(tf.convert_to_tensor(variable))
+
   if hasattr(layer, "mid_level_api"):
     variables = layer.mid_level_api.variables
     return {
-      (t, s): common.full_value(v)
+      (t, s): full_value(v)
       for t, slots in variables.items()
       for s, v in slots.items()
     }
   return {
-    (t.name, "keras"): common.full_value(v)
-    for t, v in layer.embedding_tables.items()
+    (t.name, "keras"): full_value(v) for t, v in layer.embedding_tables.items()
   }
 
 
@@ -70,7 +75,6 @@ def main() -> None:
   import tpu_embedding as tpe
   from tpu_embedding.layers import PartialTPUEmbedding
   from tpu_embedding.layers import TPUEmbedding
-  from tpu_embedding.layers import common
   from tpu_embedding.layers import keras_compat
 
   assert not keras_compat.IS_KERAS_3
@@ -108,10 +112,10 @@ def main() -> None:
   # 1. TPUEmbedding: per-table optimizers in fit, Keras' for the rest.
   model = RankingModel(TPUEmbedding(_tables(tpe, tf, np), tpe.SGD(0.1)))
   model.compile(optimizer=tf_keras.optimizers.Adagrad(0.1))
-  before = _values(model.embedding, common)
+  before = _values(model.embedding)
   history = model.fit(dataset, epochs=3, verbose=0)
   assert history.history["loss"][-1] < history.history["loss"][0], history
-  after = _values(model.embedding, common)
+  after = _values(model.embedding)
   for (table, slot), value in after.items():
     changed = np.flatnonzero(np.any(value != before[table, slot], axis=1))
     assert set(changed) == used[table], (table, slot, changed)
@@ -120,14 +124,14 @@ def main() -> None:
   assert not any(tuple(v.shape) in {(40, 3), (7, 3)} for v in model.variables)
   model.predict(dataset, verbose=0)
   model.evaluate(dataset, verbose=0)
-  for key, value in _values(model.embedding, common).items():
+  for key, value in _values(model.embedding).items():
     np.testing.assert_array_equal(value, after[key], err_msg=str(key))
 
   # 2. A checkpoint restores the tables into a fresh model.
   path = tf.train.Checkpoint(model=model).save(os.environ["CKPT_DIR"] + "/c")
   fresh = RankingModel(TPUEmbedding(_tables(tpe, tf, np), tpe.SGD(0.1)))
   tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
-  for key, value in _values(fresh.embedding, common).items():
+  for key, value in _values(fresh.embedding).items():
     np.testing.assert_array_equal(value, after[key], err_msg=str(key))
 
   # 3. PartialTPUEmbedding: the small table is a Keras weight trained by
@@ -135,13 +139,13 @@ def main() -> None:
   partial = PartialTPUEmbedding(_tables(tpe, tf, np), "sgd", size_threshold=10)
   model = RankingModel(partial)
   model.compile(optimizer=tf_keras.optimizers.Adagrad(0.1))
-  before = _values(partial.tpu_embedding, common)
-  small_before = _values(partial.replicated_embedding, common)
+  before = _values(partial.tpu_embedding)
+  small_before = _values(partial.replicated_embedding)
   model.fit(dataset, epochs=1, verbose=0)
   assert any(tuple(v.shape) == (7, 3) for v in model.trainable_variables)
-  for key, value in _values(partial.tpu_embedding, common).items():
+  for key, value in _values(partial.tpu_embedding).items():
     assert not np.array_equal(value, before[key]), key
-  for key, value in _values(partial.replicated_embedding, common).items():
+  for key, value in _values(partial.replicated_embedding).items():
     assert not np.array_equal(value, small_before[key]), key
 
   # 4. A functional tf-keras model (ragged Input) saves to and loads from
@@ -165,8 +169,8 @@ def main() -> None:
   loaded = tf_keras.models.load_model(os.environ["CKPT_DIR"] + "/model.keras")
   loaded_layer = loaded.get_layer("embedding")
   assert type(loaded_layer) is TPUEmbedding
-  want = _values(layer, common)
-  for key, value in _values(loaded_layer, common).items():
+  want = _values(layer)
+  for key, value in _values(loaded_layer).items():
     np.testing.assert_array_equal(value, want[key], err_msg=str(key))
   print("OK")
 

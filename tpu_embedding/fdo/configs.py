@@ -68,9 +68,9 @@ def to_tf_feature_config(feature_config: Any, optimizer: Any = None) -> Any:
 
     optimizer = tf_configs.from_tf_optimizer(optimizer)
   elif optimizer is not None and not _is_tpe_optimizer(optimizer):
-    from tpu_embedding.layers import common
+    from tpu_embedding.layers import keras_optimizers
 
-    optimizer = common.embedding_optimizer(optimizer)
+    optimizer = keras_optimizers.embedding_optimizer(optimizer)
   return tpu_conversion.to_tf_feature_config(feature_config, optimizer)
 
 

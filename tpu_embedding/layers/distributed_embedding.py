@@ -63,10 +63,10 @@ from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.engines.tpu import is_tpu_strategy
 from tpu_embedding.engines.tpu_conversion import to_tf_feature_config
-from tpu_embedding.layers import common
 from tpu_embedding.layers import keras_rs_configs
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.keras_compat import register_serializable
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
@@ -136,7 +136,8 @@ class DistributedEmbedding(TPUEmbedding):
         ``tpu_embedding.FeatureConfig``. A table's optimizer is a name
         (``"sgd"``, ``"adagrad"``, ``"adam"``, ``"ftrl"``), a
         ``tpu_embedding`` optimizer or whatever
-        ``tpu_embedding.layers.common.embedding_optimizer`` translates;
+        ``tpu_embedding.layers.keras_optimizers.embedding_optimizer``
+        translates;
         this package's tables without one use ``"adam"``, as keras-rs.
       table_stacking: as keras-rs: ``"auto"`` stacks tables of the same
         width, optimizer and placement into one variable each; None stacks
@@ -205,7 +206,7 @@ class DistributedEmbedding(TPUEmbedding):
     Raises:
       ValueError: naming missing or unexpected features.
     """
-    common.check_inputs(self._config.structure, inputs, weights, self.name)
+    self._check_inputs(inputs, weights)
     flat_weights = (
       [None] * len(self._config.features)
       if weights is None
@@ -345,7 +346,7 @@ def for_keras_rs(feature_configs: Any) -> Any:
       "keras_rs.layers.FeatureConfig or only tpu_embedding.FeatureConfig."
     )
   if ours:
-    optimizer = common.embedding_optimizer(DEFAULT_TABLE_OPTIMIZER)
+    optimizer = embedding_optimizer(DEFAULT_TABLE_OPTIMIZER)
     translated = to_tf_feature_config([flat[i] for i in ours], optimizer)
     for i, tf_feature in zip(ours, translated, strict=True):
       flat[i] = tf_feature

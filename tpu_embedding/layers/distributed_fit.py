@@ -273,7 +273,7 @@ def fixes_models_holding(layer_class: LayerClass) -> LayerClass:
   """Class decorator: the hook fixes the models holding such layers.
 
   The layers register themselves, so this module never imports them (the
-  layers import it: ``common.creation_strategy``). Subclasses are covered.
+  layers import it: ``base.EmbeddingLayer``). Subclasses are covered.
 
   Args:
     layer_class: a Keras layer class.

@@ -1,4 +1,8 @@
-"""Keras optimizers as embedding optimizers, translated by table.
+"""A layer's ``optimizer``: Keras optimizers as embedding ones, by table.
+
+``embedding_optimizer`` takes whatever a layer's ``optimizer`` may be: a
+name (``OPTIMIZER_NAMES``), a Keras optimizer (below), one of TensorFlow's
+TPU embedding optimizers (``tf_configs``) or one of this package's.
 
 The layers take a Keras ``SGD``, ``Adagrad``, ``Adam`` or ``Ftrl`` (Keras 3,
 tf-keras, or ``tf_keras.optimizers.legacy``) as the tables' optimizer, as
@@ -86,6 +90,9 @@ Refused, with a ValueError naming the argument: any other Keras optimizer
 
 Example:
   >>> import tensorflow as tf
+  >>> from tpu_embedding.layers.keras_optimizers import embedding_optimizer
+  >>> embedding_optimizer("adagrad")
+  Adagrad(learning_rate=0.001)
   >>> from tpu_embedding.layers.keras_optimizers import to_embedding_optimizer
   >>> to_embedding_optimizer(tf.keras.optimizers.Adagrad(0.5, clipvalue=1.0))
   Adagrad(learning_rate=0.5, clipvalue=(-1.0, 1.0))
@@ -108,6 +115,7 @@ import tensorflow as tf
 
 from tpu_embedding import compat
 from tpu_embedding import optimizers
+from tpu_embedding.layers import tf_configs
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.types import LearningRate
@@ -446,3 +454,50 @@ def to_embedding_optimizer(optimizer: Any) -> Optimizer:
   kwargs["learning_rate"] = _learning_rate(optimizer, config, family, where)
   kwargs.update(_weight_decay(config), **_clipvalue(config))
   return mapping.embedding_class(**kwargs)
+
+
+#: Optimizer names the layers accept, with Keras' default learning rates
+#: (the defaults of these classes): sgd 0.01, the others 0.001.
+OPTIMIZER_NAMES = {
+  "sgd": optimizers.SGD,
+  "adagrad": optimizers.Adagrad,
+  "adam": optimizers.Adam,
+  "ftrl": optimizers.FTRL,
+}
+
+
+def embedding_optimizer(optimizer: Any) -> Optimizer | None:
+  """The embedding optimizer for whatever a layer's ``optimizer`` may be.
+
+  Args:
+    optimizer: ``"sgd"``, ``"adagrad"``, ``"adam"``, ``"ftrl"`` (default
+      hyper-parameters); a Keras ``SGD``, ``Adagrad``, ``Adam`` or ``Ftrl``
+      (Keras 3, tf-keras or tf-keras legacy; ``to_embedding_optimizer``);
+      one of TensorFlow's TPU embedding optimizers (rebuilt by
+      ``tf_configs``); an instance of this package's optimizers; or None
+      (lookups only).
+
+  Returns:
+    The optimizer object (None for None).
+
+  Raises:
+    ValueError: for an unknown name, a Keras optimizer or argument with no
+      embedding equivalent, or another type.
+  """
+  if optimizer is None or isinstance(optimizer, Optimizer):
+    return optimizer
+  if isinstance(optimizer, str):
+    if optimizer.lower() not in OPTIMIZER_NAMES:
+      raise ValueError(
+        f"Unknown optimizer name '{optimizer}'. Please use one of "
+        f"{sorted(OPTIMIZER_NAMES)}, a Keras SGD, Adagrad, Adam or Ftrl, or "
+        "an optimizer object such as tpu_embedding.Adagrad(0.1)."
+      )
+    return OPTIMIZER_NAMES[optimizer.lower()]()
+  if is_keras_optimizer(optimizer):
+    return to_embedding_optimizer(optimizer)
+  if tf_configs.is_tf_optimizer(optimizer):
+    return tf_configs.from_tf_optimizer(optimizer)
+  raise ValueError(
+    f"{type(optimizer)} is not an embedding optimizer. Pass {ACCEPTED}."
+  )

@@ -16,7 +16,7 @@ keras-rs                                    tpu_embedding
                                             names via
                                             ``keras.initializers.get``)
 ``optimizer`` (name, ``tpe`` optimizer      ``optimizer``, through
-or Keras optimizer)                         ``common.embedding_optimizer``
+or Keras optimizer)                         ``embedding_optimizer``
 ``combiner``                                ``combiner``
 ``placement``                               the table's layout (below)
 ``max_ids_per_partition``,                  SparseCore buffer sizes: unused
@@ -65,8 +65,8 @@ import tensorflow as tf
 
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
-from tpu_embedding.layers import common
 from tpu_embedding.layers.keras_compat import keras
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.sharding import REPLICATED
 from tpu_embedding.sharding import ROW_SHARDED
 from tpu_embedding.sharding import PlacementPolicy
@@ -175,9 +175,9 @@ def to_initializer(initializer: Any, table: str) -> Initializer | None:
 def to_table(table: Any) -> TableConfig:
   """This package's ``TableConfig`` for a keras-rs one (see the module).
 
-  The optimizer goes through ``common.embedding_optimizer``, the one place
-  that turns names and optimizer objects (Keras' included, as that
-  function learns them) into this package's optimizers.
+  The optimizer goes through ``embedding_optimizer``, the one place that
+  turns names and optimizer objects (Keras' included, as that function
+  learns them) into this package's optimizers.
 
   Raises:
     ValueError: for an invalid field, naming the table.
@@ -187,7 +187,7 @@ def to_table(table: Any) -> TableConfig:
     vocabulary_size=table.vocabulary_size,
     dim=table.embedding_dim,
     initializer=to_initializer(getattr(table, "initializer", None), name),
-    optimizer=common.embedding_optimizer(getattr(table, "optimizer", "adam")),
+    optimizer=embedding_optimizer(getattr(table, "optimizer", "adam")),
     combiner=getattr(table, "combiner", "mean"),
     name=name,
   )

@@ -29,15 +29,12 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.layers import common
-from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
-from tpu_embedding.layers import tf_configs
-from tpu_embedding.layers.keras_compat import Layer
+from tpu_embedding.layers.base import EmbeddingLayer
 from tpu_embedding.layers.keras_compat import register_serializable
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.layers.replicated_embedding import ReplicatedEmbedding
 from tpu_embedding.layers.tpu_embedding import TPUEmbedding
-from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import PlacementPolicy
@@ -75,8 +72,7 @@ def _uses_mid_level_api(table: TableConfig, size_threshold: int | None) -> bool:
 
 
 @register_serializable
-@distributed_fit.fixes_models_holding
-class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
+class PartialTPUEmbedding(EmbeddingLayer):
   """The mid-level API for large tables, Keras weights for small ones.
 
   A drop-in for ``tfrs.experimental.layers.embedding.PartialTPUEmbedding``
@@ -145,14 +141,10 @@ class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
         "Argument `size_threshold` must be None or an int >= 0. "
         f"Received: {size_threshold!r}"
       )
-    # Keras compiles with XLA where our steps do (replicas.py).
-    self.supports_jit = compiles_with_xla(common.creation_strategy())
-    self._optimizer = common.embedding_optimizer(optimizer)
-    self._tf_configs = tf_configs.FromTFConfigs()
+    self._optimizer = embedding_optimizer(optimizer)
     self._config = resolve(
       self._tf_configs.feature_config(feature_config), None
     )
-    self._strategy = common.creation_strategy()
     self._size_threshold = size_threshold
     self._pipeline_execution_with_tensor_core = (
       pipeline_execution_with_tensor_core
@@ -282,27 +274,15 @@ class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
     """
     if serving_config is not None:
       return self.serving_lookup(features, weights, serving_config)
-    structure = self._config.structure
-    common.check_inputs(structure, features, weights, self.name)
-    common.check_strategy(self._strategy, self.name)
-    flat_ids = dict(
-      zip(
-        self._config.paths,
-        tf.nest.flatten(features, expand_composites=False),
-        strict=True,
-      )
-    )
-    flat_weights = (
-      None
-      if weights is None
-      else dict(
-        zip(
-          self._config.paths,
-          tf.nest.flatten(weights, expand_composites=False),
-          strict=True,
-        )
-      )
-    )
+    self._check_inputs(features, weights)
+    self._check_strategy()
+
+    def by_path(nest: Any) -> dict[str, Any]:
+      flat = tf.nest.flatten(nest, expand_composites=False)
+      return dict(zip(self._config.paths, flat, strict=True))
+
+    flat_ids = by_path(features)
+    flat_weights = None if weights is None else by_path(weights)
     outputs: dict[str, Any] = {}
     for side, layer in (
       (TPU_EMBEDDING, self._tpu_embedding_layer),
@@ -318,26 +298,7 @@ class PartialTPUEmbedding(common.ChecksStructureFirst, Layer):
         layer({p: flat_ids[p] for p in paths}, side_weights, training=training)
       )
     return tf.nest.pack_sequence_as(
-      structure, [outputs[p] for p in self._config.paths]
-    )
-
-  def serving_lookup(
-    self,
-    features: FeatureNest,
-    weights: WeightsNest | None = None,
-    serving_config: Any = None,
-  ) -> Any:
-    """Serving lookups of any subset of the features, both halves.
-
-    See ``TPUEmbedding.serving_lookup``.
-    """
-    return common.serving_lookup(
-      self.table_stores,
-      self._config,
-      self.name,
-      features,
-      weights,
-      self._tf_configs.feature_config(serving_config),
+      self._config.structure, [outputs[p] for p in self._config.paths]
     )
 
   # --- saving --------------------------------------------------------------

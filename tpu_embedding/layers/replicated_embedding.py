@@ -33,14 +33,10 @@ from tpu_embedding.activations import look_up
 from tpu_embedding.activations import prepare_features
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.kernels.ops import lookup_ops
-from tpu_embedding.layers import common
-from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
-from tpu_embedding.layers.keras_compat import Layer
-from tpu_embedding.layers.keras_compat import in_symbolic_call
+from tpu_embedding.layers.base import EmbeddingLayer
 from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.lookup import occurrence_rows
-from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import TableStore
@@ -56,8 +52,7 @@ def _with_dense_gradient(table: tf.Tensor) -> Any:
 
 
 @register_serializable
-@distributed_fit.fixes_models_holding
-class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
+class ReplicatedEmbedding(EmbeddingLayer):
   """Embedding tables as Keras weights, with the mid-level API's lookups.
 
   Each table is one ``[vocabulary_size, dim]`` trainable weight named after
@@ -87,11 +82,7 @@ class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
       ValueError: for an invalid feature config.
     """
     super().__init__(**kwargs)
-    # Keras compiles with XLA where our steps do (replicas.py).
-    self.supports_jit = compiles_with_xla(common.creation_strategy())
     self._config = resolve(feature_config, None)
-    self._strategy = common.creation_strategy()
-    self._input_kinds = common.InputKinds()
     self._weights_by_table = tuple(
       self.add_weight(
         name=table.name,
@@ -146,16 +137,10 @@ class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
         created under.
     """
     del training
-    structure = self._config.structure
-    common.check_inputs(structure, features, weights, self.name)
-    features, weights, scalar = common.batch_lone_ids(features, weights)
-    if in_symbolic_call():
-      return common.unbatch_scalars(
-        common.symbolic_activations(features, self._config, self._input_kinds),
-        scalar,
-      )
-    self._input_kinds.record(features, self._config, symbolic=False)
-    common.check_strategy(self._strategy, self.name)
+    return self._look_up(features, weights, self._look_up_in_weights)
+
+  def _look_up_in_weights(self, features: Any, weights: Any) -> Any:
+    """The activations of ids the lookup takes, gathered from the weights."""
     prepared = prepare_features(
       self._config, features, weights, "features passed to the layer", True
     )
@@ -174,8 +159,7 @@ class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
         for r in requests
       ]
 
-    activations, _ = look_up(self._config, prepared, rows, ops=ops)
-    return common.unbatch_scalars(activations, scalar)
+    return look_up(self._config, prepared, rows, ops=ops)[0]
 
   def _readable(self, variable: Any) -> Any:
     """What to gather rows from: the weight, or its value (dense gradient).
@@ -191,22 +175,6 @@ class ReplicatedEmbedding(common.ChecksStructureFirst, Layer):
     if self._strategy.num_replicas_in_sync > 1:
       return _with_dense_gradient(tf.convert_to_tensor(variable))
     return variable
-
-  def serving_lookup(
-    self,
-    features: FeatureNest,
-    weights: WeightsNest | None = None,
-    serving_config: Any = None,
-  ) -> Any:
-    """Serving lookups of a subset of the features (see ``TPUEmbedding``)."""
-    return common.serving_lookup(
-      self.table_stores,
-      self._config,
-      self.name,
-      features,
-      weights,
-      serving_config,
-    )
 
   def get_config(self) -> dict[str, Any]:
     """The constructor arguments, feature configs as plain data."""

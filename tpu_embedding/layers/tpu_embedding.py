@@ -40,17 +40,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_embedding.embedding import TPUEmbeddingV3
-from tpu_embedding.layers import common
-from tpu_embedding.layers import distributed_fit
 from tpu_embedding.layers import serialization
-from tpu_embedding.layers import tf_configs
-from tpu_embedding.layers.keras_compat import Layer
-from tpu_embedding.layers.keras_compat import in_symbolic_call
+from tpu_embedding.layers.base import EmbeddingLayer
 from tpu_embedding.layers.keras_compat import register_serializable
-from tpu_embedding.replicas import compiles_with_xla
+from tpu_embedding.layers.keras_optimizers import embedding_optimizer
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import PlacementPolicy
@@ -65,8 +62,7 @@ DUMMY_NAME = "tpu_embedding_helper_dummy"
 
 
 @register_serializable
-@distributed_fit.fixes_models_holding
-class TPUEmbedding(common.ChecksStructureFirst, Layer):
+class TPUEmbedding(EmbeddingLayer):
   """A Keras layer looking up, and training, ``tpu_embedding`` tables.
 
   A drop-in for ``tfrs.layers.embedding.TPUEmbedding`` that trains on the
@@ -167,10 +163,7 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
     """
     del embedding_feature
     super().__init__(**kwargs)
-    # Keras compiles with XLA where our steps do (replicas.py).
-    self.supports_jit = compiles_with_xla(common.creation_strategy())
-    self._optimizer = common.embedding_optimizer(optimizer)
-    self._tf_configs = tf_configs.FromTFConfigs()
+    self._optimizer = embedding_optimizer(optimizer)
     feature_config = self._tf_configs.feature_config(feature_config)
     # A frozen dataclass: Keras does not wrap (and track) the user's nest.
     self._config = resolve(feature_config, self._optimizer)
@@ -180,8 +173,6 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
     self._batch_size = batch_size
     self._row_sharding_threshold = row_sharding_threshold
     self._table_stacking = table_stacking
-    self._strategy = common.creation_strategy()
-    self._input_kinds = common.InputKinds()
     self._single_device = not tf.distribute.has_strategy() or isinstance(
       self._strategy, tf.distribute.OneDeviceStrategy
     )
@@ -245,7 +236,7 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
       features: a nest of id tensors (``tf.Tensor``, ``tf.SparseTensor``,
         ``tf.RaggedTensor``) with the structure of ``feature_config``. A
         scalar id gives its row (``[dim]``); a rank-1 ``SparseTensor`` is
-        one id (or none) per example (see ``common.batch_lone_ids``).
+        one id (or none) per example (see ``keras_inputs.batch_lone_ids``).
       weights: None, or a nest like ``features`` of per-id weights.
       serving_config: if given, a serving lookup instead (see
         ``serving_lookup``).
@@ -262,54 +253,13 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
     """
     if serving_config is not None:
       return self.serving_lookup(features, weights, serving_config)
-    structure = self._config.structure
-    common.check_inputs(structure, features, weights, self.name)
-    features, weights, scalar = common.batch_lone_ids(features, weights)
-    if in_symbolic_call():
-      activations = common.symbolic_activations(
-        features, self._config, self._input_kinds
-      )
-    else:
-      self._input_kinds.record(features, self._config, symbolic=False)
-      common.check_strategy(self._strategy, self.name)
+
+    def look_up(features: Any, weights: Any) -> Any:
       if self._updates_tables(training):
-        activations = self._lookup_with_gradient_hook(features, weights)
-      else:
-        activations = self._tpu_embedding(features, weights)
-    return common.unbatch_scalars(activations, scalar)
+        return self._lookup_with_gradient_hook(features, weights)
+      return self._tpu_embedding(features, weights)
 
-  def serving_lookup(
-    self,
-    features: FeatureNest,
-    weights: WeightsNest | None = None,
-    serving_config: Any = None,
-  ) -> Any:
-    """Serving lookups of any subset of the features, current tables.
-
-    ``tpu_embedding.serving_embedding_lookup`` on this layer's tables:
-    TensorFlow's serving semantics, no gradient hook, no collectives.
-
-    Args:
-      features: a nest of ids whose paths are a subset of
-        ``serving_config``'s.
-      weights: None, or per-id weights like ``features``.
-      serving_config: a nest of ``FeatureConfig`` using this layer's
-        ``TableConfig`` objects; defaults to the layer's feature config.
-
-    Returns:
-      A nest like ``features`` of activations.
-
-    Raises:
-      ValueError: for unknown features or tables.
-    """
-    return common.serving_lookup(
-      self.table_stores,
-      self._config,
-      self.name,
-      features,
-      weights,
-      self._tf_configs.feature_config(serving_config),
-    )
+    return self._look_up(features, weights, look_up)
 
   def _updates_tables(self, training: Any) -> bool:
     """Whether this call installs the gradient hook that updates tables."""
@@ -382,8 +332,36 @@ class TPUEmbedding(common.ChecksStructureFirst, Layer):
 
   def save_own_variables(self, store: Any) -> None:
     """Saves every table and slot whole (Keras ``model.save``)."""
-    common.save_tables(self._tpu_embedding.table_stores, store)
+    for key, (table_store, slot) in self._weights_file_keys().items():
+      store[key] = np.asarray(table_store.read(slot))
 
   def load_own_variables(self, store: Any) -> None:
-    """Restores every table and slot (Keras ``load_model``)."""
-    common.load_tables(self._tpu_embedding.table_stores, store, self.name)
+    """Restores every table and slot (Keras ``load_model``).
+
+    Raises:
+      ValueError: naming the tables or slots ``store`` lacks (nothing is
+        written then).
+    """
+    wanted = self._weights_file_keys()
+    missing = sorted(key for key in wanted if key not in store)
+    if missing:
+      raise ValueError(
+        f"Layer '{self.name}': the saved weights lack the tables or slots "
+        f"{missing}; they hold {sorted(store.keys())}. Was the model "
+        "saved with the same feature config and optimizers?"
+      )
+    for key, (table_store, slot) in wanted.items():
+      table_store.assign(np.asarray(store[key]), slot)
+
+  def _weights_file_keys(self) -> dict[str, tuple[TableStore, str]]:
+    """``{Keras weights-file key: (store, slot)}`` of every table and slot.
+
+    TensorFlow's checkpoint escaping: ``t`` and ``t.Saccumulators``.
+    """
+    keys = {}
+    for name, table_store in self.table_stores.items():
+      escaped = name.replace(".", "..").replace("/", ".S")
+      for slot in table_store.keys:
+        key = escaped if slot == "parameters" else f"{escaped}.S{slot}"
+        keys[key] = (table_store, slot)
+    return keys
