@@ -264,3 +264,42 @@ def test_dynamic_vocabularies_stay_in_memory(tmp_path):
         disk=DiskTier(str(tmp_path), 2**16, ("keys",))
       ),
     ).build(per_replica_batch_size=BATCH)
+
+
+def test_the_keras_layer_trains_a_disk_table_and_saves_its_tier(tmp_path):
+  """``layers.TPUEmbedding`` in ``model.fit``, a sequence feature
+  included: the same tables as in memory; its config keeps the tier."""
+  from tests.layers import builders
+  from tpu_embedding.layers import TPUEmbedding
+  from tpu_embedding.layers import serialization
+  from tpu_embedding.layers.keras_compat import keras
+
+  made = []
+  for disk in (DiskTier(str(tmp_path), 38 * builders.DIM * 4 * 2, ("big",)),
+               DiskTier()):  # fmt: skip
+    big, small = builders.tables(big_optimizer=tpe.Adagrad(0.3))
+    features = builders.mixed_features(big, small)
+    layer = TPUEmbedding(
+      features,
+      tpe.Adam(0.1),
+      row_sharding_threshold=PlacementPolicy(disk=disk),
+    )
+    model = builders.LinearModel(layer, builders.kernel_for(features))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    for seed in range(1, 4):
+      ids, weights = builders.mixed_batch(seed)
+      model.train_on_batch(
+        builders.model_inputs(ids, weights), builders.labels(seed)
+      )
+    made.append(layer)
+  tiered, memory = made
+  assert tiered.mid_level_api.table_stores["big"].layout == "tiered"
+  got = builders.full_values(tiered.mid_level_api.variables)
+  want = builders.full_values(memory.mid_level_api.variables)
+  assert_same(got, want)
+  # (A layer made from the config would hold the same directory: refused
+  # while this one lives, as two writers of one directory are.)
+  saved = tiered.get_config()["row_sharding_threshold"]
+  assert serialization.deserialize_row_threshold(saved).disk == DiskTier(
+    str(tmp_path), 38 * builders.DIM * 4 * 2, ("big",)
+  )

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tpu_embedding import initializers
@@ -45,6 +46,8 @@ from tpu_embedding.config import deserialize_feature_config
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.sharding import IN_MEMORY
+from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.types import FeatureConfigNest
 
@@ -105,18 +108,27 @@ def serialize_row_threshold(
   threshold: int | PlacementPolicy,
 ) -> int | dict[str, Any]:
   """A ``row_sharding_threshold`` argument as plain data: an ``int``, or a
-  ``PlacementPolicy`` as a dict.
+  ``PlacementPolicy`` as a dict (its ``DiskTier`` too, where it has one).
 
   Example:
     >>> serialize_row_threshold(PlacementPolicy(10, {"t": "replicated"}))
     {'threshold': 10, 'forced': {'t': 'replicated'}}
     >>> deserialize_row_threshold(_)
     PlacementPolicy(row_threshold=10, forced={'t': 'replicated'})
+    >>> disk = DiskTier("/ssd/tables", 2**20, ("t",))
+    >>> deserialize_row_threshold(serialize_row_threshold(
+    ...     PlacementPolicy(10, disk=disk))).disk == disk
+    True
   """
   if not isinstance(threshold, PlacementPolicy):
     return int(threshold)
-  forced = dict(threshold.forced)
-  return {"threshold": threshold.row_threshold, "forced": forced}
+  data: dict[str, Any] = {
+    "threshold": threshold.row_threshold,
+    "forced": dict(threshold.forced),
+  }
+  if threshold.disk.tables:
+    data["disk"] = dataclasses.asdict(threshold.disk)
+  return data
 
 
 def deserialize_row_threshold(
@@ -124,5 +136,10 @@ def deserialize_row_threshold(
 ) -> int | PlacementPolicy:
   """The threshold ``serialize_row_threshold`` described."""
   if isinstance(data, dict):
-    return PlacementPolicy(data["threshold"], data["forced"])
+    disk = data.get("disk")
+    return PlacementPolicy(
+      data["threshold"],
+      data["forced"],
+      IN_MEMORY if disk is None else DiskTier(**disk),
+    )
   return data
