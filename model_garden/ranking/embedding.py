@@ -9,7 +9,9 @@ initializer of standard deviation ``1 / sqrt(dim)``; with
 ``tpe.DynamicVocabulary`` of that many rows, fed raw int64 keys.
 ``make_embedding`` creates the ``tpu_embedding.TPUEmbedding`` under the
 current strategy: tables above ``ModelConfig.size_threshold`` rows are
-row-sharded across the replicas, the others replicated.
+row-sharded across the replicas, the others replicated; with
+``ModelConfig.disk_directory``, tables above ``disk_size_threshold`` rows
+are kept on that local disk behind a RAM cache (``placement_policy``).
 
 Example:
   >>> from model_garden.ranking import embedding
@@ -29,6 +31,8 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from model_garden.ranking.configs import definitions
+from tpu_embedding.sharding import DiskTier
+from tpu_embedding.sharding import PlacementPolicy
 
 
 def table_name(index: int) -> str:
@@ -88,6 +92,36 @@ def _vocabulary(config: definitions.ModelConfig) -> Any:
   )
 
 
+def disk_table_names(config: definitions.ModelConfig) -> tuple[str, ...]:
+  """The names of the tables kept on disk (``ModelConfig.disk_tables``)."""
+  return tuple(table_name(i) for i in config.disk_tables())
+
+
+def placement_policy(
+  config: definitions.ModelConfig,
+) -> int | PlacementPolicy:
+  """``TPUEmbedding(row_sharding_threshold=...)``: the threshold, with the
+  tables kept on disk when ``disk_directory`` names a directory.
+
+  Example:
+    >>> from model_garden.ranking import embedding
+    >>> from model_garden.ranking.configs import definitions
+    >>> config = definitions.ModelConfig(vocab_sizes=(100, 7))
+    >>> embedding.placement_policy(config)
+    50000
+    >>> embedding.placement_policy(definitions.ModelConfig(
+    ...   vocab_sizes=(100, 7), disk_directory="/ssd", disk_size_threshold=10,
+    ...   disk_cache_bytes=4096)).disk
+    DiskTier(directory='/ssd', cache_bytes=4096, tables=('embedding_table_00',))
+  """
+  threshold = config.row_sharding_threshold()
+  names = disk_table_names(config)
+  if not names:
+    return threshold
+  disk = DiskTier(config.disk_directory, config.disk_cache_bytes, names)
+  return PlacementPolicy(threshold, disk=disk)
+
+
 def make_embedding(
   config: definitions.ModelConfig,
   optimizer: Any,
@@ -99,7 +133,7 @@ def make_embedding(
   """The model's ``TPUEmbedding`` under the current strategy (not built).
 
   Args:
-    config: the model config (tables, ``size_threshold``).
+    config: the model config (tables, ``size_threshold``, the disk tier).
     optimizer: the tables' optimizer (``optimizers.embedding_optimizer``).
     seed: see ``feature_config``.
     pipeline: ``pipeline_execution_with_tensor_core`` (TPU only).
@@ -119,7 +153,9 @@ def make_embedding(
     feature_config(config, seed, per_replica_batch_size),
     optimizer,
     pipeline_execution_with_tensor_core=pipeline,
-    row_sharding_threshold=config.row_sharding_threshold(),
+    row_sharding_threshold=placement_policy(config),
+    # A table kept on disk is held alone, never stacked.
+    table_stacking=None if config.disk_tables() else "auto",
   )
 
 

@@ -13,7 +13,10 @@ is written before they all pass:
 * ``check_checkpoint``: ``--mode eval`` needs a checkpoint, and an
   experiment that matches the ``params.yaml`` of the run that wrote it.
 * ``check_memory``: the tables and their slots must fit in the memory
-  available (``table_bytes`` estimates them from the config alone).
+  available (``table_bytes`` estimates them from the config alone; a
+  table kept on disk counts its cache and 4 bytes a row).
+* ``check_disk_directory``: ``task.model.disk_directory`` can be created
+  and written, and no other process keeps its tables there.
 * ``check_data_keys``: data keys that contradict each other or would be
   ignored (an ``input_path`` with synthetic data, ...).
 * ``check_run_dir``: training into a ``model_dir`` whose ``params.yaml``
@@ -46,6 +49,8 @@ import tensorflow as tf
 from model_garden.ranking import optimizers
 from model_garden.ranking.configs import definitions
 from tpu_embedding import memory
+from tpu_embedding import run_lock
+from tpu_embedding.sharding import DiskTier
 
 #: Strategies that run over a cluster of processes.
 CLUSTER_STRATEGIES = ("multi_worker_mirrored", "parameter_server")
@@ -59,6 +64,19 @@ CHECKPOINT_SHAPING = (
   "trainer.optimizer_config.embedding_optimizer",
   "trainer.optimizer_config.dense_optimizer",
   "runtime.mixed_precision_dtype",
+)
+#: Keys under those that leave the checkpoint alone (where tables live:
+#: a checkpoint restores into memory or onto disk).
+NOT_CHECKPOINT_SHAPING = (
+  "task.model.disk_directory",
+  "task.model.disk_size_threshold",
+  "task.model.disk_cache_bytes",
+)
+#: The way out a memory refusal offers: tables kept on a local disk.
+DISK_WAY_OUT = (
+  "keep the largest tables on a local disk behind a RAM cache "
+  "(task.model.disk_directory, disk_size_threshold, disk_cache_bytes; one "
+  "device)"
 )
 
 
@@ -247,16 +265,22 @@ def check_data(config: definitions.ExperimentConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TableBytes:
-  """Estimated memory of an experiment's tables and optimizer slots."""
+  """Estimated memory of an experiment's tables and optimizer slots.
+
+  ``tables``, ``slots``, ``sharded`` and ``largest`` count the tables held
+  in memory; ``disk`` the memory of the tables kept on disk: each one's
+  cache and its map of cached rows (``DiskTier.memory_bytes``).
+  """
 
   tables: int
   slots: int
   sharded: int
   largest: int
+  disk: int = 0
 
   @property
   def total(self) -> int:
-    return self.tables + self.slots
+    return self.tables + self.slots + self.disk
 
   def per_host(self, hosts: int) -> int:
     """Bytes on each of ``hosts`` machines: row-sharded tables split, the
@@ -267,6 +291,9 @@ class TableBytes:
 def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
   """Table and slot bytes of ``config``'s model (float32), from its config.
 
+  A table kept on disk (``task.model.disk_directory``) counts as
+  ``tpu_embedding``'s ``build()`` counts it: its cache plus 4 bytes a row.
+
   Example:
     >>> from model_garden.ranking import configs, preflight
     >>> config = configs.override(configs.get_config("dlrm_criteo"), {
@@ -276,6 +303,12 @@ def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
     >>> b = preflight.table_bytes(config)
     >>> b.tables, b.slots, b.largest
     (258560, 258560, 512000)
+    >>> b = preflight.table_bytes(configs.override(config, {
+    ...   "task.model.disk_directory": "/ssd",
+    ...   "task.model.disk_size_threshold": 100,
+    ...   "task.model.disk_cache_bytes": 2**16}))
+    >>> b.tables, b.disk  # table 0 on disk: 64 KiB of cache + 4 B a row
+    (2560, 69536)
   """
   model = config.task.model
   slots = len(
@@ -284,14 +317,21 @@ def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
     ).SLOT_NAMES
   )
   threshold = model.row_sharding_threshold()
-  tables = sharded = largest = 0
-  for rows, dim in zip(model.vocab_sizes, model.embedding_dims(), strict=True):
+  on_disk = set(model.disk_tables())
+  tier = DiskTier(model.disk_directory, model.disk_cache_bytes)
+  tables = sharded = largest = disk = 0
+  for i, (rows, dim) in enumerate(
+    zip(model.vocab_sizes, model.embedding_dims(), strict=True)
+  ):
+    if i in on_disk:
+      disk += tier.memory_bytes(rows)
+      continue
     size = rows * dim * ELEMENT_BYTES
     tables += size
     largest = max(largest, size * (1 + slots))
     if rows > threshold:
       sharded += size * (1 + slots)
-  return TableBytes(tables, tables * slots, sharded, largest)
+  return TableBytes(tables, tables * slots, sharded, largest, disk)
 
 
 def available_memory() -> int | None:
@@ -340,17 +380,48 @@ def check_memory(
   where = "this machine" if hosts == 1 else f"each of {hosts} machines"
   from model_garden import cli  # noqa: PLC0415
 
+  on_disk = len(config.task.model.disk_tables())
+  disk = (
+    f", the caches of the {on_disk} table(s) on disk {_gib(estimate.disk)}"
+    if on_disk
+    else ""
+  )
   raise cli.FixableError(
     f"{experiment}: the {len(config.task.model.vocab_sizes)} embedding "
     f"tables need about {_gib(needed)} per machine (tables "
-    f"{_gib(estimate.tables)}, optimizer slots {_gib(estimate.slots)}, "
-    f"largest table while initializing {_gib(estimate.largest)}) but "
-    f"{where} has {_gib(available)} available. Use a smaller variant "
+    f"{_gib(estimate.tables)}, optimizer slots {_gib(estimate.slots)}"
+    f"{disk}, largest table while initializing {_gib(estimate.largest)}) "
+    f"but {where} has {_gib(available)} available. Use a smaller variant "
     f"(e.g. --experiment {experiment.removesuffix('_cpu_small')}_cpu_small),"
-    " smaller task.model.vocab_sizes, or spread the tables over more "
+    " smaller task.model.vocab_sizes, spread the tables over more "
     "machines (multi_worker_mirrored workers or parameter_server PS tasks "
-    "with TF_CONFIG)."
+    f"with TF_CONFIG), or {DISK_WAY_OUT}."
   )
+
+
+def check_disk_directory(config: definitions.ExperimentConfig) -> None:
+  """``task.model.disk_directory`` (when it keeps tables) can be created
+  and written, and no other process keeps its tables there (their
+  locks); leaves it as it was.
+
+  Raises:
+    cli.FixableError: naming the directory and what to do.
+  """
+  from model_garden import cli  # noqa: PLC0415
+  from model_garden.ranking import embedding  # noqa: PLC0415
+
+  model = config.task.model
+  if not model.disk_tables():
+    return
+  flag = "task.model.disk_directory"
+  check_model_dir(model.disk_directory, flag)
+  for name in embedding.disk_table_names(model):
+    try:
+      run_lock.check_free(
+        os.path.join(model.disk_directory, name), f"use another {flag}"
+      )
+    except run_lock.DirectoryInUseError as e:
+      raise cli.FixableError(str(e)) from None
 
 
 def cluster_hosts(strategy: str, tf_config: Mapping[str, Any] | None) -> int:
@@ -414,9 +485,7 @@ def check_checkpoint(
   differences = [
     key
     for key in sorted(mine)
-    if key.startswith(CHECKPOINT_SHAPING)
-    and key in theirs
-    and mine[key] != theirs[key]
+    if shapes_checkpoint(key) and key in theirs and mine[key] != theirs[key]
   ]
   if differences:
     shown = "; ".join(
@@ -636,6 +705,20 @@ def _rmdir(path: str) -> None:
     os.rmdir(path)
 
 
+def shapes_checkpoint(key: str) -> bool:
+  """Whether config ``key`` (dotted) shapes the checkpoint's variables.
+
+  Example:
+    >>> from model_garden.ranking import preflight
+    >>> (preflight.shapes_checkpoint("task.model.vocab_sizes"),
+    ...  preflight.shapes_checkpoint("task.model.disk_directory"))
+    (True, False)
+  """
+  return (
+    key.startswith(CHECKPOINT_SHAPING) and key not in NOT_CHECKPOINT_SHAPING
+  )
+
+
 def differing_keys(
   config: definitions.ExperimentConfig, saved: Mapping[str, Any]
 ) -> list[tuple[str, Any, Any]]:
@@ -645,9 +728,7 @@ def differing_keys(
   return [
     (key, mine[key], theirs[key])
     for key in sorted(mine)
-    if key.startswith(CHECKPOINT_SHAPING)
-    and key in theirs
-    and mine[key] != theirs[key]
+    if shapes_checkpoint(key) and key in theirs and mine[key] != theirs[key]
   ]
 
 

@@ -424,6 +424,7 @@ def check_resources(plan: Plan) -> None:
     FLAGS.experiment,
     hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
   )
+  preflight.check_disk_directory(plan.config)
   preflight.check_inputs(plan.config, FLAGS.mode)
   warning = preflight.shared_files_warning(plan.config, FLAGS.mode)
   if warning:
@@ -756,10 +757,15 @@ def _describe(loop: Any, experiment: str) -> None:
   sharded = (
     sum(p.sharded for p in plan.placements.values()) if plan is not None else 0
   )
+  on_disk = ""
+  if model.disk_tables():  # (one device: the stores are this process's)
+    stores = loop.task.embedding.table_stores.values()
+    tiered = sum(store.layout == "tiered" for store in stores)
+    on_disk = f", {tiered} on disk in {model.disk_directory}"
   loop.log(
     f"{experiment}: {model.interaction} interaction, "
     f"{len(model.vocab_sizes)} tables ({sum(model.vocab_sizes):,} rows; "
-    f"{sharded} row-sharded), {type(strategy).__name__} with "
+    f"{sharded} row-sharded{on_disk}), {type(strategy).__name__} with "
     f"{strategy.num_replicas_in_sync} replica(s), global batch "
     f"{config.task.train_data.global_batch_size}, {loop.inputs.source} "
     f"data, {config.trainer.train_steps} steps"

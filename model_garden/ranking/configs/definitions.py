@@ -243,6 +243,21 @@ class ModelConfig:
   """Ours: a dynamic table's key unseen for this many steps loses its row
   to the next new key of its bucket; 0: never expires."""
 
+  disk_directory: str = ""
+  """Ours: a local directory (an SSD) where the tables of more than
+  ``disk_size_threshold`` rows are kept, with their optimizer slots,
+  behind a RAM cache of ``disk_cache_bytes`` each
+  (``tpu_embedding.sharding.DiskTier``; one device only); "" keeps every
+  table in memory."""
+
+  disk_size_threshold: int = 1_000_000
+  """Ours: with ``disk_directory``, tables with more rows than this are
+  kept on disk; 0: every table."""
+
+  disk_cache_bytes: int = 256 * 2**20
+  """Ours: the RAM cache of each table kept on disk (its cached rows and
+  their slots); it must hold twice the distinct ids of a step."""
+
   use_partial_tpu_embedding: bool = True
   """Model Garden's partial TPU embedding: False puts every table in the
   TPU embedding, here: shards every table (``size_threshold`` ignored)."""
@@ -267,6 +282,23 @@ class ModelConfig:
     if isinstance(self.embedding_dim, int):
       return (self.embedding_dim,) * len(self.vocab_sizes)
     return tuple(self.embedding_dim)
+
+  def disk_tables(self) -> tuple[int, ...]:
+    """The indices of the tables kept on disk (``disk_directory``).
+
+    Example:
+      >>> from model_garden.ranking.configs.definitions import ModelConfig
+      >>> ModelConfig(vocab_sizes=(10, 2000), disk_directory="/ssd",
+      ...             disk_size_threshold=1000).disk_tables()
+      (1,)
+    """
+    if not self.disk_directory:
+      return ()
+    return tuple(
+      i
+      for i, rows in enumerate(self.vocab_sizes)
+      if rows > self.disk_size_threshold
+    )
 
   def row_sharding_threshold(self) -> int:
     """``TPUEmbedding(row_sharding_threshold=...)`` for this model."""
@@ -562,6 +594,17 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
       "vocabulary_min_count >= 1 and vocabulary_ttl_steps >= 0; got "
       f"{model.vocabulary_eviction!r}, {model.vocabulary_min_count}, "
       f"{model.vocabulary_ttl_steps}.",
+    ),
+    (
+      model.disk_size_threshold >= 0 and model.disk_cache_bytes > 0,
+      "task.model.disk_size_threshold must be >= 0 and disk_cache_bytes "
+      f"positive; got {model.disk_size_threshold}, "
+      f"{model.disk_cache_bytes}.",
+    ),
+    (
+      "://" not in model.disk_directory,
+      f"task.model.disk_directory={model.disk_directory!r} is not local: "
+      "tables kept on disk need a local directory (an SSD).",
     ),
     (
       min(model.vocab_sizes, default=1) >= 1,

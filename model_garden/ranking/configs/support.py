@@ -231,6 +231,7 @@ def check_supported(config: definitions.ExperimentConfig) -> None:
       f"runtime.tpu={runtime.tpu!r} applies to the tpu strategy, not "
       f"{runtime.distribution_strategy}."
     )
+  _check_disk(config)
   for split in ("train_data", "validation_data"):
     dtype = getattr(config.task, split).dtype
     if dtype not in DATA_DTYPES:
@@ -259,4 +260,53 @@ def check_supported(config: definitions.ExperimentConfig) -> None:
       "trainer.best_checkpoint_eval_metric is set but "
       "trainer.best_checkpoint_export_subdir is empty: set the directory "
       "to keep the best checkpoint in."
+    )
+
+
+#: The strategies that train tables kept on disk (one device).
+DISK_STRATEGIES = ("default", "one_device")
+
+
+def _check_disk(config: definitions.ExperimentConfig) -> None:
+  """Refuses what tables kept on disk do not run with: other strategies
+  than one device, dynamic vocabularies, delta checkpoints.
+
+  Example:
+    >>> from model_garden.ranking import configs
+    >>> from model_garden.ranking.configs import support
+    >>> config = configs.override(configs.get_config("dlrm_criteo"), {
+    ...   "task.model.disk_directory": "/ssd/tables",
+    ...   "runtime.distribution_strategy": "mirrored"})
+    >>> try:
+    ...   support.check_supported(config)
+    ... except ValueError as e:
+    ...   print(str(e)[:61])
+    task.model.disk_directory keeps 6 table(s) on disk (more rows
+  """
+  model = config.task.model
+  count = len(model.disk_tables())
+  if not count:
+    return
+  kept = (
+    f"task.model.disk_directory keeps {count} table(s) on disk (more rows "
+    f"than disk_size_threshold={model.disk_size_threshold})"
+  )
+  strategy = config.runtime.distribution_strategy
+  if strategy not in DISK_STRATEGIES:
+    raise ValueError(
+      f"{kept}, which train on one device only (--strategy default or "
+      f"one_device), not {strategy}: use one of those, or remove "
+      "task.model.disk_directory."
+    )
+  if model.vocabulary != "fixed":
+    raise ValueError(
+      f"{kept}, and task.model.vocabulary={model.vocabulary!r}: tables "
+      "with a dynamic vocabulary are not kept on disk; use "
+      "vocabulary=fixed, or remove task.model.disk_directory."
+    )
+  if config.trainer.checkpoint_delta_interval:
+    raise ValueError(
+      f"{kept}, and trainer.checkpoint_delta_interval="
+      f"{config.trainer.checkpoint_delta_interval}: delta checkpoints do "
+      "not cover tables kept on disk; set it to 0 (full checkpoints)."
     )
