@@ -108,10 +108,14 @@ _MAIN_UNDER_CLI_RUN = ("benchmark.py", "pipelining_benchmark.py")
 
 
 def test_every_tool_and_example_is_covered():
-  helpers = {"_timing.py", "_floor.py", "_plots.py", "proc_memory.py"} | {
-    f"memory_{part}.py"
-    for part in ("cluster", "config", "jobs", "runs", "workload")
-  }  # memory_report.py's parts
+  helpers = (
+    {"_timing.py", "_floor.py", "_plots.py", "_disk.py"}
+    | {"proc_memory.py"}
+    | {
+      f"memory_{part}.py"
+      for part in ("cluster", "config", "jobs", "runs", "workload")
+    }
+  )  # memory_report.py's parts
   assert set(TOOLS) == set(ARGPARSE_TOOLS) | set(ABSL_TOOLS) | helpers
   assert EXAMPLES == ["examples/quickstart.py"]
 
@@ -185,6 +189,27 @@ def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
     ],
     2,
   )
+
+
+def test_benchmark_disk_storage_against_memory_and_the_io_floor(tmp_path):
+  out = run_tool(
+    "benchmark.py",
+    "--storage=disk", "--tables=2", "--rows=3000", "--dim=4",
+    "--batch_size=64", "--steps=3", "--warmup=1", "--repeats=2",
+    "--dist=zipf", "--zipf=1.05", "--cache_fraction=0.1",
+    "--disk_probe_mib=8", f"--disk_dir={tmp_path}", "--skip_keras",
+    f"--json={tmp_path / 'd.json'}",
+  ).stdout  # fmt: skip
+  assert re.search(r"[\d,]+ random 4 KiB reads/s \(64 in flight\)", out), out
+  assert re.search(r"cache 10% of each table \(300 rows", out), out
+  assert re.search(r"in memory : [\d,]+ examples/s", out), out
+  assert re.search(r"on disk   : [\d,]+ examples/s", out), out
+  assert re.search(
+    r"hit rate [\d.]+%; per step [\d,]+ misses \(an ideal cache: [\d,]+\)",
+    out,
+  ), out
+  assert re.search(r"IO floor [\d,]+ examples/s .* on disk at \d+% of it", out)
+  _check_measurements(_json(tmp_path / "d.json"), ["in memory", "on disk"], 2)
 
 
 def _membench_json(tmp_path, dim):

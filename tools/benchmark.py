@@ -415,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     help="--storage disk: each table's cache, a fraction of its rows.",
   )
   parser.add_argument(
+    "--disk_probe_mib",
+    type=cli.positive_int,
+    default=1024,
+    help="--storage disk: MiB of the file whose random reads measure the "
+    "disk (each page read once, so the reads cannot come from memory).",
+  )
+  parser.add_argument(
     "--disk_dir",
     default=None,
     help="--storage disk: a directory on the local disk (default: a new "
@@ -670,7 +677,7 @@ def disk_setting(args) -> list[_timing.Measurement]:
   directory = args.disk_dir or tempfile.mkdtemp(prefix="tpe_disk_")
   cache_rows = max(1, int(args.cache_fraction * args.rows))
   cache_bytes = cache_rows * args.dim * 4 * 2  # rows and accumulators
-  rate = _disk.disk_read_rate(directory)
+  rate = _disk.disk_read_rate(directory, size=args.disk_probe_mib * 2**20)
   print(
     f"disk {directory}: {rate:,.0f} random 4 KiB reads/s (64 in flight); "
     f"cache {args.cache_fraction:.0%} of each table ({cache_rows:,} rows, "
