@@ -258,7 +258,7 @@ def test_a_delta_of_exactly_one_row_restores_it(tmp_path):
   checkpoint = tf.train.Checkpoint(embedding=emb, dense=dense)
   full = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-1"))
   emb.table_stores["small"].update(
-    tf.constant([6], tf.int64), tf.ones([1, DIM])
+    tf.constant([6], tf.int64), RowGradients.dense(tf.ones([1, DIM]))
   )
   delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
   assert checkpoint_deltas.read_meta(delta)["rows"] == 1

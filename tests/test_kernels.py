@@ -275,7 +275,7 @@ def test_grouped_positions_equal_the_tensorflow_path(scaled):
   grads = PickedRows.grouped(
     pieces,
     [tf.constant(a, tf.int32) for a in at],
-    [tf.constant(s, tf.float32) for s in scales] if scaled else None,
+    [tf.constant(s, tf.float32) for s in scales] if scaled else (),
   )
   assert fused_apply(table, fused, tf.constant(ids), grads, index) is not None
   rows = []
@@ -322,7 +322,7 @@ def test_bad_picked_rows_fail_and_change_nothing(counts, scales, match):
       pieces[2:] = [tf.ones([5, DIM - 1])] * 2
       scales = None
     positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
-    factors = None if scales is None else [tf.ones([n]) for n in scales]
+    factors = () if scales is None else [tf.ones([n]) for n in scales]
     picked = PickedRows.grouped(pieces, positions, factors)
   with pytest.raises(tf.errors.InvalidArgumentError, match=match):
     fused_apply(table, block, tf.constant(ids), picked, index)

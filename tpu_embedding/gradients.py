@@ -1,14 +1,12 @@
 """Rows where they are: what lookups read and what updates receive.
 
-``PickedRows`` are ``[m, dim]`` rows never made into one tensor: pieces
-(one per feature, or per sender), each row picked out of them by position
-and times a scale. An update's gradients (``RowGradients``) are always
-``PickedRows``, made by one of its constructors: ``dense`` (one tensor),
-``of_pieces`` (pieces whose concatenation they are), ``at`` (rows picked
-out of pieces: the gradients of the ids of multi-id features, an id's
+An update's gradients (``RowGradients``) are ``PickedRows``: one tensor
+(``dense``), pieces whose concatenation they are (``of_pieces``, one per
+feature: never concatenated), rows picked out of pieces, each times a
+scale (``at``: the gradients of the ids of multi-id features, an id's
 gradient being its output row's gradient times its combiner weight, never
-expanded to one row per id) or ``grouped`` (an owner's share of the
-gradients other replicas handed over whole, never split or gathered). The
+expanded to one row per id), or an owner's share of the gradients other
+replicas handed over whole (``grouped``: never split or gathered). The
 fused kernel reads all of them where they are; the TensorFlow path makes
 one tensor of them with ``concat_pieces``.
 
@@ -43,8 +41,7 @@ class PickedRows:
   gathered rows by the scales gives). Positions may also come in groups,
   one per equal group of pieces (an owner's rows out of each sender's
   gradients): then the rows are each group's picks, groups in order, and
-  the scales (if any) come in the same groups. Made by the constructors
-  ``dense``, ``of_pieces``, ``at`` and ``grouped``.
+  the scales (if any) come in the same groups.
 
   Attributes:
     pieces: ``[rows_k, dim]`` float tensors.
@@ -78,7 +75,9 @@ class PickedRows:
     """The rows of ``pieces`` at ``positions`` (None: all, in order), times
     ``scales`` (None: 1)."""
     return cls(
-      pieces=list(pieces), positions=_some(positions), scales=_some(scales)
+      pieces=list(pieces),
+      positions=() if positions is None else (positions,),
+      scales=() if scales is None else (scales,),
     )
 
   @classmethod
@@ -86,35 +85,24 @@ class PickedRows:
     cls,
     pieces: Sequence[tf.Tensor],
     positions: Sequence[tf.Tensor],
-    scales: Sequence[tf.Tensor] | None = None,
+    scales: Sequence[tf.Tensor] = (),
   ) -> PickedRows:
     """Per equal group of ``pieces``, its rows at that group's
     ``positions`` (times its ``scales``), groups in order."""
-    return cls(
-      pieces=list(pieces),
-      positions=tuple(positions),
-      scales=() if scales is None else tuple(scales),
-    )
+    return cls(pieces=list(pieces), positions=(*positions,), scales=(*scales,))
 
   @property
   def picks(self) -> tf.Tensor | None:
     """The positions of ungrouped rows; None: all rows, in order."""
-    if len(self.positions) > 1:
-      raise ValueError("Grouped rows have one positions tensor per group.")
-    return self.positions[0] if self.positions else None
+    return _only(self.positions)
 
   @property
   def factors(self) -> tf.Tensor | None:
     """The scales of ungrouped rows; None: every factor is 1."""
-    if len(self.positions) > 1:
-      raise ValueError("Grouped rows have one scales tensor per group.")
-    return self.scales[0] if self.scales else None
+    return _only(self.scales)
 
   def picked(self, at: tf.Tensor) -> PickedRows:
-    """These rows at ``at``: ``concat_pieces(self)[at]``, still in place.
-
-    Not for grouped positions.
-    """
+    """These (ungrouped) rows at ``at``, still in place."""
     picks, factors = self.picks, self.factors
     positions = at if picks is None else tf.gather(picks, at)
     scales = None if factors is None else tf.gather(factors, at)
@@ -136,8 +124,10 @@ class PickedRows:
 RowGradients: TypeAlias = PickedRows
 
 
-def _some(value: tf.Tensor | None) -> tuple[tf.Tensor, ...]:
-  return () if value is None else (value,)
+def _only(values: tuple[tf.Tensor, ...]) -> tf.Tensor | None:
+  if len(values) > 1:
+    raise ValueError("Grouped rows have one tensor per group.")
+  return values[0] if values else None
 
 
 def concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -10,12 +10,12 @@ step**: step ``n + 1`` sees the tables before step ``n``'s update::
                                \\______ runs alongside dense n+1 ______/
 
 Off TPU, the engine's updates go through an ``UpdateSchedule`` chosen
-once (``update_schedule``): at once, or ``PipelinedUpdates``, which
-keeps each replica's last update (its distinct row ids and summed row
-gradients, per table) in variables instead of applying it; the next
-training lookup first gathers, then applies the held update, with no data
-dependency between that update and the dense computation, so TensorFlow's
-executor can run them concurrently. ``TPUEmbedding.flush_pipeline()``
+once: at once, or ``PipelinedUpdates``, which keeps each replica's last
+update (its distinct row ids and summed row gradients, per table) in
+variables instead of applying it; the next training lookup first gathers,
+then applies the held update, with no data dependency between that update
+and the dense computation, so TensorFlow's executor can run them
+concurrently. ``TPUEmbedding.flush_pipeline()``
 applies a held update at once (call it before evaluating, exporting or
 saving a checkpoint you want to be exact).
 
@@ -107,7 +107,8 @@ class HeldUpdates:
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
     update."""
-    ids, grads, index = self._read(replica, table)
+    held = self._held[replica][table]
+    ids, grads, index = _as_update([v.read_value() for v in held])
     keep = tf.logical_not(_is_in(ids, rows))
     ids, rows, index = keep_rows(ids, grads, index, keep)
     self._assign(replica, table, ids, RowGradients.dense(rows), index)
@@ -143,12 +144,6 @@ class HeldUpdates:
     for variable, value in zip(self._held[replica][table], values, strict=True):
       variable.assign(value)
 
-  def _read(
-    self, replica: int, table: str
-  ) -> tuple[tf.Tensor, RowGradients, tf.Tensor]:
-    held = self._held[replica][table]
-    return _as_update([variable.read_value() for variable in held])
-
 
 def _as_update(
   values: list[tf.Tensor],
@@ -161,9 +156,8 @@ def _as_update(
 class UpdateSchedule:
   """When a training step's updates reach the backend: at once.
 
-  The engine talks to its schedule, chosen once (``update_schedule``), for
-  a training lookup's rows and a step's updates; ``PipelinedUpdates``
-  holds each update back a step.
+  The engine asks its schedule, chosen once, for a training lookup's rows
+  and to apply a step's updates; ``PipelinedUpdates`` holds them a step.
 
   Args:
     backend: the backend that holds the tables.
@@ -205,9 +199,17 @@ class PipelinedUpdates(UpdateSchedule):
   ``apply_updates`` holds the update, and the next ``gather_for_training``
   applies it after gathering (one step stale). ``flush`` applies a held
   update at once.
+
+  Raises:
+    ValueError: for a backend that does not support pipelining.
   """
 
   def __init__(self, backend: Backend, strategy: tf.distribute.Strategy):
+    if not backend.supports_pipelining:
+      raise ValueError(
+        "pipeline_execution_with_tensor_core=True is not available under "
+        "ParameterServerStrategy (workers update asynchronously already)."
+      )
     super().__init__(backend)
     self._strategy = strategy
     self._held: HeldUpdates | None = None
@@ -251,24 +253,6 @@ class PipelinedUpdates(UpdateSchedule):
     if self._held is None:
       raise RuntimeError("The pipelined updates have no tables yet (build).")
     return self._held
-
-
-def update_schedule(
-  backend: Backend, strategy: tf.distribute.Strategy, pipelined: bool
-) -> UpdateSchedule:
-  """The updates of ``backend`` at once, or held a step (``pipelined``).
-
-  Raises:
-    ValueError: pipelining a backend that does not support it.
-  """
-  if not pipelined:
-    return UpdateSchedule(backend)
-  if not backend.supports_pipelining:
-    raise ValueError(
-      "pipeline_execution_with_tensor_core=True is not available under "
-      "ParameterServerStrategy (workers update asynchronously already)."
-    )
-  return PipelinedUpdates(backend, strategy)
 
 
 def _is_in(values: tf.Tensor, candidates: tf.Tensor) -> tf.Tensor:

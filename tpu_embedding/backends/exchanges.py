@@ -215,9 +215,7 @@ class AllToAll(RowExchange):
           picked_at[id(at)] = gradients.picked(at)
       picked = [picked_at[id(at)] for at in where]
       where = [p.picks for p in picked]
-      scales = None
-      if gradients.factors is not None:
-        scales = [p.factors for p in picked]
+      scales = [p.factors for p in picked] if gradients.scales else None
       shapes.append((len(gradients.pieces), scales is not None))
       lists += [id_parts, where] + ([scales] if scales else [])
       lists += [[g] * n for g in gradients.pieces]
@@ -323,7 +321,7 @@ def _picked_rows(
   return RowGradients.grouped(
     [piece for source_pieces in by_source for piece in source_pieces],
     where,
-    scales,
+    scales or (),
   )
 
 

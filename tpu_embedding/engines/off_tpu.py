@@ -5,12 +5,11 @@ It keeps the step bookkeeping of ``enqueue`` → ``dequeue`` →
 path (``activations.py``) with rows from its backend, and turns activation
 gradients into row gradients for the backend's updates. The backend is
 chosen from the strategy (``backends/selection.py``), with the plan of the
-tables' stacks and placements it made (``planning.py``); its updates
-reach it through an update schedule (``pipelining.update_schedule``: held
-a step with ``pipeline_execution_with_tensor_core=True``). The row ops
-of its training steps are chosen by ``kernels/ops.select_ops`` alone,
-from the devices holding its tables, and passed down explicitly; every
-other lookup gets TensorFlow's.
+tables' stacks and placements it made (``planning.py``), its updates
+held a step with ``pipeline_execution_with_tensor_core=True``
+(``pipelining.py``). The row ops of its training steps are chosen by
+``kernels/ops.select_ops`` alone, from the devices holding its tables, and
+passed down explicitly; every other lookup gets TensorFlow's.
 
 Example:
   >>> import tensorflow as tf
@@ -53,7 +52,8 @@ from tpu_embedding.optimizers import learning_rates
 from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
-from tpu_embedding.pipelining import update_schedule
+from tpu_embedding.pipelining import PipelinedUpdates
+from tpu_embedding.pipelining import UpdateSchedule
 from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
@@ -108,8 +108,10 @@ class OffTPUEngine(Engine, Trackable):
     self._sharding_plan = planned.tables
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
     check_dynamic_support(config.tables, backend)
-    self._schedule = update_schedule(
-      backend, strategy, pipeline_execution_with_tensor_core
+    self._schedule = (
+      PipelinedUpdates(backend, strategy)
+      if pipeline_execution_with_tensor_core
+      else UpdateSchedule(backend)
     )
     self._backend: Backend = backend
     self._output_shapes = OutputShapes(

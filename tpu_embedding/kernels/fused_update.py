@@ -44,18 +44,6 @@ def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
 
 
-def _kernel_gradients(
-  grads: RowGradients,
-) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
-  """The pieces the kernel reads, its ``positions`` and ``scales`` inputs
-  (none, one, or one per group of pieces)."""
-  return (
-    grads.pieces,
-    [tf.cast(p, tf.int32) for p in grads.positions],
-    [tf.cast(s, tf.float32) for s in grads.scales],
-  )
-
-
 def fused_apply(
   module: Any,
   table: TableConfig,
@@ -91,14 +79,13 @@ def fused_apply(
   variables = [block[name] for name in names]
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
-  grad_pieces, positions, scales = _kernel_gradients(grads)
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
     index=tf.cast(index, tf.int32),
-    grads=[tf.cast(g, tf.float32) for g in grad_pieces],
-    positions=positions,
-    scales=scales,
+    grads=[tf.cast(g, tf.float32) for g in grads.pieces],
+    positions=[tf.cast(p, tf.int32) for p in grads.positions],
+    scales=[tf.cast(s, tf.float32) for s in grads.scales],
     lr=optimizer.learning_rate_tensor(),
     rule=rule,
     clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),
