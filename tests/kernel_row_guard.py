@@ -188,9 +188,11 @@ def gradient_forms(rng, dim: int, occurrences: int) -> dict:
   scales = rng.uniform(0.5, 2.0, occurrences).astype(np.float32)
   half = occurrences // 2
   return {
-    "tensor": lambda: tf.constant(grads),
-    "pieces": lambda: [tf.constant(grads[:half]), tf.constant(grads[half:])],
-    "picked": lambda: PickedRows(
+    "tensor": lambda: PickedRows.dense(tf.constant(grads)),
+    "pieces": lambda: PickedRows.of_pieces(
+      [tf.constant(grads[:half]), tf.constant(grads[half:])]
+    ),
+    "picked": lambda: PickedRows.at(
       [tf.constant(source[:4]), tf.constant(source[4:])],
       tf.constant(positions),
       tf.constant(scales),

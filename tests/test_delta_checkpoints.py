@@ -26,6 +26,7 @@ import tpu_embedding as tpe
 from tests import processes
 from tests.conftest import mirrored_strategy
 from tpu_embedding.checkpointing import deltas as checkpoint_deltas
+from tpu_embedding.gradients import RowGradients
 
 BATCH = 8
 DIM = 4
@@ -228,7 +229,9 @@ def test_a_delta_holds_the_touched_rows_only(tmp_path):
   checkpoint = tf.train.Checkpoint(embedding=emb, dense=dense)
   full = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-1"))
   store = emb.table_stores["big"]
-  store.update(tf.constant([5, 40, 63], tf.int64), tf.ones([3, DIM]))
+  store.update(
+    tf.constant([5, 40, 63], tf.int64), RowGradients.dense(tf.ones([3, DIM]))
+  )
   delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
   rows = checkpoint_deltas.read_rows(
     delta, "embedding/big/.ATTRIBUTES/VARIABLE_VALUE"
@@ -255,7 +258,7 @@ def test_a_delta_of_exactly_one_row_restores_it(tmp_path):
   checkpoint = tf.train.Checkpoint(embedding=emb, dense=dense)
   full = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-1"))
   emb.table_stores["small"].update(
-    tf.constant([6], tf.int64), tf.ones([1, DIM])
+    tf.constant([6], tf.int64), RowGradients.dense(tf.ones([1, DIM]))
   )
   delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
   assert checkpoint_deltas.read_meta(delta)["rows"] == 1

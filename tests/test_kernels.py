@@ -98,7 +98,7 @@ def _values(block):
 
 def _tensorflow_path(table, block, ids, grads, index):
   summed = tf.math.unsorted_segment_sum(grads, index, tf.size(ids))
-  return updates.apply_rows(table, block, ids, summed, ROWS)
+  return updates.apply_rows(table, block, ids, PickedRows.dense(summed), ROWS)
 
 
 #: (occurrences, distinct ids, width) of an update: a few, and enough
@@ -128,6 +128,7 @@ def test_fused_update_equals_the_tensorflow_path(name, traced, spread, size):
     # Rows on the worker threads, or all on this one (a step with a
     # replica per core): the same numbers.
     ops = KernelOps(kernels.load(), spread=spread)
+    grads = PickedRows.dense(grads)
     assert ops.fused_apply(table, fused, ids, grads, index) is not None
 
   def tf_step(ids, grads, index):
@@ -176,7 +177,13 @@ def test_one_bound_gradient_clipping_equals_the_tensorflow_path(name, bound):
   other = summed < -1.0 if clip[0] is None else summed > 1.0
   assert other.any()  # the side without a bound is reached, unclipped
   assert (
-    fused_apply(table, fused, tf.constant(ids), tf.constant(grads), index)
+    fused_apply(
+      table,
+      fused,
+      tf.constant(ids),
+      PickedRows.dense(tf.constant(grads)),
+      index,
+    )
     is not None
   )
   _tensorflow_path(
@@ -201,9 +208,12 @@ def test_pieces_are_read_as_their_concatenation():
   one, split = _block(table, rng), None
   split = {k: tf.Variable(v) for k, v in one.items()}
   ids, index, grads = _update(rng)
-  fused_apply(table, one, tf.constant(ids), tf.constant(grads), index)
+  dense = PickedRows.dense(tf.constant(grads))
+  fused_apply(table, one, tf.constant(ids), dense, index)
   pieces = [tf.constant(p) for p in np.split(grads, [7, 7, 30])]
-  fused_apply(table, split, tf.constant(ids), pieces, index)
+  fused_apply(
+    table, split, tf.constant(ids), PickedRows.of_pieces(pieces), index
+  )
   for key in one:
     np.testing.assert_array_equal(one[key].numpy(), split[key].numpy())
 
@@ -228,7 +238,7 @@ def test_scaled_rows_equal_the_tensorflow_path_on_the_scaled_rows(
     pieces = [tf.constant(rng.normal(size=(index.size, DIM)), tf.float32)]
   scales = rng.uniform(-2.0, 2.0, index.size).astype(np.float32)
   scales[:2] = [0.0, 1.0 / 3.0]
-  grads = PickedRows(
+  grads = PickedRows.at(
     pieces,
     tf.constant(at, tf.int32) if positions else None,
     tf.constant(scales),
@@ -262,10 +272,10 @@ def test_grouped_positions_equal_the_tensorflow_path(scaled):
   ]
   at = [rng.integers(0, 13, 25), rng.integers(0, 12, 35)]
   scales = [rng.uniform(-2, 2, 25), rng.uniform(-2, 2, 35)]
-  grads = PickedRows(
+  grads = PickedRows.grouped(
     pieces,
     [tf.constant(a, tf.int32) for a in at],
-    [tf.constant(s, tf.float32) for s in scales] if scaled else None,
+    [tf.constant(s, tf.float32) for s in scales] if scaled else (),
   )
   assert fused_apply(table, fused, tf.constant(ids), grads, index) is not None
   rows = []
@@ -305,15 +315,15 @@ def test_bad_picked_rows_fail_and_change_nothing(counts, scales, match):
   before = _values(block)
   ids, index, grads = _update(rng)
   if counts is None:  # Rows in order, scales of the wrong length.
-    picked = PickedRows([tf.constant(grads)], None, tf.ones(scales))
+    picked = PickedRows.at([tf.constant(grads)], None, tf.ones(scales))
   else:  # Groups of pieces, one positions (and scales) tensor each.
     pieces = [tf.constant(rng.normal(size=(5, DIM)), tf.float32)] * 4
     if scales == "widths":  # The second sender's rows are narrower.
       pieces[2:] = [tf.ones([5, DIM - 1])] * 2
       scales = None
     positions = [tf.constant(rng.integers(0, 5, c), tf.int32) for c in counts]
-    factors = None if scales is None else [tf.ones([n]) for n in scales]
-    picked = PickedRows(pieces, positions, factors)
+    factors = () if scales is None else [tf.ones([n]) for n in scales]
+    picked = PickedRows.grouped(pieces, positions, factors)
   with pytest.raises(tf.errors.InvalidArgumentError, match=match):
     fused_apply(table, block, tf.constant(ids), picked, index)
   for key, value in _values(block).items():
@@ -329,7 +339,7 @@ def test_empty_update_changes_nothing():
     table,
     block,
     tf.zeros([0], tf.int64),
-    tf.zeros([0, DIM]),
+    PickedRows.dense(tf.zeros([0, DIM])),
     tf.zeros([0], tf.int32),
   )
   for key, value in _values(block).items():
@@ -355,7 +365,9 @@ def test_bad_inputs_fail_and_change_nothing(ids, index, rows, match):
       table,
       block,
       tf.constant(ids, tf.int64),
-      tf.constant(rng.normal(size=(rows, DIM)).astype(np.float32)),
+      PickedRows.dense(
+        tf.constant(rng.normal(size=(rows, DIM)).astype(np.float32))
+      ),
       tf.constant(index, tf.int32),
     )
   for key, value in _values(block).items():
@@ -369,7 +381,8 @@ def test_a_held_dense_read_is_not_mutated():
   held = block["parameters"].read_value()  # shares the buffer until a write
   before = held.numpy().copy()
   ids, index, grads = _update(rng)
-  fused_apply(table, block, tf.constant(ids), tf.constant(grads), index)
+  dense = PickedRows.dense(tf.constant(grads))
+  fused_apply(table, block, tf.constant(ids), dense, index)
   np.testing.assert_array_equal(held.numpy(), before)
   assert not np.array_equal(block["parameters"].numpy(), before)
 
@@ -406,6 +419,7 @@ def test_a_subclass_gets_the_kernel_only_when_it_names_the_rule():
   assert _ScaledSGD(0.1).fused_rule is None
   rng = np.random.default_rng(12)
   ids, index, grads = _update(rng)
+  grads = PickedRows.dense(tf.constant(grads))
   table = _table(_ScaledSGD(0.1))
   assert fused_apply(table, _block(table, rng), ids, grads, index) is None
   assert _NamedSGD(0.1).fused_rule == "sgd"

@@ -23,6 +23,7 @@ from tests import sparse_access
 from tests import test_step_ids as step_ids
 from tests.conftest import mirrored_strategy
 from tests.distributed import cluster
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.tables.step_record import SLOTS
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed" / "ps_training.py"
@@ -68,7 +69,7 @@ def test_out_of_order_steps_in_one_slot_each_land_once(replicas):
   def update(step_id):
     store.update(
       tf.constant(ids, tf.int64),
-      tf.ones([ids.size, step_ids.DIM]),
+      RowGradients.dense(tf.ones([ids.size, step_ids.DIM])),
       step_id=step_id,
     )
 

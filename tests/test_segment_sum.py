@@ -61,7 +61,9 @@ def test_kernel_equals_tensorflow_bit_for_bit(
 
   def ours(rows, segments):
     return KERNEL_OPS.segment_sum(
-      PickedRows(rows, positions, scales), segments, tf.constant(num, tf.int64)
+      PickedRows.at(rows, positions, scales),
+      segments,
+      tf.constant(num, tf.int64),
     )
 
   run = tf.function(ours) if traced else ours
@@ -81,7 +83,7 @@ def test_rows_in_order_without_positions(rng):
   rows = tf.constant(rng.normal(size=(5, 4)).astype(np.float32))
   segments = tf.constant([1, 0, 1, 2, 0], tf.int64)
   got = KERNEL_OPS.segment_sum(
-    PickedRows([rows], None), segments, tf.constant(3, tf.int64)
+    PickedRows.dense(rows), segments, tf.constant(3, tf.int64)
   )
   want = tf.math.unsorted_segment_sum(rows, segments, 3)
   np.testing.assert_array_equal(got.numpy(), want.numpy())
@@ -131,7 +133,7 @@ def test_gradient_equals_tensorflow(scaled, pieces, rng):
 
   def ours():
     return KERNEL_OPS.segment_sum(
-      PickedRows(list(parts), positions, given), segments, num
+      PickedRows.at(list(parts), positions, given), segments, num
     )
 
   def gradients(function):
@@ -160,7 +162,7 @@ def test_each_ops_object_uses_its_own_ops(ops):
   graph = (
     tf.function(
       lambda r, s: ops.segment_sum(
-        PickedRows([r], None), s, tf.constant(2, tf.int64)
+        PickedRows.dense(r), s, tf.constant(2, tf.int64)
       )
     )
     .get_concrete_function(rows, segments)

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding.backends.base import Backend
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.tables.step_record import SLOTS
 from tpu_embedding.tables.update_guards import LockedUpdates
 
@@ -107,7 +108,7 @@ def test_each_row_block_keeps_its_own_record():
 
   @tf.function
   def update(step_id):
-    store.update(ids, tf.ones([3, DIM]), step_id=step_id)
+    store.update(ids, RowGradients.dense(tf.ones([3, DIM])), step_id=step_id)
 
   update(tf.constant(0, tf.int64))
   once = store.read("accumulators").numpy()

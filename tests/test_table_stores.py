@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
+from tpu_embedding.gradients import RowGradients
 
 ROWS, DIM = 11, 3
 
@@ -104,7 +105,7 @@ def test_update_by_global_ids_matches_numpy_adagrad(layout):
   _, store, _, values = layout
   ids = np.array([10, 0, 5], np.int64)
   grads = np.arange(9, dtype=np.float32).reshape(3, 3) - 4
-  store.update(tf.constant(ids), tf.constant(grads))
+  store.update(tf.constant(ids), RowGradients.dense(tf.constant(grads)))
   accumulators = np.full((ROWS, DIM), 0.1, np.float32)
   accumulators[ids] += grads**2
   expected = values.copy()

@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding.gradients import RowGradients  # noqa: E402
 
 #: Rows updated per call while touching rows.
 CHUNK = 65536
@@ -84,7 +85,8 @@ def measure(args: argparse.Namespace, directory: str) -> dict:
   ids = np.random.default_rng(0).choice(args.rows, touched, replace=False)
   for first in range(0, touched, CHUNK):
     chunk = tf.constant(np.sort(ids[first : first + CHUNK]), tf.int64)
-    store.update(chunk, tf.fill([tf.size(chunk), args.dim], 0.5))
+    grads = RowGradients.dense(tf.fill([tf.size(chunk), args.dim], 0.5))
+    store.update(chunk, grads)
   delta, delta_s = _timed(
     tpe.checkpoints.write_delta,
     checkpoint,

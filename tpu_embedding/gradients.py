@@ -1,24 +1,24 @@
-"""Gradient rows as an update receives them, in place where they are.
+"""Rows where they are: what lookups read and what updates receive.
 
-An update gets the gradients of single occurrences (``RowGradients``) as
-one ``[m, dim]`` tensor, as ``Pieces`` whose concatenation it is (one per
-feature: never concatenated), or as ``PickedRows``: rows picked out of
-pieces, each times a scale. ``PickedRows`` are the gradients of the ids
-of multi-id features (an id's gradient is its output row's gradient times
-its combiner weight: never expanded to one row per id) and an owner's
-share of the gradients other replicas handed over whole (never split or
-gathered). The fused kernel reads all of them where they are; the
-TensorFlow path makes one tensor of them with ``concat_pieces``.
+An update's gradients (``RowGradients``) are ``PickedRows``: one tensor
+(``dense``), pieces whose concatenation they are (``of_pieces``, one per
+feature: never concatenated), rows picked out of pieces, each times a
+scale (``at``: the gradients of the ids of multi-id features, an id's
+gradient being its output row's gradient times its combiner weight, never
+expanded to one row per id), or an owner's share of the gradients other
+replicas handed over whole (``grouped``: never split or gathered). The
+fused kernel reads all of them where they are; the TensorFlow path makes
+one tensor of them with ``concat_pieces``.
 
 Example:
   >>> import tensorflow as tf
-  >>> picked = PickedRows(
+  >>> picked = PickedRows.at(
   ...     [tf.constant([[1.0], [2.0]]), tf.constant([[3.0]])],
   ...     tf.constant([2, 0]))
   >>> concat_pieces(picked).numpy().ravel().tolist()
   [3.0, 1.0]
-  >>> scaled = PickedRows([tf.constant([[1.0], [2.0]])],
-  ...                     tf.constant([1, 1, 0]), tf.constant([0.5, 1.0, 2.0]))
+  >>> scaled = PickedRows.at([tf.constant([[1.0], [2.0]])],
+  ...     tf.constant([1, 1, 0]), tf.constant([0.5, 1.0, 2.0]))
   >>> concat_pieces(scaled).numpy().ravel().tolist()
   [1.0, 2.0, 2.0]
 """
@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Union
+from typing import TypeAlias
 
 import tensorflow as tf
 
-#: ``[rows_k, dim]`` gradient rows whose concatenation is an update's.
-Pieces = Sequence[tf.Tensor]
 
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PickedRows:
-  """Gradient rows picked out of larger pieces, each times a scale.
+  """Rows picked out of pieces, each times a scale.
 
   Row ``i`` is ``scales[i] * rows[positions[i]]`` for ``rows`` the
   concatenation of ``pieces`` (one float32 product: what multiplying the
@@ -48,75 +45,120 @@ class PickedRows:
 
   Attributes:
     pieces: ``[rows_k, dim]`` float tensors.
-    positions: ``[m]`` int32 row positions in their concatenation, or a
-      list of them (one per group of pieces); None: row ``i`` is row ``i``
-      (then ``scales`` is given).
-    scales: ``[m]`` float32 factors (a list with grouped positions); None:
-      every factor is 1.
+    positions: none (row ``i`` is row ``i`` of the pieces' concatenation),
+      one ``[m]`` int32 tensor of positions in it, or one per group.
+    scales: none (every factor is 1), or ``[m]`` float32 factors: one
+      tensor, or one per group.
   """
 
   pieces: list[tf.Tensor]
-  positions: tf.Tensor | list[tf.Tensor] | None
-  scales: tf.Tensor | list[tf.Tensor] | None = None
+  positions: tuple[tf.Tensor, ...] = ()
+  scales: tuple[tf.Tensor, ...] = ()
+
+  @classmethod
+  def dense(cls, rows: tf.Tensor) -> PickedRows:
+    """``[m, dim]`` rows as they are."""
+    return cls(pieces=[rows])
+
+  @classmethod
+  def of_pieces(cls, pieces: Sequence[tf.Tensor]) -> PickedRows:
+    """The concatenation of ``pieces``, left in place."""
+    return cls(pieces=list(pieces))
+
+  @classmethod
+  def at(
+    cls,
+    pieces: Sequence[tf.Tensor],
+    positions: tf.Tensor | None,
+    scales: tf.Tensor | None = None,
+  ) -> PickedRows:
+    """The rows of ``pieces`` at ``positions`` (None: all, in order), times
+    ``scales`` (None: 1)."""
+    return cls(
+      pieces=list(pieces),
+      positions=() if positions is None else (positions,),
+      scales=() if scales is None else (scales,),
+    )
+
+  @classmethod
+  def grouped(
+    cls,
+    pieces: Sequence[tf.Tensor],
+    positions: Sequence[tf.Tensor],
+    scales: Sequence[tf.Tensor] = (),
+  ) -> PickedRows:
+    """Per equal group of ``pieces``, its rows at that group's
+    ``positions`` (times its ``scales``), groups in order."""
+    return cls(pieces=list(pieces), positions=(*positions,), scales=(*scales,))
+
+  @property
+  def picks(self) -> tf.Tensor | None:
+    """The positions of ungrouped rows; None: all rows, in order."""
+    return _only(self.positions)
+
+  @property
+  def factors(self) -> tf.Tensor | None:
+    """The scales of ungrouped rows; None: every factor is 1."""
+    return _only(self.scales)
 
   def picked(self, at: tf.Tensor) -> PickedRows:
-    """These rows at ``at``: ``concat_pieces(self)[at]``, still in place.
-
-    Not for grouped positions.
-    """
-    if isinstance(self.positions, list):
-      raise ValueError("picked() needs ungrouped positions.")
-    positions = at if self.positions is None else tf.gather(self.positions, at)
-    scales = None if self.scales is None else tf.gather(self.scales, at)
-    return PickedRows(self.pieces, positions, scales)
+    """These (ungrouped) rows at ``at``, still in place."""
+    picks, factors = self.picks, self.factors
+    positions = at if picks is None else tf.gather(picks, at)
+    scales = None if factors is None else tf.gather(factors, at)
+    return PickedRows.at(self.pieces, positions, scales)
 
   def groups(self) -> list[PickedRows]:
     """One ungrouped ``PickedRows`` per group (itself if not grouped)."""
-    if not isinstance(self.positions, list):
+    if len(self.positions) < 2:
       return [self]
     size = len(self.pieces) // len(self.positions)
-    scales = self.scales or [None] * len(self.positions)
+    scales = self.scales or (None,) * len(self.positions)
     return [
-      PickedRows(self.pieces[k * size : (k + 1) * size], at, scale)
+      PickedRows.at(self.pieces[k * size : (k + 1) * size], at, scale)
       for k, (at, scale) in enumerate(zip(self.positions, scales, strict=True))
     ]
 
 
-#: An update's gradient rows, where they are: one ``[m, dim]`` tensor,
-#: ``Pieces`` or ``PickedRows``.
-RowGradients = Union[tf.Tensor, Pieces, PickedRows]
+#: An update's gradient rows, where they are.
+RowGradients: TypeAlias = PickedRows
 
 
-def pieces(grads: tf.Tensor | Pieces) -> list[tf.Tensor]:
-  """``grads`` (a tensor or pieces) as a list of ``[rows, dim]`` pieces."""
-  return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+def _only(values: tuple[tf.Tensor, ...]) -> tf.Tensor | None:
+  if len(values) > 1:
+    raise ValueError("Grouped rows have one tensor per group.")
+  return values[0] if values else None
 
 
-def concat_pieces(grads: RowGradients) -> tf.Tensor:
-  """``grads`` as one tensor (pieces concatenated, picked rows gathered)."""
-  if isinstance(grads, PickedRows) and isinstance(grads.positions, list):
-    return concat_pieces([concat_pieces(group) for group in grads.groups()])
-  if isinstance(grads, PickedRows):
-    rows = concat_pieces(grads.pieces)
-    if grads.positions is not None:
-      rows = tf.gather(rows, grads.positions)
-    if grads.scales is None:
-      return rows
-    return rows * tf.expand_dims(grads.scales, 1)
-  parts = pieces(grads)
-  return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+def concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+  """``tensors`` concatenated (the one tensor itself when alone)."""
+  return tensors[0] if len(tensors) == 1 else tf.concat(list(tensors), axis=0)
+
+
+def concat_pieces(rows: PickedRows) -> tf.Tensor:
+  """``rows`` as one tensor (pieces concatenated, picked rows gathered)."""
+  if len(rows.positions) > 1:
+    return concat([concat_pieces(group) for group in rows.groups()])
+  out = concat(rows.pieces)
+  if rows.picks is not None:
+    out = tf.gather(out, rows.picks)
+  if rows.factors is None:
+    return out
+  return out * tf.expand_dims(rows.factors, 1)
 
 
 def keep_rows(
   ids: tf.Tensor, grads: RowGradients, index: tf.Tensor, keep: tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
   """An update ``(ids, grads, index)`` without the rows where ``keep`` is
-  false: their occurrences go too, the others are re-indexed.
+  false: their occurrences go too, the others are re-indexed (the
+  gradients as one tensor).
 
   Example:
     >>> import tensorflow as tf
     >>> ids, grads, index = keep_rows(
-    ...   tf.constant([4, 9]), tf.constant([[1.0], [2.0], [3.0]]),
+    ...   tf.constant([4, 9]),
+    ...   PickedRows.dense(tf.constant([[1.0], [2.0], [3.0]])),
     ...   tf.constant([1, 0, 1]), tf.constant([False, True]))
     >>> ids.numpy().tolist(), grads.numpy().tolist(), index.numpy().tolist()
     ([9], [[1.0], [3.0]], [0, 0])

@@ -43,6 +43,7 @@ import tensorflow as tf
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
+from tpu_embedding.gradients import concat
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.ops import StepOps
@@ -101,10 +102,6 @@ def combiner_scales(
   return tf.math.divide_no_nan(weights, tf.gather(denominators, segments))
 
 
-def _concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-  return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=0)
-
-
 def group_table(
   table: TableConfig,
   features: Sequence[PreparedFeature],
@@ -151,10 +148,10 @@ def group_table(
     member_scales.append(own_scales)
     for f in mine:
       offset = offset + f.num_segments
-  segments = _concat(member_segments)
+  segments = concat(member_segments)
   scales: tf.Tensor | None = None
   if any(s is not None for s in member_scales):
-    scales = _concat(
+    scales = concat(
       [
         tf.ones_like(seg, tf.float32) if s is None else s
         for seg, s in zip(member_segments, member_scales, strict=True)
@@ -183,14 +180,14 @@ def _member_segments(
       rows = tf.range(f.num_segments, dtype=tf.int64)
     feature_segments.append(rows + offset if len(features) > 1 else rows)
     offset = offset + f.num_segments
-  segments = _concat(feature_segments)
+  segments = concat(feature_segments)
   if len(features) == 1:
     num_segments = features[0].num_segments
   else:
     num_segments = tf.add_n([f.num_segments for f in features])
   weights: tf.Tensor | None = None
   if any(f.weights is not None for f in features):
-    weights = _concat(
+    weights = concat(
       [
         tf.ones_like(f.ids, tf.float32) if f.weights is None else f.weights
         for f in features
@@ -233,7 +230,7 @@ def occurrence_rows(unique_rows: tf.Tensor, index: tf.Tensor) -> PickedRows:
   of each occurrence. Nothing is copied: ``combine`` reads each
   occurrence's row where it is.
   """
-  return PickedRows([unique_rows], index)
+  return PickedRows.at([unique_rows], index)
 
 
 def combine(rows: PickedRows, batch: TableBatch, ops: StepOps) -> tf.Tensor:
@@ -253,15 +250,15 @@ def combine(rows: PickedRows, batch: TableBatch, ops: StepOps) -> tf.Tensor:
     pieces = [quantization.quantize(piece) for piece in pieces]
   if batch.segments is None:  # One id per output row.
     one_per_row = (
-      concat_pieces(pieces)  # Read in occurrence order already.
-      if rows.positions is None
-      else ops.gather_pieces(pieces, rows.positions)
+      concat(pieces)  # Read in occurrence order already.
+      if rows.picks is None
+      else ops.gather_pieces(pieces, rows.picks)
     )
     if batch.scales is None:
       return one_per_row
     return one_per_row * batch.scales[:, None]
   return ops.segment_sum(
-    PickedRows(pieces, rows.positions, batch.scales),
+    PickedRows.at(pieces, rows.picks, batch.scales),
     batch.segments,
     batch.num_segments,
   )
@@ -304,20 +301,20 @@ def occurrence_gradients(
   Returns:
     ``gradients.RowGradients`` whose concatenation is the ``[n, dim]``
     gradients: one piece per feature when each id is its own output row
-    (read in place, never copied into one tensor); else ``PickedRows``:
-    each id's output row's gradient (``batch.segments``) times its
-    combiner scale, never expanded to one row per id.
+    (read in place, never copied into one tensor); else rows picked out
+    of them: each id's output row's gradient (``batch.segments``) times
+    its combiner scale, never expanded to one row per id.
   """
   dim = batch.table.dim
   pieces = [
     tf.reshape(tf.cast(g, tf.float32), [-1, dim]) for g in activation_grads
   ]
   if batch.segments is None and batch.scales is None:
-    return pieces
+    return RowGradients.of_pieces(pieces)
   segments = batch.segments
   if segments is not None:
     segments = tf.cast(segments, tf.int32)
-  return PickedRows(pieces, segments, batch.scales)
+  return RowGradients.at(pieces, segments, batch.scales)
 
 
 def row_gradients(

@@ -9,12 +9,13 @@ step**: step ``n + 1`` sees the tables before step ``n``'s update::
   step n+1:   lookup(T_{n-1})  apply g_n -> T_n   ...dense n+1...   hold g_{n+1}
                                \\______ runs alongside dense n+1 ______/
 
-Off TPU, ``PipelinedBackend`` wraps the backend that holds the tables: it
-keeps each replica's last update (its distinct row ids and summed row
-gradients, per table) in variables instead of applying it; the next
-training lookup first gathers, then applies the held update, with no data
-dependency between that update and the dense computation, so TensorFlow's
-executor can run them concurrently. ``TPUEmbedding.flush_pipeline()``
+Off TPU, the engine's updates go through an ``UpdateSchedule`` chosen
+once: at once, or ``PipelinedUpdates``, which keeps each replica's last
+update (its distinct row ids and summed row gradients, per table) in
+variables instead of applying it; the next training lookup first gathers,
+then applies the held update, with no data dependency between that update
+and the dense computation, so TensorFlow's executor can run them
+concurrently. ``TPUEmbedding.flush_pipeline()``
 applies a held update at once (call it before evaluating, exporting or
 saving a checkpoint you want to be exact).
 
@@ -49,17 +50,13 @@ from tpu_embedding.backends.base import Updates
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import concat
 from tpu_embedding.gradients import keep_rows
-from tpu_embedding.gradients import pieces
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
-from tpu_embedding.sharding import ShardingPlan
-from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tracking import VariableTracker
 
 
 class HeldUpdates:
@@ -110,9 +107,11 @@ class HeldUpdates:
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
     update."""
-    ids, grads, index = self._read(replica, table)
+    held = self._held[replica][table]
+    ids, grads, index = _as_update([v.read_value() for v in held])
     keep = tf.logical_not(_is_in(ids, rows))
-    self._assign(replica, table, *keep_rows(ids, grads, index, keep))
+    ids, rows, index = keep_rows(ids, grads, index, keep)
+    self._assign(replica, table, ids, RowGradients.dense(rows), index)
 
   def take(self, replica: int) -> list[TableUpdate]:
     """Each table's held ``TableUpdate``; the holding empties."""
@@ -133,92 +132,95 @@ class HeldUpdates:
     grads: RowGradients,
     index: tf.Tensor,
   ) -> None:
-    if not isinstance(grads, PickedRows):
-      grads = PickedRows(pieces(grads), None)
-    rows = concat_pieces(grads.pieces)
+    rows = concat(grads.pieces)
     count = tf.size(index, out_type=tf.int32)
-    positions = grads.positions
+    positions = grads.picks
     if positions is None:
       positions = tf.range(count)
-    scales = grads.scales
+    scales = grads.factors
     if scales is None:  # 1 (exact: x * 1 is x).
       scales = tf.ones([count], tf.float32)
     values = (ids, rows, tf.cast(positions, tf.int32), scales, index)
     for variable, value in zip(self._held[replica][table], values, strict=True):
       variable.assign(value)
 
-  def _read(
-    self, replica: int, table: str
-  ) -> tuple[tf.Tensor, PickedRows, tf.Tensor]:
-    held = self._held[replica][table]
-    return _as_update([variable.read_value() for variable in held])
-
 
 def _as_update(
   values: list[tf.Tensor],
-) -> tuple[tf.Tensor, PickedRows, tf.Tensor]:
+) -> tuple[tf.Tensor, RowGradients, tf.Tensor]:
   """``(ids, gradients, index)`` of a held update's values."""
   ids, rows, positions, scales, index = values
-  return ids, PickedRows([rows], positions, scales), index
+  return ids, RowGradients.at([rows], positions, scales), index
 
 
-class PipelinedBackend(Backend):
-  """A backend whose updates wait for the next training lookup.
+class UpdateSchedule:
+  """When a training step's updates reach the backend: at once.
 
-  Wraps the backend that holds the tables: lookups and stores are the
-  inner backend's; ``apply_updates`` holds the update, and the next
-  ``gather_for_training`` applies it after gathering (one step stale).
-  ``flush`` applies a held update at once.
+  The engine asks its schedule, chosen once, for a training lookup's rows
+  and to apply a step's updates; ``PipelinedUpdates`` holds them a step.
+
+  Args:
+    backend: the backend that holds the tables.
   """
 
-  def __init__(self, inner: Backend, strategy: tf.distribute.Strategy):
-    super().__init__()
-    self._inner = inner
-    self._strategy = strategy
-    self._held: HeldUpdates | None = None
+  def __init__(self, backend: Backend):
+    self._backend = backend
 
-  @property
-  def inner(self) -> Backend:
-    """The backend that holds the tables."""
-    return self._inner
-
-  @property
-  def stores(self) -> dict[str, TableStore]:
-    return self._inner.stores
-
-  @property
-  def plan(self) -> ShardingPlan | None:
-    return self._inner.plan
-
-  @property
-  def local_devices(self) -> list[str | None]:
-    return self._inner.local_devices
-
-  @property
-  def held_replicas(self) -> dict[int, str | None]:
-    return self._inner.held_replicas
-
-  def shards(
-    self, table_name: str, slot: str = "parameters"
-  ) -> list[tf.Variable]:
-    return self._inner.shards(table_name, slot)
-
-  def create_tables(
-    self, tables: Sequence[TableConfig], tracker: VariableTracker
-  ) -> dict[str, TableStore]:
-    stores = self._inner.create_tables(tables, tracker)
-    self._held = HeldUpdates(tables, self._inner.local_devices)
-    return stores
-
-  def gather_tables(
-    self, requests: GatherRequests, ops: StepOps
-  ) -> list[PickedRows]:
-    return self._inner.gather_tables(requests, ops)
+  def create(self, tables: Sequence[TableConfig]) -> None:
+    """Called once the backend created the stores of ``tables``."""
+    del tables
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
   ) -> list[PickedRows]:
-    rows = self._inner.gather_tables(requests, ops)
+    """``Backend.gather_tables`` for a lookup an update will follow."""
+    return self._backend.gather_tables(requests, ops)
+
+  def apply_updates(
+    self, updates: Updates, ops: StepOps, step_id: tf.Tensor | None = None
+  ) -> None:
+    """``Backend.apply_updates``."""
+    self._backend.apply_updates(updates, ops, step_id)
+
+  def flush(self, ops: StepOps) -> None:
+    """Applies any update held back with ``ops`` (none here)."""
+    del ops
+
+  def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
+    """Removes ``rows`` of table ``table`` from any update held back (none
+    here): a dynamic table gave them to new keys and reset them, so the
+    previous key's update must not land."""
+    del table, rows
+
+
+class PipelinedUpdates(UpdateSchedule):
+  """Updates that wait for the next training lookup.
+
+  ``apply_updates`` holds the update, and the next ``gather_for_training``
+  applies it after gathering (one step stale). ``flush`` applies a held
+  update at once.
+
+  Raises:
+    ValueError: for a backend that does not support pipelining.
+  """
+
+  def __init__(self, backend: Backend, strategy: tf.distribute.Strategy):
+    if not backend.supports_pipelining:
+      raise ValueError(
+        "pipeline_execution_with_tensor_core=True is not available under "
+        "ParameterServerStrategy (workers update asynchronously already)."
+      )
+    super().__init__(backend)
+    self._strategy = strategy
+    self._held: HeldUpdates | None = None
+
+  def create(self, tables: Sequence[TableConfig]) -> None:
+    self._held = HeldUpdates(tables, self._backend.local_devices)
+
+  def gather_for_training(
+    self, requests: GatherRequests, ops: StepOps
+  ) -> list[PickedRows]:
+    rows = self._backend.gather_tables(requests, ops)
     with tf.control_dependencies([p for r in rows for p in r.pieces]):
       self.flush(ops)
     return rows
@@ -240,7 +242,7 @@ class PipelinedBackend(Backend):
         "applies its own held update "
         "(strategy.run(embedding.flush_pipeline))."
       )
-    self._inner.apply_updates(
+    self._backend.apply_updates(
       self._holding().take(local_replica(self._strategy)), ops
     )
 
@@ -249,7 +251,7 @@ class PipelinedBackend(Backend):
 
   def _holding(self) -> HeldUpdates:
     if self._held is None:
-      raise RuntimeError("The pipelined backend has no tables yet (build).")
+      raise RuntimeError("The pipelined updates have no tables yet (build).")
     return self._held
 
 

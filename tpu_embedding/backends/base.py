@@ -52,8 +52,8 @@ class TableUpdate(NamedTuple):
     table: the table, or a stack as one table (``stacking.TableStack``).
     ids: ``[n]`` distinct int64 ids.
     gradients: ``[n, dim]`` summed per id (``id_index`` None), or the
-      ``[m, dim]`` gradients of single occurrences, where they are
-      (``gradients.RowGradients``).
+      ``[m, dim]`` gradients of single occurrences; where they are
+      either way (``gradients.RowGradients``).
     id_index: None, or ``[m]`` int32, the position in ``ids`` of each
       occurrence.
   """
@@ -81,7 +81,7 @@ def summed_gradients(
 class Backend(metaclass=abc.ABCMeta):
   """Holds the table stores; gathers and updates rows of many tables."""
 
-  #: Whether ``pipelining.PipelinedBackend`` may wrap this backend.
+  #: Whether its updates may be held a step (``pipelining.py``).
   supports_pipelining = True
 
   #: None where the replicas of a step run it together (in this process,
@@ -188,27 +188,6 @@ class Backend(metaclass=abc.ABCMeta):
       self._stores[table_name(request.table)].gather_occurrences(request, ops)
       for request in requests
     ]
-
-  def gather_for_training(
-    self, requests: GatherRequests, ops: StepOps
-  ) -> list[PickedRows]:
-    """``gather_tables`` for a lookup that will be followed by an update.
-
-    Pipelining (``pipelining.PipelinedBackend``) applies the previous
-    step's update here, after the gather.
-    """
-    return self.gather_tables(requests, ops)
-
-  def flush(self, ops: StepOps) -> None:
-    """Applies any update held back (pipelining) with ``ops``; a no-op
-    otherwise."""
-    del ops
-
-  def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
-    """Removes ``rows`` of table ``table`` from an update held back
-    (pipelining; a no-op otherwise): a dynamic table gave them to new
-    keys and reset them, so the previous key's update must not land."""
-    del table, rows
 
 
 class HostBackend(Backend):

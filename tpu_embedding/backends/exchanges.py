@@ -45,7 +45,7 @@ Example (one replica, whose copy applies its own update):
   >>> emb.build()
   >>> update = StoreUpdate(
   ...     emb.table_stores["t"], tf.constant([4, 1], tf.int64),
-  ...     tf.ones([2, 1]), None)
+  ...     RowGradients.dense(tf.ones([2, 1])), None)
   >>> strategy.run(lambda: AllToAll(0, 1).update(0, [update], TENSORFLOW_OPS))
   >>> emb.table_stores["t"].read().numpy()[:, 0].tolist()
   [0.0, 0.5, 2.0, 3.0, 3.5]
@@ -64,7 +64,7 @@ from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import pieces
+from tpu_embedding.gradients import concat
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.tables.base import TableStore
@@ -186,7 +186,7 @@ class AllToAll(RowExchange):
     # Each occurrence's row, in place in the owners' replies (its distinct
     # id's slot in their concatenation).
     return [
-      PickedRows(rows, tf.gather(split.slots, request.index))
+      PickedRows.at(rows, tf.gather(split.slots, request.index))
       for request, split, rows in zip(
         requests, splits, self._route(replies), strict=True
       )
@@ -207,23 +207,18 @@ class AllToAll(RowExchange):
       id_parts, where = split.ids, split.positions
       # The gradients travel whole (handed over, never copied or split):
       # an owner picks its rows out by position (and scales them).
-      grads = update.gradients
-      scales = None
-      if isinstance(grads, PickedRows):
-        # Positions given to several owners (copies) are picked once.
-        picked_at: dict[int, PickedRows] = {}
-        for at in where:
-          if id(at) not in picked_at:
-            picked_at[id(at)] = grads.picked(at)
-        picked = [picked_at[id(at)] for at in where]
-        where = [p.positions for p in picked]
-        if grads.scales is not None:
-          scales = [p.scales for p in picked]
-        grads = grads.pieces
-      grads = pieces(grads)
-      shapes.append((len(grads), scales is not None))
+      gradients = update.gradients
+      # Positions given to several owners (copies) are picked once.
+      picked_at: dict[int, PickedRows] = {}
+      for at in where:
+        if id(at) not in picked_at:
+          picked_at[id(at)] = gradients.picked(at)
+      picked = [picked_at[id(at)] for at in where]
+      where = [p.picks for p in picked]
+      scales = [p.factors for p in picked] if gradients.scales else None
+      shapes.append((len(gradients.pieces), scales is not None))
       lists += [id_parts, where] + ([scales] if scales else [])
-      lists += [[g] * n for g in grads]
+      lists += [[g] * n for g in gradients.pieces]
     received = iter(self._route(lists))
     for update, (count, scaled) in zip(updates, shapes, strict=True):
       occurrences, where = next(received), next(received)
@@ -283,7 +278,7 @@ class AllToAll(RowExchange):
         parts = [lists[k][dest] for k in group]
         if dest == here:  # Stays here: an empty stand-in travels.
           parts = [_no_rows_like(parts[0])]
-        packed[-1].append(_concat(parts))
+        packed[-1].append(concat(parts))
         if g in together:
           sizes[together.index(g)].append(
             tf.stack([_row_count(p) for p in parts])
@@ -323,15 +318,11 @@ def _picked_rows(
     nothing is concatenated or offset.
   """
   by_source = list(zip(*grads, strict=True))
-  return PickedRows(
+  return RowGradients.grouped(
     [piece for source_pieces in by_source for piece in source_pieces],
-    list(where),
-    None if scales is None else list(scales),
+    where,
+    scales or (),
   )
-
-
-def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
-  return tensors[0] if len(tensors) == 1 else tf.concat(tensors, 0)
 
 
 # A step's exchanges size and stand in for many small tensors: one op each
@@ -429,6 +420,8 @@ class AllGather(RowExchange):
         replica,
         store,
         tf.boolean_mask(in_block, mine),
-        tf.boolean_mask(tf.reshape(grads, [-1, store.table.dim]), mine),
+        RowGradients.dense(
+          tf.boolean_mask(tf.reshape(grads, [-1, store.table.dim]), mine)
+        ),
         ops,
       )

@@ -5,9 +5,9 @@ It keeps the step bookkeeping of ``enqueue`` → ``dequeue`` →
 path (``activations.py``) with rows from its backend, and turns activation
 gradients into row gradients for the backend's updates. The backend is
 chosen from the strategy (``backends/selection.py``), with the plan of the
-tables' stacks and placements it made (``planning.py``), and, with
-``pipeline_execution_with_tensor_core=True``, wrapped in a
-``PipelinedBackend``. The row ops of its training steps are chosen by
+tables' stacks and placements it made (``planning.py``), its updates
+held a step with ``pipeline_execution_with_tensor_core=True``
+(``pipelining.py``). The row ops of its training steps are chosen by
 ``kernels/ops.select_ops`` alone, from the devices holding its tables, and
 passed down explicitly; every other lookup gets TensorFlow's.
 
@@ -40,6 +40,7 @@ from tpu_embedding.backends.stacks import create_stacked_tables
 from tpu_embedding.compat import Trackable
 from tpu_embedding.engines.base import Engine
 from tpu_embedding.gradients import PickedRows
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import XLA_OPS
 from tpu_embedding.kernels.ops import StepOps
@@ -51,7 +52,8 @@ from tpu_embedding.optimizers import learning_rates
 from tpu_embedding.output_shapes import OutputShapes
 from tpu_embedding.output_shapes import output_shapes_from_batch_size
 from tpu_embedding.output_shapes import output_shapes_from_input_shapes
-from tpu_embedding.pipelining import PipelinedBackend
+from tpu_embedding.pipelining import PipelinedUpdates
+from tpu_embedding.pipelining import UpdateSchedule
 from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
@@ -106,13 +108,11 @@ class OffTPUEngine(Engine, Trackable):
     self._sharding_plan = planned.tables
     self._dynamic = DynamicTables(config, sharing.for_strategy(strategy))
     check_dynamic_support(config.tables, backend)
-    if pipeline_execution_with_tensor_core:
-      if not backend.supports_pipelining:
-        raise ValueError(
-          "pipeline_execution_with_tensor_core=True is not available under "
-          "ParameterServerStrategy (workers update asynchronously already)."
-        )
-      backend = PipelinedBackend(backend, strategy)
+    self._schedule = (
+      PipelinedUpdates(backend, strategy)
+      if pipeline_execution_with_tensor_core
+      else UpdateSchedule(backend)
+    )
     self._backend: Backend = backend
     self._output_shapes = OutputShapes(
       [f.output_shape for f in config.features], list(config.paths)
@@ -214,6 +214,7 @@ class OffTPUEngine(Engine, Trackable):
         self._stores = create_stacked_tables(
           self._backend, self._stacks, VariableTracker(self)
         )
+        self._schedule.create([stack.config for stack in self._stacks])
       self._dynamic.build(
         self._backend.local_devices,
         self._stores,
@@ -349,7 +350,7 @@ class OffTPUEngine(Engine, Trackable):
 
   def flush_pipeline(self) -> None:
     if self._built:
-      self._backend.flush(self._step_ops())
+      self._schedule.flush(self._step_ops())
 
   # --- internals -----------------------------------------------------------
 
@@ -367,7 +368,7 @@ class OffTPUEngine(Engine, Trackable):
 
       ops = lookup_ops()
 
-      def rows(requests: Any) -> list[tf.Tensor]:
+      def rows(requests: Any) -> list[PickedRows]:
         return self._backend.gather_tables(requests, ops)
 
       return look_up(self.config, prepared, rows, self._stacks, ops=ops)
@@ -376,7 +377,7 @@ class OffTPUEngine(Engine, Trackable):
       prepared, replica, self._stores, ops
     )
     for name, given in new_rows.items():
-      self._backend.drop_held_rows(name, given)
+      self._schedule.drop_held_rows(name, given)
 
     def training_rows(requests: Any) -> list[PickedRows]:
       # A training step's gradients reach the tables through
@@ -388,7 +389,7 @@ class OffTPUEngine(Engine, Trackable):
         dataclasses.replace(
           rows, pieces=[tf.stop_gradient(p) for p in rows.pieces]
         )
-        for rows in self._backend.gather_for_training(requests, ops)
+        for rows in self._schedule.gather_for_training(requests, ops)
       ]
 
     return look_up(self.config, prepared, training_rows, self._stacks, ops=ops)
@@ -412,7 +413,7 @@ class OffTPUEngine(Engine, Trackable):
     if skip is not None:
       skip = _checked_skip(skip, self.config.tables)
     with learning_rates.once_per_update():  # as TPU: once per step
-      self._backend.apply_updates(
+      self._schedule.apply_updates(
         self._updates(flat, step, skip), self._step_ops(), step_id
       )
 
@@ -441,7 +442,9 @@ class OffTPUEngine(Engine, Trackable):
         count = tf.size(index) * kept
         ids = _leading(ids, tf.size(ids) * kept)
         index = _leading(index, count)
-        occurrences = _leading(concat_pieces(occurrences), count)
+        occurrences = RowGradients.dense(
+          _leading(concat_pieces(occurrences), count)
+        )
       updates.append(TableUpdate(stack.config, ids, occurrences, index))
     return updates
 

@@ -19,7 +19,8 @@ Example:
   >>> module = kernels.load()
   >>> _ = module is None or fused_apply(
   ...     module, table, block, tf.constant([2], tf.int64),
-  ...     tf.constant([[1.0], [2.0]]), tf.constant([0, 0]), spread=True)
+  ...     RowGradients.dense(tf.constant([[1.0], [2.0]])), tf.constant([0, 0]),
+  ...     spread=True)
   >>> block["parameters"].numpy().ravel().tolist() in ([0.0, 0.0, -1.5],
   ...     [0.0, 0.0, 0.0])  # (updated, or no kernels here)
   True
@@ -33,9 +34,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
-from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import pieces
 
 #: The rules the kernel implements (an optimizer's ``fused_rule``).
 RULES = ("sgd", "adagrad")
@@ -43,26 +42,6 @@ RULES = ("sgd", "adagrad")
 
 def _bound(value: float | None, default: float) -> float:
   return default if value is None else float(value)
-
-
-def _kernel_gradients(
-  grads: RowGradients,
-) -> tuple[list[tf.Tensor], list, list]:
-  """The pieces the kernel reads, its ``positions`` and ``scales`` inputs
-  (none, one, or one per group of pieces)."""
-  if not isinstance(grads, PickedRows):
-    return pieces(grads), [], []
-
-  def as_list(value) -> list:
-    if value is None:
-      return []
-    return list(value) if isinstance(value, list) else [value]
-
-  return (
-    pieces(grads.pieces),
-    [tf.cast(p, tf.int32) for p in as_list(grads.positions)],
-    [tf.cast(s, tf.float32) for s in as_list(grads.scales)],
-  )
 
 
 def fused_apply(
@@ -82,10 +61,9 @@ def fused_apply(
       ``RULES``: ``SGD`` and ``Adagrad``).
     block: ``{"parameters": var, <slot>: var}``.
     ids: ``[n]`` distinct int64 row indices into ``block``.
-    grads: ``[m, dim]`` gradients of single occurrences, pieces whose
-      concatenation they are, or ``gradients.PickedRows`` (read in
-      place and scaled as they are summed, never concatenated, gathered
-      or multiplied first).
+    grads: the gradients of single occurrences (``gradients.RowGradients``:
+      read in place and scaled as they are summed, never concatenated,
+      gathered or multiplied first).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
     spread: spread the rows over the CPU threads (``ops.KernelOps``).
 
@@ -101,14 +79,13 @@ def fused_apply(
   variables = [block[name] for name in names]
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
-  grad_pieces, positions, scales = _kernel_gradients(grads)
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
     index=tf.cast(index, tf.int32),
-    grads=[tf.cast(g, tf.float32) for g in grad_pieces],
-    positions=positions,
-    scales=scales,
+    grads=[tf.cast(g, tf.float32) for g in grads.pieces],
+    positions=[tf.cast(p, tf.int32) for p in grads.positions],
+    scales=[tf.cast(s, tf.float32) for s in grads.scales],
     lr=optimizer.learning_rate_tensor(),
     rule=rule,
     clip_gradient_min=_bound(optimizer.clip_gradient_min, -math.inf),

@@ -26,7 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import concat
 
 
 def gather_rows_with_kernel(
@@ -73,7 +73,7 @@ def gather_pieces_with_tensorflow(
     pieces: ``[rows_k, dim]`` float32 tensors.
     index: ``[n]`` positions in their concatenation.
   """
-  return tf.gather(concat_pieces(pieces), index)
+  return tf.gather(concat(pieces), index)
 
 
 def gather_pieces_with_kernel(

@@ -102,7 +102,7 @@ class StepOps:
   ) -> PickedRows:
     """The row of each occurrence of a table variable's distinct ``ids``
     (``index``: the position in ``ids`` of each): the distinct rows,
-    gathered once and picked in place (``PickedRows([rows], index)``).
+    gathered once and picked in place (``PickedRows.at([rows], index)``).
 
     ``KernelOps`` reads the rows of occurrences that are output rows of
     their own (``one_per_row``, ``lookup.RowRequest``) straight from the
@@ -110,7 +110,7 @@ class StepOps:
     once. (Bags keep the distinct rows: their sum reads them in place.)
     """
     del one_per_row
-    return PickedRows([self.gather_rows(variable, ids)], index)
+    return PickedRows.at([self.gather_rows(variable, ids)], index)
 
   def segment_sum(
     self,
@@ -236,7 +236,7 @@ class KernelOps(StepOps):
     # faster; for bags 12-31 % slower (each repeat's row copied again where
     # the sum reads the distinct rows in place), hence one per row only.
     occurrences = tf.gather(ids, index)
-    return PickedRows([self.gather_rows(variable, occurrences)], None)
+    return PickedRows.dense(self.gather_rows(variable, occurrences))
 
   def segment_sum(
     self,

@@ -17,7 +17,7 @@ Example:
   >>> import tensorflow as tf
   >>> from tpu_embedding.gradients import PickedRows
   >>> distinct = tf.constant([[1.0], [2.0], [4.0]])
-  >>> picked = PickedRows([distinct], tf.constant([0, 1, 2, 2]))
+  >>> picked = PickedRows.at([distinct], tf.constant([0, 1, 2, 2]))
   >>> segment_sum_with_tensorflow(
   ...     picked, tf.constant([1, 0, 1, 1], tf.int64),
   ...     tf.constant(2, tf.int64)).numpy().ravel().tolist()
@@ -66,9 +66,9 @@ def segment_sum_with_kernel(
     return segment_sum_with_tensorflow(rows, segments, num_segments)
   return module.tpe_segment_sum(
     rows.pieces,
-    [] if rows.positions is None else [tf.cast(rows.positions, tf.int32)],
+    [tf.cast(p, tf.int32) for p in rows.positions],
     tf.cast(segments, tf.int64),
-    [] if rows.scales is None else [rows.scales],
+    list(rows.scales),
     tf.cast(num_segments, tf.int64),
     spread=spread,
   )
@@ -94,6 +94,6 @@ def _segment_sum_gradient(op, grad: tf.Tensor) -> list:
     piece_grads = slices_per_piece(pieces, positions, scaled)
   scale_grads = []
   if scales:
-    rows = concat_pieces(PickedRows(pieces, positions))
+    rows = concat_pieces(PickedRows.at(pieces, positions))
     scale_grads = [tf.reduce_sum(per_id * rows, axis=1)]
   return [*piece_grads, *([None] * num_positions), None, *scale_grads, None]

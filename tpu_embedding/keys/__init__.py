@@ -43,6 +43,8 @@ from typing import Union
 
 import tensorflow as tf
 
+from tpu_embedding.gradients import RowGradients
+
 #: One input feature: ids as a dense tensor, a sparse tensor or a ragged one.
 FeatureInput: TypeAlias = Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]
 
@@ -128,8 +130,8 @@ class KeyMapping(abc.ABC):
 
   @abc.abstractmethod
   def updated_rows(
-    self, ids: tf.Tensor, grads: Any, index: tf.Tensor
-  ) -> tuple[tf.Tensor, Any, tf.Tensor]:
+    self, ids: tf.Tensor, grads: RowGradients, index: tf.Tensor
+  ) -> tuple[tf.Tensor, RowGradients, tf.Tensor]:
     """An update ``(ids, grads, index)`` (``lookup.occurrence_gradients``)
     without the rows an update must not change."""
 

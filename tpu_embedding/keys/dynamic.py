@@ -44,6 +44,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import errors
+from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.gradients import keep_rows
 from tpu_embedding.keys import IdentityMapping
@@ -140,7 +141,8 @@ class DynamicMapping(KeyMapping):
     def as_they_are():
       return ids, concat_pieces(grads), index
 
-    return tf.cond(tf.reduce_all(keep), as_they_are, drop)
+    ids, rows, index = tf.cond(tf.reduce_all(keep), as_they_are, drop)
+    return ids, RowGradients.dense(rows), index
 
   def check_key_dtype(
     self, dtype: tf.DType, path: str, table: str | None

@@ -490,17 +490,16 @@ class TableStore(metaclass=abc.ABCMeta):
       # One block holds every row.
       self.update_block(0, ids, grads, index, ops, step_id)
       return
+    summed = concat_pieces(grads)
     if index is not None:
-      grads = tf.math.unsorted_segment_sum(
-        concat_pieces(grads), index, tf.size(ids)
-      )
+      summed = tf.math.unsorted_segment_sum(summed, index, tf.size(ids))
     for block in range(len(self.blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)
       self.update_block(
         block,
         tf.boolean_mask(ids - first, mine),
-        tf.boolean_mask(grads, mine),
+        RowGradients.dense(tf.boolean_mask(summed, mine)),
         ops=ops,
         step_id=step_id,
       )

@@ -158,8 +158,8 @@ class ReplicatedTable(TableStore):
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
-      grads = tf.math.unsorted_segment_sum(
-        concat_pieces(grads), index, tf.size(ids)
+      grads = RowGradients.dense(
+        tf.math.unsorted_segment_sum(concat_pieces(grads), index, tf.size(ids))
       )
       index = None
     for block in range(len(self._blocks)):

@@ -14,7 +14,7 @@ Example:
   ...                 tpe.SGD(0.5)).tables[0]
   >>> block = {"parameters": tf.Variable(tf.zeros([3, 1]))}
   >>> _ = apply_rows(table, block, tf.constant([2], tf.int64),
-  ...            tf.constant([[1.0]]), num_rows=3)
+  ...            RowGradients.dense(tf.constant([[1.0]])), num_rows=3)
   >>> block["parameters"].numpy().ravel().tolist()
   [0.0, 0.0, -0.5]
 """
@@ -49,8 +49,8 @@ def apply_rows(
       (a whole table or one row block of it).
     ids: ``[n]`` distinct row indices into ``block``.
     grads: ``[n, dim]`` summed gradients of those rows; with ``index``,
-      ``[m, dim]`` gradients of single occurrences instead (or pieces
-      whose concatenation they are).
+      ``[m, dim]`` gradients of single occurrences instead (both where
+      they are: ``gradients.RowGradients``).
     num_rows: rows in ``block``.
     index: None, or ``[m]`` int32: the position in ``ids`` of each row of
       ``grads``. A row's gradient is then the sum of its occurrences, added
@@ -67,17 +67,19 @@ def apply_rows(
       f"Table '{table.name}' has no optimizer: pass one to "
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
-  if index is not None:
+  if index is None:
+    summed = concat_pieces(grads)
+  else:
     fused = ops.fused_apply(table, block, ids, grads, index)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
-    grads = tf.math.unsorted_segment_sum(
+    summed = tf.math.unsorted_segment_sum(
       concat_pieces(grads), index, tf.size(ids)
     )
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:
-    dense_grads = tf.math.unsorted_segment_sum(grads, ids, num_rows)
+    dense_grads = tf.math.unsorted_segment_sum(summed, ids, num_rows)
     slots = optimizer.Slots(*(block[n].read_value() for n in names))
     params, slots = optimizer.apply(
       block["parameters"].read_value(), slots, dense_grads, lr
@@ -88,7 +90,7 @@ def apply_rows(
     return writes
   slots = optimizer.Slots(*(tf.gather(block[n], ids) for n in names))
   params = tf.gather(block["parameters"], ids)
-  params, slots = optimizer.apply(params, slots, grads, lr)
+  params, slots = optimizer.apply(params, slots, summed, lr)
   writes = [_scatter(block["parameters"], ids, params)]
   for name, value in zip(names, slots, strict=True):
     writes.append(_scatter(block[name], ids, value))

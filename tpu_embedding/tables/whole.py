@@ -14,7 +14,8 @@ Example:
   ...     tpe.SGD(1.0)).tables[0]
   >>> variable = tf.Variable(tf.zeros([3, 1]))
   >>> store = WholeTable.wrap(table, {"parameters": variable})
-  >>> store.update(tf.constant([1], tf.int64), tf.constant([[2.0]]))
+  >>> store.update(tf.constant([1], tf.int64),
+  ...              PickedRows.dense(tf.constant([[2.0]])))
   >>> store.read().numpy().ravel().tolist()
   [0.0, -2.0, 0.0]
 """
