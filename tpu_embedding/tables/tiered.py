@@ -25,7 +25,9 @@ Example:
   ...     table, tempfile.mkdtemp(), 8, VariableTracker(tf.Module()))
   >>> store.gather(tf.constant([999, 3], tf.int64)).numpy()[:, 0].tolist()
   [999.0, 3.0]
-  >>> store.update(tf.constant([3], tf.int64), tf.ones([1, 4]))
+  >>> from tpu_embedding.gradients import RowGradients
+  >>> store.update(tf.constant([3], tf.int64),
+  ...              RowGradients.dense(tf.ones([1, 4])))
   >>> store.read().numpy()[[3, 4], 0].tolist()
   [2.5, 4.0]
 """
