@@ -46,19 +46,22 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ("checkpoints",),
   # What the user declares, and its types.
   ("config",),
-  ("types", "kernels", "output_shapes"),
+  ("types", "kernels"),
   ("structure",),
   ("resolved",),
   # Placement; inputs as ids.
   ("sharding", "inputs"),
   ("lookup",),
   # One table (or stack) in one layout: the row store.
-  ("tables", "steps"),
+  ("tables",),
   ("stacking",),
-  ("planning", "activations"),
+  ("planning",),
   # Rows to and from the stores; the memory check.
   ("backends", "memory"),
-  ("pipelining", "vocabularies"),
+  ("vocabularies",),
+  # The off-TPU step: lookups into activations, its bookkeeping, when
+  # updates land.
+  ("step",),
   # The engines (one per platform), serving.
   ("engines", "serving"),
   ("embedding",),

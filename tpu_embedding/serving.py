@@ -38,7 +38,6 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding import memory
-from tpu_embedding.activations import look_up_groups
 from tpu_embedding.compat import Trackable
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
@@ -56,6 +55,7 @@ from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import rows_table
 from tpu_embedding.resolved import table_name
 from tpu_embedding.stacking import stack_of
+from tpu_embedding.step.activations import look_up_groups
 from tpu_embedding.structure import flatten_with_paths
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table

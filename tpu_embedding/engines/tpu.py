@@ -57,8 +57,8 @@ from tpu_embedding.engines.base import Engine
 from tpu_embedding.engines.tpu_conversion import translate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import ResolvedConfig
-from tpu_embedding.steps import checked_step_id
-from tpu_embedding.steps import current_graph
+from tpu_embedding.step.steps import checked_step_id
+from tpu_embedding.step.steps import current_graph
 from tpu_embedding.tables.base import TableStore
 
 TFE = tf.tpu.experimental.embedding

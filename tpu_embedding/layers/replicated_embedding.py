@@ -29,8 +29,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding.activations import look_up
-from tpu_embedding.activations import prepare_features
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.kernels.ops import lookup_ops
 from tpu_embedding.layers import serialization
@@ -39,6 +37,8 @@ from tpu_embedding.layers.keras_compat import register_serializable
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
+from tpu_embedding.step.activations import look_up
+from tpu_embedding.step.activations import prepare_features
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.types import FeatureNest
