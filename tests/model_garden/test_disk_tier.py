@@ -15,7 +15,6 @@ memory refusal names the disk tier, which makes ``dlrm_criteo`` fit.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -26,6 +25,8 @@ from model_garden import cli
 from model_garden.ranking import configs
 from model_garden.ranking import preflight
 from tests import processes
+from tests.model_garden.test_train import finish
+from tests.model_garden.test_train import start
 
 STEPS = 10
 #: Table 0 (5,000 rows) on disk; the 25 others (100 rows) in memory.
@@ -70,27 +71,6 @@ def command(model_dir, params, *flags):
   ]
 
 
-def start(args, cwd):
-  """Started in ``cwd``, not the checkout: the installed package runs."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  return processes.Popen(
-    args,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    env=env,
-    cwd=str(cwd),
-  )
-
-
-def finish(process, timeout=240):
-  try:
-    stdout, stderr = process.communicate(timeout=timeout)
-  finally:
-    process.kill()
-  return process.returncode, stdout + stderr
-
-
 def checkpoint_values(directory):
   path = tf.train.latest_checkpoint(str(directory))
   assert path, f"no checkpoint in {directory}"
@@ -112,7 +92,10 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
       command(tmp_path / "memory", PARAMS, "--mode=train_and_eval"), tmp_path
     ),
   }
-  results = {name: finish(process) for name, process in runs.items()}
+  results = {}
+  for name, process in runs.items():
+    rc, stdout, stderr = finish(process)
+    results[name] = (rc, stdout + stderr)
   for name, (rc, output) in results.items():
     assert rc == 0, f"{name} failed ({rc}):\n{output[-4000:]}"
   # One table (or stack) kept on disk, as the trainer reports it.
