@@ -149,3 +149,27 @@ def pytest_collection_modifyitems(items):
   items.sort(
     key=lambda item: rank.get(os.path.relpath(str(item.path), tests), len(rank))
   )
+
+
+@pytest.fixture(autouse=True)
+def _backends_keep_their_update_guard():
+  """Fails a test that leaves the backends' update guard changed (then
+  every later embedding of its process would lock its blocks: XLA
+  cannot compile that), and puts it back."""
+  yield
+  from tpu_embedding.backends.base import Backend
+  from tpu_embedding.backends.local import LocalBackend
+  from tpu_embedding.backends.sharded import ShardedBackend
+  from tpu_embedding.tables.update_guards import UNGUARDED
+
+  changed = [
+    c.__name__
+    for c in (Backend, LocalBackend, ShardedBackend)
+    if c.update_guard is not UNGUARDED
+  ]
+  for c in (LocalBackend, ShardedBackend):
+    if "update_guard" in c.__dict__:
+      delattr(c, "update_guard")
+  Backend.update_guard = UNGUARDED
+  if changed:
+    pytest.fail(f"the test left {changed}.update_guard changed")

@@ -12,6 +12,8 @@ step under a ``ClusterCoordinator``, is ``test_parameter_server.py``'s.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,17 +28,11 @@ from tpu_embedding.tables.update_guards import LockedUpdates
 ROWS, DIM = 12, 2
 
 
-@pytest.fixture(autouse=True)
-def _restore_guard(monkeypatch):
-  """``make_embedding(locked=True)`` sets ``Backend.update_guard``."""
-  monkeypatch.setattr(Backend, "update_guard", Backend.update_guard)
-
-
 def make_embedding(strategy, locked):
   """Locked: every store made with the guard ``ParameterServerBackend``
-  gives its stores."""
-  if locked:  # (put back after each test: _restore_guard)
-    Backend.update_guard = LockedUpdates()
+  gives its stores (the backends' guard is patched only while the tables
+  are made: the stores keep it, no later embedding sees it)."""
+  guard = LockedUpdates() if locked else Backend.update_guard
   with strategy.scope():
     big = tpe.TableConfig(
       ROWS, DIM, name="big", initializer=tf.constant_initializer(0.5)
@@ -50,7 +46,8 @@ def make_embedding(strategy, locked):
       row_sharding_threshold=8,
       table_stacking=None,
     )
-  emb.build()
+  with mock.patch.object(Backend, "update_guard", guard):
+    emb.build()
   return emb
 
 
