@@ -15,7 +15,6 @@ memory refusal names the disk tier, which makes ``dlrm_criteo`` fit.
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from model_garden import cli
 from model_garden.ranking import configs
 from model_garden.ranking import preflight
 from tests import processes
+from tests.model_garden.test_train import command as train_command
 from tests.model_garden.test_train import finish
 from tests.model_garden.test_train import start
 
@@ -58,17 +58,8 @@ def disk_params(directory) -> str:
 
 
 def command(model_dir, params, *flags):
-  return [
-    sys.executable,
-    "-m",
-    "model_garden.ranking.train",
-    "--experiment=dlrm_criteo_cpu_small",
-    f"--model_dir={model_dir}",
-    f"--params_override={params}",
-    "--seed=3",
-    "--progress_bar=off",
-    *flags,
-  ]
+  """``test_train.command`` with this file's params, without progress bars."""
+  return train_command(model_dir, "--progress_bar=off", *flags, params=params)
 
 
 def checkpoint_values(directory):
