@@ -28,6 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding import compat
 from tpu_embedding.thread_setting import ThreadSetting
 
 #: One tensor of a part: ``(checkpoint key, slice spec or "", value)``.
@@ -77,6 +78,13 @@ def apart() -> bool:
   """Whether ``written_apart()`` is in effect on this thread."""
   mode: str | None = _mode.get()
   return mode == "apart"
+
+
+def recorded_only(dtype: tf.DType, device: str) -> Any:
+  """A save entry that records a key and writes no data (``apart()``:
+  ``checkpoints.write`` writes the parts itself). ``device``: where the
+  state lives (a device no other entry has would make an empty save)."""
+  return compat.SaveSpec(lambda: None, "", "", dtype=dtype, device=device)
 
 
 class WorkerParts(abc.ABC):

@@ -121,10 +121,8 @@ class WorkerShardedVariable(
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
-      nothing = compat.SaveSpec(
-        lambda: None, "", "", dtype=self.dtype, device=self._shards[0].device
-      )
-      return {VALUE_KEY: nothing}
+      device = self._shards[0].device
+      return {VALUE_KEY: slicing.recorded_only(self.dtype, device)}
     if not slicing.active():
       slicing.warn_whole(self._placement.table, self.shape)
       return super()._serialize_to_tensors()

@@ -432,10 +432,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
   def _serialize_to_tensors(self) -> dict[str, Any]:
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
       device = self._store.blocks[0][self._key].device
-      nothing = compat.SaveSpec(
-        lambda: None, "", "", dtype=self.dtype, device=device
-      )
-      return {VALUE_KEY: nothing}
+      return {VALUE_KEY: slicing.recorded_only(self.dtype, device)}
     return super()._serialize_to_tensors()
 
   def saved_parts(

@@ -160,9 +160,7 @@ class ShardedVocabulary(VocabularyState, slicing.WorkerParts):
     if slicing.apart():
       # Recorded, not read: every worker writes its own (saved_parts).
       return {
-        name: compat.SaveSpec(
-          lambda: None, "", "", dtype=tf.int64, device=device
-        )
+        name: slicing.recorded_only(tf.int64, device)
         for name in self.copies[0].variables
       }
     # A sliced restore reads this worker's range of each array (and the
