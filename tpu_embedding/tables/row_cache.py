@@ -9,6 +9,8 @@ already cached keep their slots; each other row takes a slot that neither
 this step nor the one before asked for, chosen by a clock hand sweeping
 the slots (the least recently admitted go first); an evicted row whose
 values changed since they were read is written back to the files first.
+Every update marks its rows changed, one bit per row of the table, until
+a save clears them (``changed_rows``: what a delta checkpoint holds).
 
 The files start sparse. A row's initial value comes from the same grid of
 row blocks every layout fills from (``initial_values.py``): when a row of
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -112,6 +115,8 @@ class RowCache:
     self.row_of_slot = np.full(slots, -1, np.int64)
     self.last_use = np.full(slots, -1, np.int64)
     self.dirty = np.zeros(slots, bool)
+    # One bit per row: updated since the last save (delta checkpoints).
+    self._changed = np.zeros(-(-rows // 8), np.uint8)
     self.referenced = np.zeros(slots, bool)
     self._hand = 0
     self.step = 0
@@ -161,11 +166,13 @@ class RowCache:
     count = swept = 0
     while count < need:
       if swept >= 2 * self.size:  # (a turn clears every second chance)
+        table, tier = os.path.split(self.files.directory)[::-1]
         raise CacheTooSmallError(
-          f"A step asks for {asked} distinct rows, {need} of them not "
-          f"cached, but fewer of the cache's {self.size} slots are free of "
-          "this step's and the previous step's rows: give the cache at "
-          "least twice the distinct rows of a step (DiskTier.cache_bytes)."
+          f"Table '{table}' (DiskTier directory {tier}): a step asks for "
+          f"{asked} distinct rows, {need} of them not cached, but fewer of "
+          f"the cache's {self.size} slots are free of this step's and the "
+          "previous step's rows: give the cache at least twice the "
+          "distinct rows of a step (DiskTier.cache_bytes)."
         )
       span = min(max(4 * (need - count), 1024), self.size)
       window = (self._hand + np.arange(span)) % self.size
@@ -181,11 +188,32 @@ class RowCache:
 
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
-    slots = self._slot_of_row[np.asarray(rows, np.int64)].astype(np.int64) - 1
+    rows = np.asarray(rows, np.int64)
+    slots = self._slot_of_row[rows].astype(np.int64) - 1
     if (slots < 0).any():
       raise AssertionError("an update of rows its step did not look up")
     self.dirty[slots] = True
+    self.mark_changed(rows)
     return slots
+
+  def mark_changed(self, rows: np.ndarray | None = None) -> None:
+    """Marks ``rows`` (None: every row) changed since the last save."""
+    if rows is None:
+      self._changed[:] = 0xFF
+    else:
+      bits = np.left_shift(1, rows & 7).astype(np.uint8)
+      np.bitwise_or.at(self._changed, rows >> 3, bits)
+
+  def changed_rows(self) -> np.ndarray:
+    """Sorted rows marked changed since ``clear_changed``."""
+    at = np.flatnonzero(self._changed)
+    bits = np.unpackbits(self._changed[at], bitorder="little").astype(bool)
+    rows = (at[:, None] * 8 + np.arange(8)).reshape(-1)[bits]
+    return rows[rows < self.rows]
+
+  def clear_changed(self) -> None:
+    """Forgets the rows marked changed (a save holds them now)."""
+    self._changed = np.zeros_like(self._changed)  # (pages untouched)
 
   def load(self, rows: np.ndarray) -> list[np.ndarray]:
     """The stored values of ``rows``, one array per key (after the
@@ -260,6 +288,14 @@ class RowCache:
     end = first + value.shape[0]
     self._write_initial(np.arange(first // self._grid, -(-end // self._grid)))
     self.files.write_range(key, first, value)
+
+  def write_rows(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
+    """Writes rows ``rows`` of ``key`` (not cached; their grid blocks'
+    other rows and variables first get their initial values)."""
+    self.wait()
+    self._write_initial(np.unique(rows // self._grid))
+    self.files.write([key], rows, [value])
+    self.mark_changed(rows)
 
   def forget(self) -> None:
     """Empties the cache (after a flush: the files hold every change)."""

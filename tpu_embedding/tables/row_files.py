@@ -47,7 +47,10 @@ _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 class DiskFullError(OSError):
-  """The disk of a tiered table's files is full."""
+  """The disk of a tiered table's files is full (``str``: one line)."""
+
+  def __str__(self) -> str:
+    return str(self.strerror)
 
 
 class RowFiles:
@@ -182,10 +185,11 @@ class RowFiles:
         done += n
     except OSError as error:
       if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        tier, table = os.path.split(self.directory)
         raise DiskFullError(
           error.errno,
-          f"The disk of {self.directory} is full: a disk-tiered table "
-          "could not write its rows back (free space there, or give its "
-          "tables another DiskTier directory).",
+          f"Table '{table}': the disk of its DiskTier directory {tier} is "
+          "full, its rows could not be written (free space there, or give "
+          "the tables on disk another directory).",
         ) from None
       raise

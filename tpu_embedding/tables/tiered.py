@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import weakref
 from collections.abc import Iterable
@@ -64,7 +65,9 @@ from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import grid_rows
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.row_cache import CacheTooSmallError
 from tpu_embedding.tables.row_cache import RowCache
+from tpu_embedding.tables.row_files import DiskFullError
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
@@ -321,22 +324,80 @@ class TieredTable(TableStore):
     at a time (the cache is emptied first, its changed rows written)."""
     self.flush()
     self._rows.forget()
+    self._rows.mark_changed()
     for first, value in pieces:
       self._rows.write_window(key, first, np.asarray(value, np.float32))
       del value
 
   def clear_changes(self) -> None:
-    pass  # (delta checkpoints: see changed_rows)
+    self._rows.clear_changed()
 
   def changed_rows(self) -> tf.Tensor:
-    raise NotImplementedError(
-      f"Table '{self.table.name}' is disk-tiered: delta checkpoints do not "
-      "cover it yet; save full checkpoints."
-    )
+    """Sorted ids of the rows updated or written since ``clear_changes()``
+    (one bit per row on the host, set by every update)."""
+    return tf.py_function(self._rows.changed_rows, [], tf.int64)
+
+  def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` of ``key`` as the files hold them after ``flush``
+    (only those rows: a delta's values)."""
+
+    def read(ids: tf.Tensor) -> np.ndarray:
+      self.flush()
+      self._rows.wait()
+      return self._rows.files.read([key], ids.numpy())[0]
+
+    return tf.py_function(read, [tf.cast(ids, tf.int64)], tf.float32)
+
+  def write_rows_at(
+    self, ids: tf.Tensor, value: Any, key: str = "parameters"
+  ) -> Any:
+    """Writes rows ``value`` at ``ids`` of ``key`` to the files (the cache
+    is emptied first, its changed rows written); they count as written."""
+
+    def write(ids: tf.Tensor, value: tf.Tensor) -> bool:
+      self.flush()
+      self._rows.forget()
+      self._rows.write_rows(key, ids.numpy(), value.numpy())
+      return True
+
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    return tf.py_function(write, [ids, tf.cast(value, tf.float32)], tf.bool)
 
   def bytes_per_device(self) -> dict[str, int]:
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
+
+
+def own_error(
+  error: BaseException,
+) -> CacheTooSmallError | DiskFullError | None:
+  """The error of a tiered table ``error`` is, or carries: inside a step,
+  TensorFlow hands the error of a host function on within its own
+  (``tf.numpy_function``), as a line ``<module>.<class>: <message>``.
+  A cache too small or a full disk, alone: one line naming the table and
+  its DiskTier directory; None for any other error.
+
+  Example:
+    >>> error = tf.errors.UnknownError(None, None, "Graph execution error:"
+    ...   "\\ntpu_embedding.tables.row_cache.CacheTooSmallError: Table 't'")
+    >>> str(own_error(error))
+    "Table 't'"
+    >>> own_error(ValueError("Table 't'")) is None
+    True
+  """
+  if isinstance(error, (CacheTooSmallError, DiskFullError)):
+    return error
+  if not isinstance(error, tf.errors.OpError):
+    return None
+  for line in error.message.splitlines():
+    for kind in (CacheTooSmallError, DiskFullError):
+      name = f"{kind.__module__}.{kind.__qualname__}: "
+      if line.startswith(name):
+        text = line[len(name) :]
+        if kind is DiskFullError:
+          return DiskFullError(errno.ENOSPC, text)
+        return CacheTooSmallError(text)
+  return None
 
 
 #: The tiered tables' directories this process writes.
