@@ -10,6 +10,7 @@ between the two layouts both ways. Rows never looked up are never written
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -20,7 +21,10 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
+from tpu_embedding.tables import tiered
 from tpu_embedding.tables.initial_values import grid_rows
+from tpu_embedding.tables.row_cache import CacheTooSmallError
+from tpu_embedding.tables.row_files import DiskFullError
 
 OPTIMIZERS = {
   "sgd": lambda: tpe.SGD(0.2),
@@ -303,3 +307,76 @@ def test_the_keras_layer_trains_a_disk_table_and_saves_its_tier(tmp_path):
   assert serialization.deserialize_row_threshold(saved).disk == DiskTier(
     str(tmp_path), 38 * builders.DIM * 4 * 2, ("big",)
   )
+
+
+def _full_disk(monkeypatch):
+  """The disk tier's writes fail as on a full disk (ENOSPC)."""
+
+  def pwritev(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "pwritev", pwritev)
+
+
+def _step_ids(emb, ids):
+  ids = tf.constant(ids, tf.int64)
+  train(emb, [{"a": ids, "b": ids, "c": tf.zeros_like(ids)}], "dense")
+
+
+def test_a_full_disk_mid_save_is_one_line_and_the_last_save_stays(
+  tmp_path, monkeypatch
+):
+  emb = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk")
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  train(emb, batches("dense", np.random.default_rng(2))[:3], "dense")
+  base = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-1"))
+  saved = values(emb)
+  _step_ids(emb, np.arange(8))  # changed rows in the cache
+  _full_disk(monkeypatch)
+  with pytest.raises(DiskFullError) as raised:
+    tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
+  assert str(raised.value) == (
+    f"Table 'big': the disk of its DiskTier directory {tmp_path / 'disk'} "
+    "is full, its rows could not be written (free space there, or give "
+    "the tables on disk another directory)."
+  )
+  assert not os.path.exists(tmp_path / "delta-2.index")
+  memory = make_embedding(tpe.Adagrad(0.3))
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=memory), base)
+  assert_same(values(memory), saved)
+  # The files lack rows now: the table keeps refusing (resume from the
+  # last save), never saves what it lost.
+  monkeypatch.undo()
+  with pytest.raises(DiskFullError):
+    tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-3"))
+
+
+def test_step_failures_are_one_line_behind_tensorflows_error(
+  tmp_path, monkeypatch
+):
+  """A cache too small and a full disk inside a step: TensorFlow's error
+  carries them; ``tiered.own_error`` gives them back alone."""
+  emb = make_embedding(tpe.SGD(0.1), tmp_path / "small", cache_rows=3)
+  with pytest.raises(tf.errors.OpError) as raised:
+    _step_ids(emb, np.arange(8))
+  error = tiered.own_error(raised.value)
+  assert isinstance(error, CacheTooSmallError)
+  assert str(error).startswith(
+    f"Table 'big' (DiskTier directory {tmp_path / 'small'}): a step asks "
+    "for 8 distinct rows"
+  )
+  assert "\n" not in str(error)
+  emb = make_embedding(tpe.SGD(0.1), tmp_path / "disk", cache_rows=32)
+  _step_ids(emb, np.arange(8))  # rows 0-7 changed
+  _full_disk(monkeypatch)
+  with pytest.raises(tf.errors.OpError) as raised:
+    for first in range(100, 164, 8):  # 0-7 evicted: their writes fail
+      _step_ids(emb, np.arange(first, first + 8))
+    _step_ids(emb, np.arange(8))  # read back: waits for those writes
+  error = tiered.own_error(raised.value)
+  assert isinstance(error, DiskFullError)
+  assert str(error).startswith(
+    f"Table 'big': the disk of its DiskTier directory {tmp_path / 'disk'} "
+    "is full"
+  )
+  assert tiered.own_error(ValueError(str(error))) is None

@@ -819,6 +819,12 @@ def translate_error(error: BaseException) -> BaseException | None:
 
   if isinstance(error, strategies.ClusterTimeoutError):
     return cli.FixableError(str(error))
+  from tpu_embedding.tables import tiered  # noqa: PLC0415
+
+  failure = tiered.own_error(error)  # (inside a step: TensorFlow's error)
+  if failure is not None:
+    knob = "task.model.disk_cache_bytes"
+    return cli.FixableError(str(failure).replace("DiskTier.cache_bytes", knob))
   message = bad_records.describe_bad_record(error, _bad_record_key(error))
   if message is not None:
     return cli.FixableError(message)

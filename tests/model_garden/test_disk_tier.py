@@ -6,15 +6,21 @@
 model_garden.ranking.train``, two runs started together): a run with one
 table on disk, its cache smaller than the table, trains, evaluates and
 checkpoints, and its checkpoint equals, bit for bit, that of the same run
-with every table in memory. Refusals (one line, before anything is
-written): other strategies than one device (a subprocess, as a user sees
-it), dynamic vocabularies, delta checkpoints, a remote directory; the
-memory refusal names the disk tier, which makes ``dlrm_criteo`` fit.
+with every table in memory; so do its delta checkpoints. Refusals (one
+line, before anything is written): other strategies than one device (a
+subprocess, as a user sees it), dynamic vocabularies, a remote directory;
+the memory refusal names the disk tier, which makes ``dlrm_criteo`` fit.
+Failures (one line naming the table and its directory, exit 1, the saves
+as they were): a cache too small for a step, a full disk (the
+files' writes fail with ENOSPC once the run has saved).
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -27,6 +33,7 @@ from tests import processes
 from tests.model_garden.test_train import command as train_command
 from tests.model_garden.test_train import finish
 from tests.model_garden.test_train import start
+from tpu_embedding.checkpointing import manager
 
 STEPS = 10
 #: Table 0 (5,000 rows) on disk; the 25 others (100 rows) in memory.
@@ -159,11 +166,6 @@ def small(**changes):
       "vocabulary are not kept on disk",
     ),
     (
-      {"trainer.checkpoint_delta_interval": 2},
-      "and trainer.checkpoint_delta_interval=2: delta checkpoints do not "
-      "cover tables kept on disk; set it to 0",
-    ),
-    (
       {"task.model.disk_directory": "gs://bucket/tables"},
       "task.model.disk_directory='gs://bucket/tables' is not local",
     ),
@@ -184,6 +186,7 @@ def test_what_tables_on_disk_do_not_run_with_is_refused(changes, expected):
 def test_disk_fields_keep_in_memory_runs_as_they_were():
   # No directory, or no table above the threshold: nothing on disk, so
   # the combinations refused above are accepted.
+  assert configs.validate(small(**{"trainer.checkpoint_delta_interval": 2}))
   for config in (
     configs.override(
       configs.get_config("dlrm_criteo_cpu_small"),
@@ -240,3 +243,146 @@ def test_the_memory_refusal_names_the_disk_tier_which_makes_it_fit():
     preflight.check_memory(on_disk, "dlrm_criteo", available=2**30)
   caches = f"the caches of the 6 table(s) on disk {estimate.disk / 2**30:.1f}"
   assert caches in str(raised.value)
+
+
+#: Saves every 2 steps: a full one, then 2 deltas (10 steps: ckpt-2,
+#: delta-4, delta-6, ckpt-8, delta-10).
+DELTAS = "trainer.checkpoint_interval=2,trainer.checkpoint_delta_interval=2"
+
+#: ``-c`` code: the trainer, whose disk tier's writes (``os.pwritev``)
+#: fail with ENOSPC once ``argv[1]`` exists (its first committed save).
+FULL_DISK = f"""
+import errno, os, runpy, sys
+state, sys.argv = sys.argv[1], ["train", *sys.argv[2:]]
+write = os.pwritev
+def pwritev(*args):
+  if os.path.exists(state):
+    raise OSError({errno.ENOSPC}, os.strerror({errno.ENOSPC}))
+  return write(*args)
+os.pwritev = pwritev
+runpy.run_module("model_garden.ranking.train", run_name="__main__")
+"""
+
+
+def saves(directory):
+  """``{name: {key: value}}`` of the chain ``directory`` resumes from."""
+  base, deltas = manager.latest_with_deltas(str(directory))
+  assert base, f"no checkpoint in {directory}"
+  out = {}
+  for path in (base, *deltas):
+    reader = tf.train.load_checkpoint(path)
+    out[os.path.basename(path)] = {
+      key: reader.get_tensor(key)
+      for key in reader.get_variable_to_shape_map()
+      if not key.startswith("_CHECKPOINTABLE")
+    }
+  return out
+
+
+def saved_files(directory):
+  """``{file: mtime}`` of the saves in ``directory`` (not the params and
+  summaries every start writes)."""
+  return {
+    name: os.stat(directory / name).st_mtime_ns
+    for name in os.listdir(directory)
+    if name != "params.yaml" and (directory / name).is_file()
+  }
+
+
+def user_run(args, cwd):
+  """``args`` as a user starts them: TensorFlow's log level not set."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  return processes.run(
+    args, capture_output=True, text=True, cwd=str(cwd), env=env,
+    timeout=300, check=False,
+  )  # fmt: skip
+
+
+def assert_one_line(process, *parts):
+  assert process.returncode == 1, process.stderr[-4000:]
+  assert "Traceback" not in process.stderr, process.stderr[-4000:]
+  line = process.stderr.strip().splitlines()[-1]
+  for part in parts:
+    assert part in line, line
+  return line
+
+
+def test_deltas_of_a_table_on_disk_and_its_failures(tmp_path):
+  """The disk run's chain of saves equals the in-memory run's, bit for
+  bit; a resume with a cache too small stops at its first step in one
+  line, its saves as they were; a full disk stops a run in one
+  line, its last save intact (equal to the other runs' save)."""
+  disk = tmp_path / "ssd"
+  runs = {
+    "disk": start(
+      command(
+        tmp_path / "disk", f"{disk_params(disk)},{DELTAS}", "--mode=train"
+      ),
+      tmp_path,
+    ),
+    "memory": start(
+      command(tmp_path / "memory", f"{PARAMS},{DELTAS}", "--mode=train"),
+      tmp_path,
+    ),
+    "full": start(
+      [
+        sys.executable,
+        "-c",
+        FULL_DISK,
+        str(tmp_path / "full" / "checkpoint"),
+        *command(
+          tmp_path / "full",
+          f"{disk_params(tmp_path / 'ssd2')},{DELTAS}",
+          "--mode=train",
+        )[3:],
+      ],
+      tmp_path,
+    ),  # fmt: skip
+  }
+  results = {name: finish(process) for name, process in runs.items()}
+  for name in ("disk", "memory"):
+    rc, stdout, stderr = results[name]
+    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
+  got, want = saves(tmp_path / "disk"), saves(tmp_path / "memory")
+  assert list(got) == list(want) == ["ckpt-8", "delta-10"]
+  for name, tensors in want.items():
+    assert sorted(got[name]) == sorted(tensors)
+    for key, value in tensors.items():
+      if key != "_DELTA/meta":
+        np.testing.assert_array_equal(got[name][key], value, err_msg=key)
+  meta = json.loads(got["delta-10"]["_DELTA/meta"])
+  assert 0 < meta["rows"] < VOCAB_SIZES[0]
+  # A full disk: one line naming the table and its directory, exit 1.
+  rc, stdout, stderr = results["full"]
+  assert rc == 1, (stdout + stderr)[-4000:]
+  assert "Traceback" not in stderr, stderr[-4000:]
+  line = stderr.strip().splitlines()[-1]
+  assert (
+    f"Table 'embedding_table_00': the disk of its DiskTier directory "
+    f"{tmp_path / 'ssd2'} is full"
+  ) in line, line
+  # ... its last committed save whole (every value reads back).
+  kept = saves(tmp_path / "full")
+  assert list(kept) == ["ckpt-2"]
+  assert sorted(kept["ckpt-2"]) == sorted(got["ckpt-8"])
+  # A cache too small: the resume (its chain restored into the disk
+  # table) stops at its first step; the saves as they were.
+  before = saved_files(tmp_path / "disk")
+  params = disk_params(disk).replace(
+    f"disk_cache_bytes={CACHE_BYTES}", f"disk_cache_bytes={8 * DIM * 4 * 2}"
+  )
+  process = user_run(
+    command(
+      tmp_path / "disk",
+      f"{params},{DELTAS},trainer.train_steps={STEPS + 4}",
+      "--mode=train",
+    ),
+    tmp_path,
+  )
+  assert_one_line(
+    process,
+    f"Table 'embedding_table_00' (DiskTier directory {disk}): a step asks",
+    "task.model.disk_cache_bytes",
+  )
+  assert saved_files(tmp_path / "disk") == before
+  assert saves(tmp_path / "disk").keys() == got.keys()

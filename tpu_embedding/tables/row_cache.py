@@ -189,7 +189,7 @@ class RowCache:
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
     rows = np.asarray(rows, np.int64)
-    slots = self._slot_of_row[rows].astype(np.int64) - 1
+    slots: np.ndarray = self._slot_of_row[rows].astype(np.int64) - 1
     if (slots < 0).any():
       raise AssertionError("an update of rows its step did not look up")
     self.dirty[slots] = True
@@ -208,7 +208,7 @@ class RowCache:
     """Sorted rows marked changed since ``clear_changed``."""
     at = np.flatnonzero(self._changed)
     bits = np.unpackbits(self._changed[at], bitorder="little").astype(bool)
-    rows = (at[:, None] * 8 + np.arange(8)).reshape(-1)[bits]
+    rows: np.ndarray = (at[:, None] * 8 + np.arange(8)).reshape(-1)[bits]
     return rows[rows < self.rows]
 
   def clear_changed(self) -> None:

@@ -335,7 +335,7 @@ class TieredTable(TableStore):
   def changed_rows(self) -> tf.Tensor:
     """Sorted ids of the rows updated or written since ``clear_changes()``
     (one bit per row on the host, set by every update)."""
-    return tf.py_function(self._rows.changed_rows, [], tf.int64)
+    return _on_host(self._rows.changed_rows, [], tf.int64)
 
   def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` of ``key`` as the files hold them after ``flush``
@@ -346,7 +346,7 @@ class TieredTable(TableStore):
       self._rows.wait()
       return self._rows.files.read([key], ids.numpy())[0]
 
-    return tf.py_function(read, [tf.cast(ids, tf.int64)], tf.float32)
+    return _on_host(read, [tf.cast(ids, tf.int64)], tf.float32)
 
   def write_rows_at(
     self, ids: tf.Tensor, value: Any, key: str = "parameters"
@@ -361,11 +361,19 @@ class TieredTable(TableStore):
       return True
 
     ids = tf.convert_to_tensor(ids, tf.int64)
-    return tf.py_function(write, [ids, tf.cast(value, tf.float32)], tf.bool)
+    return _on_host(write, [ids, tf.cast(value, tf.float32)], tf.bool)
 
   def bytes_per_device(self) -> dict[str, int]:
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
+
+
+def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
+  """``function(*inputs)`` (tensors to numpy): run now when eager (its
+  errors raised as they are), else a ``tf.py_function`` of the graph."""
+  if tf.executing_eagerly():
+    return tf.constant(function(*inputs), dtype)
+  return tf.py_function(function, inputs, dtype)
 
 
 def own_error(

@@ -269,7 +269,7 @@ DISK_STRATEGIES = ("default", "one_device")
 
 def _check_disk(config: definitions.ExperimentConfig) -> None:
   """Refuses what tables kept on disk do not run with: other strategies
-  than one device, dynamic vocabularies, delta checkpoints.
+  than one device, dynamic vocabularies.
 
   Example:
     >>> from model_garden.ranking import configs
@@ -303,10 +303,4 @@ def _check_disk(config: definitions.ExperimentConfig) -> None:
       f"{kept}, and task.model.vocabulary={model.vocabulary!r}: tables "
       "with a dynamic vocabulary are not kept on disk; use "
       "vocabulary=fixed, or remove task.model.disk_directory."
-    )
-  if config.trainer.checkpoint_delta_interval:
-    raise ValueError(
-      f"{kept}, and trainer.checkpoint_delta_interval="
-      f"{config.trainer.checkpoint_delta_interval}: delta checkpoints do "
-      "not cover tables kept on disk; set it to 0 (full checkpoints)."
     )
