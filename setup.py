@@ -130,7 +130,7 @@ setup(
       "matplotlib",
       'keras-rs==0.4.0; python_version >= "3.11"',
       "ml-dtypes",
-      # The JAX SparseCore stack's host preprocessing: tests/test_fdo.py
+      # The JAX SparseCore stack's host preprocessing: tests/fdo/test_fdo.py
       # checks tpu_embedding.fdo against it (it pulls jax and jaxlib).
       'jax-tpu-embedding==0.1.0; python_version >= "3.11"',
     ],

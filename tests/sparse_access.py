@@ -12,7 +12,7 @@ functions; through ``Identity``) and returns each op that receives one.
 does not know (an unknown consumer counts as whole-table access: the
 check can fail wrongly, never pass wrongly). An op's type does not say
 which rows it is given (a gather of every row id would pass), nor what a
-kernel does inside: tests/test_kernel_row_guard.py runs the kernels and
+kernel does inside: tests/kernels/test_kernel_row_guard.py runs the kernels and
 whole steps with the tables' other rows unreachable.
 
 Used in this process by tests/test_sparse_access.py and
@@ -31,7 +31,7 @@ from typing import NamedTuple
 #: Ops that read or write rows by id (Tpe*: this package's kernels,
 #: tpu_embedding/kernels/gather_rows.cc, fused_update.cc and
 #: vocabulary_step.cc, whose own row-only proof is
-#: tests/test_kernel_row_guard.py).
+#: tests/kernels/test_kernel_row_guard.py).
 ROW_OPS = (
   "ResourceGather",
   "ResourceScatter",

@@ -128,7 +128,7 @@ def test_install_cell_installs_the_clone_into_a_fresh_environment(tmp_path):
   kernel build is told to fail at once (``CXX=false``: the package then
   installs for its TensorFlow ops path, as setup.py promises), which
   saves some 45 s of compiling; the build itself is tested where the
-  kernels are (tests/test_kernel_delivery.py) and by every install of
+  kernels are (tests/kernels/test_kernel_delivery.py) and by every install of
   the package the suite tests."""
   venv = tmp_path / "venv"
   subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

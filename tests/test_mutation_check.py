@@ -36,7 +36,7 @@ STEP_RECORD = {
   "original": "updates=tf.maximum(last, step_id)[None]",
   "replacement": "updates=step_id[None]",
   "tests": [
-    "tests/test_parameter_server.py::test_out_of_order_steps_in_one_slot_"
+    "tests/backends/test_parameter_server.py::test_out_of_order_steps_in_one_slot_"
     "each_land_once[whole]"
   ],
 }

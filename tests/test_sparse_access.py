@@ -16,9 +16,9 @@ Here: one device and 2-replica Mirrored, plain and pipelined steps (and
 ``flush_pipeline``), skipped steps, dynamic tables. Elsewhere, on the same
 helper: Keras ``fit`` (tests/layers/test_mirrored.py, and on 2 workers
 tests/layers/test_multi_worker_fit.py), MultiWorkerMirrored
-(tests/test_multi_worker.py) and parameter servers
-(tests/test_parameter_server.py); inside the kernels:
-tests/test_kernel_row_guard.py.
+(tests/backends/test_multi_worker.py) and parameter servers
+(tests/backends/test_parameter_server.py); inside the kernels:
+tests/kernels/test_kernel_row_guard.py.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def _train(opt_name, stacking, replicas, pipelined=False):
 # with Adagrad on 4 replicas and FTRL (slots, and a rule that is not linear
 # in its slots) on 2 (Adagrad stacked on 2 replicas: the pipelined test).
 # Tables alone and sharded equal one device for every optimizer on 2 or 4
-# replicas: tests/test_sharded.py.
+# replicas: tests/backends/test_sharded.py.
 CASES = [
   (name, 1, stacking)
   for name in sorted(OPTIMIZERS)

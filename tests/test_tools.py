@@ -39,13 +39,14 @@ EXAMPLES = sorted(
 #: Tools whose flags are argparse's (``build_parser()``); the others absl's.
 ARGPARSE_TOOLS = (
   "benchmark.py",
-  "delta_benchmark.py",  # run by tests/test_delta_checkpoints.py
+  "delta_benchmark.py",  # run by tests/checkpointing/test_delta_checkpoints.py
   "dynamic_benchmark.py",
   "export.py",
-  "fdo_report.py",  # run by tests/test_fdo.py
+  "fdo_report.py",  # run by tests/fdo/test_fdo.py
   "gpu_check.py",
   "pipelining_benchmark.py",
-  "quantized_export_report.py",  # its AUC by tests/test_quantized_export.py
+  # its AUC by tests/export/test_quantized_export.py
+  "quantized_export_report.py",
   "sharding_report.py",
   "memory_report.py",  # run by tests/test_memory.py
   "mutation_check.py",  # run by tests/test_mutation_check.py

@@ -126,8 +126,10 @@ def _mutant(
   )
 
 
-_ORACLE = "tests/test_optimizer_oracle.py::test_training_matches_oracle"
-_DELTAS = "tests/test_delta_checkpoints.py"
+_ORACLE = (
+  "tests/optimizers/test_optimizer_oracle.py::test_training_matches_oracle"
+)
+_DELTAS = "tests/checkpointing/test_delta_checkpoints.py"
 
 #: The planted defects (a dozen and more), each with the tests that pin it.
 MUTANTS: tuple[Mutant, ...] = (
@@ -164,7 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "clip_gradient_max=_bound(\n      optimizer.clip_gradient_max,\n"
     "      -_bound(optimizer.clip_gradient_min, -math.inf),\n    )",
     [
-      "tests/test_kernels.py::test_one_bound_gradient_clipping_equals_the_"
+      "tests/kernels/test_kernels.py::test_one_bound_gradient_clipping_equals_the_"
       "tensorflow_path"
     ],
     "the fused kernels clip (c, None) to [c, -c], as if symmetric",
@@ -174,7 +176,9 @@ MUTANTS: tuple[Mutant, ...] = (
     "tpu_embedding/backends/exchanges.py",
     "[request.store.gather_block(local, rows, ops) for rows in received]",
     "[request.store.gather_block(local, rows, ops) for rows in received[::-1]]",
-    ["tests/test_sharded.py::test_sharded_training_equals_one_device[sgd-4]"],
+    [
+      "tests/backends/test_sharded.py::test_sharded_training_equals_one_device[sgd-4]"
+    ],
     "the all-to-all exchange answers each sender with another's rows",
   ),
   _mutant(
@@ -183,7 +187,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "tf.where(keep, ids, tf.constant(PADDING_ID, tf.int64))",
     "tf.where(keep, ids, tf.constant(-1, tf.int64))",
     [
-      "tests/test_xla.py::test_truncated_sequence_on_a_later_stack_member_"
+      "tests/kernels/test_xla.py::test_truncated_sequence_on_a_later_stack_member_"
       "moves_no_other_row"
     ],
     "XLA pads truncated sequence ids with -1: a stack member after the "
@@ -195,7 +199,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "updates=tf.maximum(last, step_id)[None]",
     "updates=step_id[None]",
     [
-      "tests/test_parameter_server.py::test_out_of_order_steps_in_one_slot_"
+      "tests/backends/test_parameter_server.py::test_out_of_order_steps_in_one_slot_"
       "each_land_once"
     ],
     "a late older step overwrites its slot: the newer step's re-run lands "
@@ -207,7 +211,7 @@ MUTANTS: tuple[Mutant, ...] = (
     '[last_key, count_key]\n    if vocabulary.eviction == "lru"',
     '[-last_key, count_key]\n    if vocabulary.eviction == "lru"',
     [
-      "tests/test_vocabulary.py::test_sharded_state_steps_match_the_oracle"
+      "tests/vocabularies/test_vocabulary.py::test_sharded_state_steps_match_the_oracle"
       "[tf_ops-1-lru-None-2]"
     ],
     "LRU evicts the most recently used row (sharded state, min_count 1)",
@@ -248,7 +252,9 @@ MUTANTS: tuple[Mutant, ...] = (
     "tpu_embedding/checkpointing/rows.py",
     "offset = piece.entry.offset + (first - piece.first) * width",
     "offset = piece.entry.offset + first * width",
-    ["tests/test_saved_rows.py::test_every_part_read_holds_the_saved_rows"],
+    [
+      "tests/checkpointing/test_saved_rows.py::test_every_part_read_holds_the_saved_rows"
+    ],
     "a restore by rows' bytes forgets where the saved piece starts",
   ),
   # --- exports -------------------------------------------------------------
@@ -258,7 +264,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "values = tf.cast(steps - 128.0, tf.int8)",
     "values = tf.cast(steps - 127.0, tf.int8)",
     [
-      "tests/test_apply_delta.py::test_a_delta_of_exactly_one_changed_row[int8]"
+      "tests/export/test_apply_delta.py::test_a_delta_of_exactly_one_changed_row[int8]"
     ],
     "int8 values stored one step off their offset",
   ),
@@ -268,7 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "if not np.isfinite(largest):",
     "if dtype == 'float16' and not np.isfinite(largest):",
     [
-      "tests/test_quantized_export.py::test_tables_holding_nan_or_inf_are_"
+      "tests/export/test_quantized_export.py::test_tables_holding_nan_or_inf_are_"
       "refused_by_name"
     ],
     "int8 and bfloat16 exports of a table holding nan or inf go through",
@@ -279,7 +285,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "if found is None or not found[0].size:",
     "if found is None or found[0].size < 2:",
     [
-      "tests/test_apply_delta.py::test_a_delta_of_exactly_one_changed_row"
+      "tests/export/test_apply_delta.py::test_a_delta_of_exactly_one_changed_row"
       "[float32]"
     ],
     "a version from a delta keeps the old row of a table that changed in "
@@ -291,7 +297,7 @@ MUTANTS: tuple[Mutant, ...] = (
     "if ids.min() < 0 or ids.max() >= rows:",
     "if ids.min() < 0 or ids.max() > rows:",
     [
-      "tests/test_apply_delta.py::test_a_delta_of_another_model_is_refused_"
+      "tests/export/test_apply_delta.py::test_a_delta_of_another_model_is_refused_"
       "and_nothing_written"
     ],
     "a delta writing row N of an N-row table is applied",

@@ -1,7 +1,7 @@
 """Sliced checkpoints whose tables span several chunks per worker's block.
 
-Launched by tests/test_multi_worker.py (twice per cluster, ``TF_CONFIG``
-set): ``python mwms_checkpoint_chunks.py MODE DIR``.
+Launched by tests/backends/test_multi_worker.py (twice per cluster,
+``TF_CONFIG`` set): ``python mwms_checkpoint_chunks.py MODE DIR``.
 
 * ``MODE=save``: 2 workers train two row-sharded Adam tables for
   ``STEPS`` steps and write them with ``tpe.checkpoints.write(...,
@@ -17,7 +17,7 @@ set): ``python mwms_checkpoint_chunks.py MODE DIR``.
 The one-device restore is done by the test itself (``make_embedding``
 without a strategy). Prints "OK" last on success.
 
-In tests/test_multi_worker.py its ``main`` runs as a phase of
+In tests/backends/test_multi_worker.py its ``main`` runs as a phase of
 ``mwms_phases.py`` (several scripts per cluster launch).
 """
 

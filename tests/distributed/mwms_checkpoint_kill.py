@@ -1,13 +1,12 @@
 """One worker of a 2-process job killed in the middle of a sliced save.
 
-Launched by tests/test_checkpoint_kill.py (twice per cluster, ``TF_CONFIG``
-set): ``python mwms_checkpoint_kill.py MODEL_DIR MODE OUT`` (or several
-``MODEL_DIR run OUT`` triples: those jobs one after another in one
-launch). Trains a row-sharded Adam table for ``STEPS`` steps on batches
-fixed by the step number, saving with
-``tpe.checkpoints.CheckpointManager`` (every worker, same directory) every
-``EVERY`` steps; the second save (``ckpt-2``, step 4) is the one a kill
-cuts off. ``MODE``:
+Launched by tests/checkpointing/test_checkpoint_kill.py (twice per cluster,
+``TF_CONFIG`` set): ``python mwms_checkpoint_kill.py MODEL_DIR MODE OUT``
+(or several ``MODEL_DIR run OUT`` triples: those jobs one after another in
+one launch). Trains a row-sharded Adam table for ``STEPS`` steps on batches
+fixed by the step number, saving with ``tpe.checkpoints.CheckpointManager``
+(every worker, same directory) every ``EVERY`` steps; the second save
+(``ckpt-2``, step 4) is the one a kill cuts off. ``MODE``:
 
 * ``run``: restores the latest checkpoint if any (each worker its own
   rows), prints the step it starts at, trains to ``STEPS`` and writes the

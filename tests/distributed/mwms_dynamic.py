@@ -1,8 +1,8 @@
 """One worker of a 2-process MultiWorkerMirroredStrategy run with dynamic
 tables, on 127.0.0.1.
 
-Launched twice by tests/test_multi_worker.py with ``TF_CONFIG`` set. Two
-dynamic tables: ``users`` (row-sharded over the two workers' replicas,
+Launched twice by tests/backends/test_multi_worker.py with ``TF_CONFIG``
+set. Two dynamic tables: ``users`` (row-sharded over the two workers' replicas,
 constant initializer) and ``tags`` (replicated on both workers, *random*
 initializer). Each worker trains 5 steps with gradients that depend on the
 activations and checks:
@@ -22,7 +22,7 @@ activations and checks:
 
 Prints "OK" and exits 0 on success.
 
-In tests/test_multi_worker.py its ``main`` runs as a phase of
+In tests/backends/test_multi_worker.py its ``main`` runs as a phase of
 ``mwms_phases.py`` (several scripts per cluster launch).
 """
 

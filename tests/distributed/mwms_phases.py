@@ -1,12 +1,12 @@
 """Several 2-worker MultiWorkerMirroredStrategy scripts in one cluster launch.
 
-Launched by tests/test_multi_worker.py on each worker (``TF_CONFIG`` set):
-``python mwms_phases.py DIR PHASE [PHASE ...]``. Setting up a worker
-(importing TensorFlow, starting its server and the collectives) costs
-more than most phases, so one launch runs several, one after another, on
-one ``MultiWorkerMirroredStrategy``. Each phase is the ``main`` of its
-script in this directory, which asserts what its docstring says and
-prints "OK" last:
+Launched by tests/backends/test_multi_worker.py on each worker
+(``TF_CONFIG`` set): ``python mwms_phases.py DIR PHASE [PHASE ...]``.
+Setting up a worker (importing TensorFlow, starting its server and the
+collectives) costs more than most phases, so one launch runs several, one
+after another, on one ``MultiWorkerMirroredStrategy``. Each phase is the
+``main`` of its script in this directory, which asserts what its docstring
+says and prints "OK" last:
 
 * ``training``: ``mwms_training.py`` (checkpoints under ``DIR/training``);
 * ``dynamic``: ``mwms_dynamic.py`` (``DIR/dynamic``);

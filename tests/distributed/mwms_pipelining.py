@@ -1,7 +1,7 @@
 """Pipelining on one worker of a 2-process MultiWorkerMirroredStrategy run.
 
-Launched twice by tests/test_multi_worker.py with ``TF_CONFIG`` set:
-``python mwms_pipelining.py``. The table of tests/test_pipelining.py
+Launched twice by tests/backends/test_multi_worker.py with ``TF_CONFIG`` set:
+``python mwms_pipelining.py``. The table of tests/step/test_pipelining.py
 (row-sharded over the two workers' replicas) trains pipelined on its
 global batches, replica ``r`` taking examples ``[r * per, (r + 1) * per)``;
 ``flush_pipeline`` runs after step ``FLUSH_AFTER`` and after the last
@@ -11,7 +11,7 @@ the whole table before the last flush (the last update still held) and
 every variable after it; and that the traced step and flush touch the
 table by row only (``row-only step:`` lines). Prints "OK" last on success.
 
-In tests/test_multi_worker.py its ``main`` runs as a phase of
+In tests/backends/test_multi_worker.py its ``main`` runs as a phase of
 ``mwms_phases.py`` (several scripts per cluster launch).
 """
 
@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 from mwms_training import check_row_only  # noqa: E402 (this directory)
 from mwms_training import training_step  # noqa: E402
 
-from tests import test_pipelining as schedule  # noqa: E402
+from tests.step import test_pipelining as schedule  # noqa: E402
 
 FLUSH_AFTER = 1
 #: A row's gradient sums its occurrences across workers in another order

@@ -1,6 +1,6 @@
 """One worker of a 2-process MultiWorkerMirroredStrategy job that may be killed.
 
-Launched twice by tests/test_multi_worker.py with ``TF_CONFIG`` set:
+Launched twice by tests/backends/test_multi_worker.py with ``TF_CONFIG`` set:
 ``python mwms_resume.py MODEL_DIR MODE OUT``. Trains a row-sharded Adam
 table for ``STEPS`` steps on batches fixed by the step number, saving with
 ``tpe.checkpoints.CheckpointManager`` (every worker, same directory) every
@@ -15,7 +15,7 @@ table for ``STEPS`` steps on batches fixed by the step number, saving with
 A killed and resumed job must end bit-identical to an uninterrupted one.
 Prints "OK" on success.
 
-In tests/test_multi_worker.py its ``main`` runs as a phase of
+In tests/backends/test_multi_worker.py its ``main`` runs as a phase of
 ``mwms_phases.py`` (several scripts per cluster launch).
 """
 

@@ -1,16 +1,16 @@
 """One worker of a 2-process MultiWorkerMirroredStrategy run on 127.0.0.1.
 
-Launched twice by tests/test_multi_worker.py with ``TF_CONFIG`` set. Each
-worker holds the shards of its replica; lookups and updates exchange ids and
-rows with collectives across the two processes. Every worker checks its
-activations and the whole tables (gathered across workers) against the same
-steps on one device, and that each traced step touches its tables by row
-only (``check_row_only``: one ``row-only step:`` line per optimizer); the
-chief also checks that the checkpoint (saved by
-both workers together) restores whole into a single-device object. Prints
-"OK" and exits 0 on success.
+Launched twice by tests/backends/test_multi_worker.py with ``TF_CONFIG``
+set. Each worker holds the shards of its replica; lookups and updates
+exchange ids and rows with collectives across the two processes. Every
+worker checks its activations and the whole tables (gathered across workers)
+against the same steps on one device, and that each traced step touches its
+tables by row only (``check_row_only``: one ``row-only step:`` line per
+optimizer); the chief also checks that the checkpoint (saved by both workers
+together) restores whole into a single-device object. Prints "OK" and exits
+0 on success.
 
-In tests/test_multi_worker.py its ``main`` runs as a phase of
+In tests/backends/test_multi_worker.py its ``main`` runs as a phase of
 ``mwms_phases.py`` (several scripts per cluster launch).
 """
 

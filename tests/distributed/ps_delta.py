@@ -1,8 +1,8 @@
 """Delta checkpoints on a parameter-server cluster, in one process.
 
-Run by tests/test_delta_distributed.py as a script (connecting to a cluster
-changes the whole process's TensorFlow context): ``python ps_delta.py
-DIR``. Starts 2 workers and 2 parameter servers on 127.0.0.1
+Run by tests/checkpointing/test_delta_distributed.py as a script (connecting
+to a cluster changes the whole process's TensorFlow context): ``python
+ps_delta.py DIR``. Starts 2 workers and 2 parameter servers on 127.0.0.1
 (``ps_training.start_cluster``); ``big`` is split over both PS tasks,
 ``small`` lives whole on one; Adagrad; a dense variable. A
 ``ClusterCoordinator`` schedules every step on the workers (joined before

@@ -1,14 +1,14 @@
 """Trains on an in-process parameter-server cluster; checks against one device.
 
-Run as a script (by tests/test_parameter_server.py) because connecting to a
-cluster changes the whole process's TensorFlow context. Starts 2 workers and
-2 parameter servers as in-process gRPC servers on 127.0.0.1, trains with a
-``ClusterCoordinator`` one step at a time, and compares tables, slots and a
-checkpoint with the same steps on one device; then schedules steps on both
-workers at once (asynchronous training) and checks every update lands.
-Every scheduled step's graph touches the tables by row only (a
-``row-only step:`` line per training run).
-Prints "OK" and exits 0 on success.
+Run as a script (by tests/backends/test_parameter_server.py) because
+connecting to a cluster changes the whole process's TensorFlow context.
+Starts 2 workers and 2 parameter servers as in-process gRPC servers on
+127.0.0.1, trains with a ``ClusterCoordinator`` one step at a time, and
+compares tables, slots and a checkpoint with the same steps on one device;
+then schedules steps on both workers at once (asynchronous training) and
+checks every update lands. Every scheduled step's graph touches the tables
+by row only (a ``row-only step:`` line per training run). Prints "OK" and
+exits 0 on success.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@
   checkpoint (tables, dense weights, optimizer state) is bit-identical to
   the same job never killed. (The same training in one process on 2
   mirrored replicas differs by a few float32 ulps, up to 3e-8, in most
-  tables: the strategy, not the kill; tests/test_multi_worker.py compares
-  strategies within 1e-5.)
+  tables: the strategy, not the kill; tests/backends/test_multi_worker.py
+  compares strategies within 1e-5.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A disk-tiered table never held whole: peak RSS per phase (``VmHWM``).
 
-tests/tiered_memory_job.py (a fresh process) trains, saves and restores a
+tests/tables/tiered_memory_job.py (a fresh process) trains, saves and restores a
 732 MiB table and slots kept on disk with a 32 MiB cache. Each phase's
 peak over the process before the table exists must stay under a third
 of the table and slots: a copy of the table would cross it.

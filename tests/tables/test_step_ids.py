@@ -7,7 +7,8 @@ locked stores (as ``ParameterServerBackend`` locks them) take a step again
 with the same id and keep their values bit for bit, one row-sharded table
 over two devices included; unlocked stores (every other strategy, which
 never re-runs a step) ignore the id. The real re-run, a killed worker's
-step under a ``ClusterCoordinator``, is ``test_parameter_server.py``'s.
+step under a ``ClusterCoordinator``, is
+tests/backends/test_parameter_server.py's.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ import tensorflow as tf
 import tpu_embedding as tpe
 from tests import processes
 from tests.conftest import mirrored_strategy
+from tests.scripts import ROOT
 from tpu_embedding import export
 from tpu_embedding.export import FeatureSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, STEPS = 8, 2
 # In feature-config order (tf.nest sorts dict keys: genres, history, ...).
 QUERY_TABLES = ("genres", "tokens", "users")
@@ -327,7 +327,7 @@ def exported(tmp_path_factory):
   )
   spec_file = base / "serving_spec.py"
   spec_file.write_text(
-    "from tests.test_export import export_spec_for_cli\n\n"
+    "from tests.export.test_export import export_spec_for_cli\n\n"
     "def build():\n  return export_spec_for_cli()\n"
   )
   tool = _load_tool()
@@ -902,8 +902,9 @@ def test_tool_reports_bad_tables_and_keys(exported, capsys):
   # A subset: only the query tables are restored and written.
   query_spec = base / "query_spec.py"
   query_spec.write_text(
-    "from tests.test_export import QUERY_SIGNATURE, make_feature_config\n"
-    "from tests.test_export import make_query_tower\n"
+    "from tests.export.test_export import QUERY_SIGNATURE\n"
+    "from tests.export.test_export import make_feature_config\n"
+    "from tests.export.test_export import make_query_tower\n"
     "from tpu_embedding.export import ExportSpec\n\n"
     "def build():\n"
     "  return ExportSpec(make_feature_config(), QUERY_SIGNATURE,\n"

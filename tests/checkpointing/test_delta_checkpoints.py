@@ -394,7 +394,7 @@ def test_delta_benchmark_tool_reports_small_ratios(tmp_path):
     [
       sys.executable,
       os.path.join(
-        os.path.dirname(__file__), "..", "tools", "delta_benchmark.py"
+        os.path.dirname(__file__), "..", "..", "tools", "delta_benchmark.py"
       ),
       "--rows=50000",
       "--dim=32",

@@ -29,7 +29,7 @@ from tests.distributed import mwms_delta
 from tests.distributed import ps_delta
 from tpu_embedding.checkpointing import deltas as checkpoint_deltas
 
-HERE = pathlib.Path(__file__).parent / "distributed"
+HERE = pathlib.Path(__file__).parents[1] / "distributed"
 #: Not training state: TensorFlow's object graph, a checkpoint's counter.
 NOT_STATE = (
   "_CHECKPOINTABLE_OBJECT_GRAPH",

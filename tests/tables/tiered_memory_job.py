@@ -5,7 +5,7 @@ table (732 MiB of table and slots) kept on disk with a 32 MiB cache,
 trains 20 steps, saves it with ``tpe.checkpoints.write``, builds a second
 one and restores into it, and prints ``{"phase": VmHWM bytes, ...}`` (the
 peak reset before each phase) and whether the restored rows are the
-saved ones. Run by tests/test_tiered_memory.py.
+saved ones. Run by tests/tables/test_tiered_memory.py.
 """
 
 from __future__ import annotations

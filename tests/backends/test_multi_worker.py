@@ -29,7 +29,7 @@ from tests.distributed import cluster
 from tests.distributed import mwms_checkpoint_chunks
 from tests.distributed import mwms_training
 
-PHASES = pathlib.Path(__file__).parent / "distributed" / "mwms_phases.py"
+PHASES = pathlib.Path(__file__).parents[1] / "distributed" / "mwms_phases.py"
 LAUNCHES = (
   ("training", "dynamic", "pipelining", "chunks:save", "resume:full"),
   ("resume:kill",),
@@ -118,7 +118,7 @@ def test_tables_of_several_chunks_per_block_restore_exactly(runs):
 
 def test_two_workers_pipelined_follow_the_one_step_stale_schedule(runs):
   """Pipelined on 2 workers, flushed after step 1 and at the end: the
-  one-step-stale schedule of tests/test_pipelining.py on one device."""
+  one-step-stale schedule of tests/step/test_pipelining.py on one device."""
   for out in phase(runs, "pipelining"):
     # The pipelined step and the flush: by row only (asserted there).
     assert sorted(sparse_access.reports(out)) == [

@@ -35,7 +35,7 @@ from tests.distributed import cluster
 from tpu_embedding.checkpointing.parts import remove_stale_temps
 
 SCRIPT = (
-  pathlib.Path(__file__).parent / "distributed" / "mwms_checkpoint_kill.py"
+  pathlib.Path(__file__).parents[1] / "distributed" / "mwms_checkpoint_kill.py"
 )
 
 

@@ -27,11 +27,11 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests import processes
+from tests.scripts import ROOT
 from tpu_embedding import export
 from tpu_embedding.export import FeatureSpec
 from tpu_embedding.export import quantize
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TYPES = ("float32", "float16", "bfloat16", "int8")
 QUANTIZED = TYPES[1:]
 BATCH = 64
@@ -526,7 +526,7 @@ def test_tool_exports_int8_from_a_checkpoint(exported, tmp_path):
   )
   spec = tmp_path / "spec.py"
   spec.write_text(
-    "from tests.test_quantized_export import export_spec_for_cli\n\n"
+    "from tests.export.test_quantized_export import export_spec_for_cli\n\n"
     "def build():\n  return export_spec_for_cli()\n"
   )
   module_spec = importlib.util.spec_from_file_location(

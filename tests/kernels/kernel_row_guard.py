@@ -1,7 +1,7 @@
 """Kernels run on tables whose memory outside the given rows is unreachable.
 
-Run by tests/test_kernel_row_guard.py as its own process:
-``python tests/kernel_row_guard.py``. The graph proof
+Run by tests/kernels/test_kernel_row_guard.py as its own process:
+``python tests/kernels/kernel_row_guard.py``. The graph proof
 (tests/sparse_access.py) stops at an op: a kernel given a table's handle
 could still read, copy or write the whole buffer. Here every page of a
 variable's buffer that holds no byte of a row the op is given is made

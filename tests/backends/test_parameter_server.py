@@ -20,13 +20,13 @@ import pytest
 import tensorflow as tf
 
 from tests import sparse_access
-from tests import test_step_ids as step_ids
 from tests.conftest import mirrored_strategy
 from tests.distributed import cluster
+from tests.tables import test_step_ids as step_ids
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.tables.step_record import SLOTS
 
-SCRIPT = pathlib.Path(__file__).parent / "distributed" / "ps_training.py"
+SCRIPT = pathlib.Path(__file__).parents[1] / "distributed" / "ps_training.py"
 
 
 def test_parameter_server_training_equals_one_device(tmp_path):
@@ -36,7 +36,7 @@ def test_parameter_server_training_equals_one_device(tmp_path):
   assert "ps" in sparse_access.reports(out), out
 
 
-KILL = pathlib.Path(__file__).parent / "distributed" / "ps_worker_kill.py"
+KILL = pathlib.Path(__file__).parents[1] / "distributed" / "ps_worker_kill.py"
 
 
 def test_a_killed_workers_steps_are_rerun_and_each_update_lands_once():

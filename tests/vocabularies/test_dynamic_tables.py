@@ -258,7 +258,7 @@ def _cases(cases: str) -> list:
 # Every (optimizer, vocabulary) pair and every (layout, vocabulary) pair
 # once; every optimizer on a sharded and on a replicated layout. The
 # optimizers' per-row rules on sharded layouts are also checked for every
-# optimizer (on 2 or 4 replicas) by tests/test_sharded.py.
+# optimizer (on 2 or 4 replicas) by tests/backends/test_sharded.py.
 TRAINING_CASES = _cases(
   "1-1-lru-sgd 2-1-lru-adagrad 2s-1-lru-adagrad_momentum 4-1-lru-adam "
   "4s-1-lru-ftrl 4s-2-lfu-sgd 2s-2-lfu-adagrad 4-2-lfu-adagrad_momentum "
@@ -680,7 +680,7 @@ def test_serving_and_export_from_a_checkpoint(tmp_path):
   replicas: TPUEmbeddingForServing restores the whole vocabulary and
   looks raw keys up as the trained object does; tools/export.py exports
   it from the checkpoint alone."""
-  from tests.test_export import _load_tool
+  from tests.export.test_export import _load_tool
 
   stream, loss_r = _stream(seed=4), _loss_terms(seed=3)
   two = mirrored_strategy(2)
@@ -713,7 +713,7 @@ def test_serving_and_export_from_a_checkpoint(tmp_path):
 
   spec_file = tmp_path / "spec.py"
   spec_file.write_text(
-    "from tests.test_dynamic_tables import export_spec_for_cli\n\n"
+    "from tests.vocabularies.test_dynamic_tables import export_spec_for_cli\n\n"
     "def build():\n  return export_spec_for_cli()\n"
   )
   tool_args = [

@@ -28,11 +28,11 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests import processes
+from tests.scripts import ROOT
 from tests.scripts import run_tool
 from tpu_embedding import export
 from tpu_embedding.checkpointing.parts import save_id
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {"users": (40, 4), "items": (30, 3)}  # table: (rows, dim)
 BATCH = 4
 VARIABLES = os.path.join("variables", "variables")
@@ -166,7 +166,7 @@ def run(tmp_path_factory):
   other = _train_run(base / "other", seed=1, saves=2)
   spec_file = base / "specs.py"
   spec_file.write_text(
-    "from tests.test_apply_delta import ranker_spec, tower_spec\n"
+    "from tests.export.test_apply_delta import ranker_spec, tower_spec\n"
   )
   tool = _load_tool()
 

@@ -18,10 +18,10 @@ import tensorflow as tf
 
 
 def _load_oracle():
-  """Imports the sibling ``oracle.py`` whatever the import mode/rootdir."""
+  """Imports ``tests/oracle.py`` whatever the import mode/rootdir."""
   name = "tpu_embedding_test_oracle"
   if name not in sys.modules:
-    path = pathlib.Path(__file__).with_name("oracle.py")
+    path = pathlib.Path(__file__).parents[1] / "oracle.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up.

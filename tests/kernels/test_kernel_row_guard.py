@@ -2,14 +2,14 @@
 
 The traced-graph proof (tests/sparse_access.py) ends at an op: a kernel
 given a table's handle could still read or copy its whole buffer.
-tests/kernel_row_guard.py runs this package's kernels (``TpeGatherRows``,
-``TpeFusedSparseApply``, ``TpeVocabularyStep``), TensorFlow's ops for the
-same, and whole training steps (one device, 2 replicas, pipelined), on
-variables whose pages outside the given rows are ``mprotect``-ed
-unreachable: a touch there kills the
-process with SIGSEGV, so it runs as its own process. Its last act, the
-control, is a dense read of a guarded table: the process must die there,
-after every guarded case passed.
+tests/kernels/kernel_row_guard.py runs this package's kernels
+(``TpeGatherRows``, ``TpeFusedSparseApply``, ``TpeVocabularyStep``),
+TensorFlow's ops for the same, and whole training steps (one device, 2
+replicas, pipelined), on variables whose pages outside the given rows are
+``mprotect``-ed unreachable: a touch there kills the process with SIGSEGV,
+so it runs as its own process. Its last act, the control, is a dense read of
+a guarded table: the process must die there, after every guarded case
+passed.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CONTROL = "control: a dense read under the guard"
 )
 def test_kernels_touch_only_the_rows_they_are_given():
   done = scripts.run_script(
-    "tests/kernel_row_guard.py", returncode=-signal.SIGSEGV
+    "tests/kernels/kernel_row_guard.py", returncode=-signal.SIGSEGV
   )
   lines = done.stdout.splitlines()
   # Killed by the control, not before: every guarded case passed.

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
-from tests import test_sharded as sharded
+from tests.backends import test_sharded as sharded
 from tests.conftest import mirrored_strategy
 from tests.layers import test_distributed_embedding as keras_rs_tests
 from tpu_embedding.kernels.static_unique import PADDING_ID

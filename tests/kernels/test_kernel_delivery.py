@@ -29,7 +29,7 @@ from tests import processes
 from tpu_embedding.kernels import build as builder
 from tpu_embedding.kernels import library
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 #: Trains 3 steps on one device and 3 on 2 replicas (row-sharded
 #: tables) with the library ``choose`` is forced to give

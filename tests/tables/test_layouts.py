@@ -19,10 +19,10 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests.backends.test_sharded import full_values
+from tests.backends.test_sharded import train_sharded
+from tests.backends.test_sharded import train_single_device
 from tests.conftest import mirrored_strategy
-from tests.test_sharded import full_values
-from tests.test_sharded import train_sharded
-from tests.test_sharded import train_single_device
 from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.tables import initial_values
 
