@@ -26,7 +26,7 @@ engine tables are retrieved from the TPU before a save and loaded back
 after a restore, as TensorFlow does for its own object.
 
 None of this runs without a TPU; it is kept thin. The translation is tested
-on CPU (``tests/test_tpu_conversion.py``).
+on CPU (``tests/engines/test_tpu_conversion.py``).
 
 Example:
   >>> import types

@@ -19,7 +19,7 @@ Two kinds of library, from the same C++ sources and flags:
 Every library computes the same numbers: IEEE float math as TensorFlow
 does it (no contraction into fused multiply-adds, no fast-math), so wider
 vectors change the speed, never a bit of the result
-(``tests/test_kernel_delivery.py`` compares the levels).
+(``tests/kernels/test_kernel_delivery.py`` compares the levels).
 
 No training, serving or test process compiles: only the install and the
 ``build`` command do. Environment:

@@ -3,8 +3,8 @@
 ``vocabularies/transition.advance`` asks the step's ops
 (``kernels/ops.py``) first; TensorFlow's return None and the TensorFlow
 ops of ``transition.py`` run instead, with the same outputs and the same
-state after the step (``tests/test_vocabulary.py`` runs both against the
-oracle); the kernel ops call ``vocabulary_step``.
+state after the step (``tests/vocabularies/test_vocabulary.py`` runs both
+against the oracle); the kernel ops call ``vocabulary_step``.
 
 Example:
   >>> import tensorflow as tf

@@ -15,13 +15,13 @@ import numpy as np
 import tensorflow as tf
 
 import tpu_embedding as tpe
-from tests.test_tiered import DIM
-from tests.test_tiered import ROWS
-from tests.test_tiered import assert_same
-from tests.test_tiered import batches
-from tests.test_tiered import make_embedding
-from tests.test_tiered import train
-from tests.test_tiered import values
+from tests.tables.test_tiered import DIM
+from tests.tables.test_tiered import ROWS
+from tests.tables.test_tiered import assert_same
+from tests.tables.test_tiered import batches
+from tests.tables.test_tiered import make_embedding
+from tests.tables.test_tiered import train
+from tests.tables.test_tiered import values
 from tpu_embedding.checkpointing import deltas as checkpoint_deltas
 
 BIG = "embedding/big/.ATTRIBUTES/VARIABLE_VALUE"
