@@ -83,6 +83,7 @@ from tpu_embedding.export.signature import _parse_signature
 from tpu_embedding.export.signature import _Signature
 from tpu_embedding.export.signature import padded_to_sparse
 from tpu_embedding.export.signature import weights_name
+from tpu_embedding.export.streamed import write_rows
 from tpu_embedding.export.subset import ServingLookup
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import table_stores_of
@@ -440,6 +441,7 @@ def export_for_serving(
   signatures = {signature_name: concrete}
   signatures.update({name: c for name, (_, c) in extra.items()})
   tf.saved_model.save(root, export_dir, signatures=signatures)
+  write_rows(export_dir, root, lookup.stores)  # disk-tiered tables' rows
   if keys is not None:
     record_source(export_dir, keys, root, table_dtype)
   outputs = {
