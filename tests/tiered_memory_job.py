@@ -113,5 +113,6 @@ def main(directory: str) -> None:
     del loaded
   print(json.dumps({"phases": phases, "same": same, "exported": exported}))
 
+
 if __name__ == "__main__":
   main(sys.argv[1])

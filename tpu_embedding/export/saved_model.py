@@ -306,7 +306,9 @@ def export_for_serving(
   table, no ``tpu_embedding`` object. It loads with TensorFlow alone
   (``tf.saved_model.load``, TF Serving, ``saved_model_cli``). Export an
   embedding trained under ``TPUStrategy`` or ``MultiWorkerMirroredStrategy``
-  from its checkpoint with ``tools/export.py``.
+  from its checkpoint with ``tools/export.py``. A table kept on disk
+  (``DiskTier``) is written from its files chunk by chunk, never held
+  whole (``export/streamed.py``; float16 is refused for it).
 
   With ``table_dtype`` ``"float16"``, ``"bfloat16"`` or ``"int8"``
   (row-wise: int8 values with a float32 scale and offset per row) the

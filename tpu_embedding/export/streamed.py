@@ -9,10 +9,12 @@ uninitialized variables), and ``write_rows`` then writes their values into
 the SavedModel's variables checkpoint from the table's files, one chunk
 of rows at a time (``checkpointing.parts.chunk_rows``: at most 64 MiB of
 float32 rows), as slices of the full tensors merged by the part writer.
-A quantized table is quantized chunk by chunk: row-wise, so with the same
-values as a whole-table quantization. The result is an ordinary SavedModel
-(TensorFlow's variables, its signature's ops); the export holds one chunk
-of rows and its quantized copy at a time, besides the table's cache.
+A quantized table is quantized by pieces of a chunk: row-wise, so with
+the same values as a whole-table quantization (``bfloat16`` or ``int8``;
+TensorFlow restores no float16 tensor from slices: refused). The result
+is an ordinary SavedModel (TensorFlow's variables, its signature's ops);
+the export holds one chunk of rows and its stored copy at a time, besides
+the table's cache.
 
 Example:
   >>> import tempfile
@@ -76,24 +78,35 @@ def unwritten_table(
 ) -> tf.Variable | QuantizedTable:
   """A serving copy of ``store``'s table (as ``quantize.serving_table``
   makes it) whose variables hold no value yet: ``write_rows`` writes
-  them into the SavedModel."""
+  them into the SavedModel.
+
+  Raises:
+    ValueError: for ``float16``, which TensorFlow cannot restore from
+      slices.
+  """
+  if table_dtype == "float16":
+    raise ValueError(
+      f"Table {name!r} is kept on disk and is exported by slices, which "
+      "TensorFlow cannot restore as float16: export it as bfloat16, int8 "
+      "or float32."
+    )
   rows, dim = store.table.vocabulary_size, store.table.dim
 
   def variable(dtype: tf.DType, width: int, part: str) -> tf.Variable:
     return compat.UninitializedVariable(
-      shape=[rows, width], dtype=dtype, name=part, trainable=False
+      shape=[rows, width], dtype=dtype, name=f"{name}/{part}", trainable=False
     )
 
   with tf.init_scope(), tf.device("/CPU:0"):
     if table_dtype == "float32":
-      return variable(tf.float32, dim, name)
+      return compat.UninitializedVariable(
+        shape=[rows, dim], dtype=tf.float32, name=name, trainable=False
+      )
     empty = quantize_rows(tf.zeros([0, dim]), table_dtype, name)
     held = QuantizedRows(
       *(
         None if part is None else variable(part.dtype, part.shape[1], key)
-        for part, key in zip(
-          empty, [f"{name}/{p}" for p in QuantizedRows._fields], strict=True
-        )
+        for key, part in empty._asdict().items()
       )
     )
   return QuantizedTable(held, table_dtype, name)
@@ -125,7 +138,8 @@ def _stored_rows(
       quantize_rows(rows[first : first + step], copied.table_dtype, name)
       for first in range(0, len(rows), step)
     ]
-    return [tf.concat(part, 0) for part in zip(*pieces) if part[0] is not None]
+    stored = zip(*pieces, strict=True)
+    return [tf.concat(part, 0) for part in stored if part[0] is not None]
 
   return [v for v in held if v is not None], quantized
 

@@ -199,7 +199,9 @@ class ServingLookup:
   selected tables taken at construction instead (what
   ``export_for_serving`` saves), or with ``table_dtype`` copies in a
   smaller type (``quantize.QuantizedTable``) whose looked-up rows are
-  dequantized.
+  dequantized. A table kept on disk is not copied: its copy holds no
+  value until ``export_for_serving`` writes it into the SavedModel from
+  the table's files (``streamed.py``), so it is for exports only.
 
   Example:
     >>> import tensorflow as tf
