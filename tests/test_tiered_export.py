@@ -209,6 +209,30 @@ def test_it_holds_no_python_op(exported):
     assert not ops & {"EagerPyFunc", "PyFunc", "PyFuncStateless"}, ops
 
 
+def test_an_export_from_a_checkpoint_records_its_source(exported, tmp_path):
+  emb, model = exported["disk"], exported["model"]
+  checkpoint = tf.train.Checkpoint(embedding=emb, model=model)
+  prefix = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt"))
+  path = str(tmp_path / "m")
+  export.export_for_serving(
+    path,
+    emb,
+    model,
+    SIGNATURE,
+    table_dtype="int8",
+    source=export.ExportSource(prefix, checkpoint),
+  )
+  table = export.read_source(path)["tables"]["big"]
+  assert table["shape"] == [ROWS, DIM]
+  assert sorted(table["variables"]) == ["offset", "scale", "values"]
+  np.testing.assert_array_equal(
+    saved_values(path)[table["variables"]["values"]],
+    saved_values(exported["paths"]["memory", "int8"])[
+      table["variables"]["values"]
+    ],
+  )
+
+
 def test_float16_is_refused_before_anything_is_written(exported, tmp_path):
   emb = exported["disk"]
   with pytest.raises(ValueError, match="export it as bfloat16, int8"):
