@@ -64,6 +64,11 @@ from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
 from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 
+# A variable with a shape and no value (nothing allocated): a disk-tiered
+# table's serving copy, traced into a SavedModel whose saver records its
+# key and writes no value (``export/streamed.py`` writes it by parts).
+from tensorflow.python.ops.resource_variable_ops import UninitializedVariable
+
 # Tells the gradient tapes that a variable was read (as its own
 # ``sparse_read`` does), so ops reading it by handle are differentiable.
 from tensorflow.python.ops.resource_variable_ops import variable_accessed
@@ -112,6 +117,7 @@ __all__ = [
   "ShardedVariable",
   "Trackable",
   "TrackableObjectGraph",
+  "UninitializedVariable",
   "checkpoint_keys",
   "clone_tf_feature_config",
   "flatten_with_joined_string_paths",

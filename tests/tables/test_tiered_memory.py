@@ -1,7 +1,8 @@
 """A disk-tiered table never held whole: peak RSS per phase (``VmHWM``).
 
-tests/tables/tiered_memory_job.py (a fresh process) trains, saves and restores a
-732 MiB table and slots kept on disk with a 32 MiB cache. Each phase's
+tests/tables/tiered_memory_job.py (a fresh process) trains, saves, exports
+(``export_for_serving``, float32 and int8) and restores a 732 MiB table
+and slots kept on disk with a 32 MiB cache. Each phase's
 peak over the process before the table exists must stay under a third
 of the table and slots: a copy of the table would cross it.
 """
@@ -19,7 +20,7 @@ STATE = 3_000_000 * 32 * 4 * 2
 BOUND = STATE // 3
 
 
-def test_train_save_and_restore_stay_far_below_the_table(tmp_path):
+def test_train_save_restore_and_export_stay_far_below_the_table(tmp_path):
   done = processes.run(
     [sys.executable, str(JOB), str(tmp_path)],
     capture_output=True,
@@ -29,7 +30,15 @@ def test_train_save_and_restore_stay_far_below_the_table(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   phases = result["phases"]
-  for phase in ("build", "train", "save", "restore"):
+  for phase in (
+    "build",
+    "train",
+    "save",
+    "export_float32",
+    "export_int8",
+    "restore",
+  ):
     grown = phases[phase] - phases["before"]
     assert grown < BOUND, (phase, grown / 2**20, phases)
   assert result["same"]
+  assert result["exported"]

@@ -2,10 +2,12 @@
 
 ``python tiered_memory_job.py DIRECTORY``: builds a 3,000,000 x 32 Adagrad
 table (732 MiB of table and slots) kept on disk with a 32 MiB cache,
-trains 20 steps, saves it with ``tpe.checkpoints.write``, builds a second
-one and restores into it, and prints ``{"phase": VmHWM bytes, ...}`` (the
-peak reset before each phase) and whether the restored rows are the
-saved ones. Run by tests/tables/test_tiered_memory.py.
+trains 20 steps, saves it with ``tpe.checkpoints.write``, exports it with
+``export_for_serving`` as float32 and as int8, builds a second one and
+restores into it, and prints ``{"phase": VmHWM bytes, ...}`` (the
+peak reset before each phase), whether the restored rows are the saved
+ones and whether the exports serve the trained rows (int8: quantized
+row by row). Run by tests/tables/test_tiered_memory.py.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tpu_embedding import export
+from tpu_embedding.export.quantize import dequantize_rows
+from tpu_embedding.export.quantize import quantize_rows
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 
 ROWS, DIM, CACHE = 3_000_000, 32, 32 * 2**20
+EXPORTS = ("float32", "int8")
 
 
 def peak() -> int:
@@ -76,18 +82,36 @@ def main(directory: str) -> None:
   prefix = os.path.join(directory, "ckpt")
   tpe.checkpoints.write(tf.train.Checkpoint(embedding=emb), prefix)
   phases["save"] = peak()
+  for table_dtype in EXPORTS:
+    reset()
+    export.export_for_serving(
+      os.path.join(directory, table_dtype),
+      emb,
+      None,
+      {"f": export.FeatureSpec([None])},
+      table_dtype=table_dtype,
+    )
+    phases[f"export_{table_dtype}"] = peak()
   reset()
   again = make(os.path.join(directory, "b"))
   tpe.checkpoints.restore(tf.train.Checkpoint(embedding=again), prefix)
   phases["restore"] = peak()
   ids = tf.constant(rng.integers(0, ROWS, 2000), tf.int64)
-  same = bool(
-    tf.reduce_all(
-      emb.table_stores["big"].gather(ids)
-      == again.table_stores["big"].gather(ids)
-    )
-  )
-  print(json.dumps({"phases": phases, "same": same}))
+  rows = emb.table_stores["big"].gather(ids)
+  same = bool(tf.reduce_all(rows == again.table_stores["big"].gather(ids)))
+  ids = tf.concat([ids, tf.range(100, dtype=tf.int64)], 0)  # trained too
+  rows = emb.table_stores["big"].gather(ids)
+  expected = {
+    "float32": rows,
+    "int8": dequantize_rows(quantize_rows(rows, "int8")),
+  }
+  exported = True
+  for table_dtype in EXPORTS:  # each loaded whole, once measured
+    loaded = tf.saved_model.load(os.path.join(directory, table_dtype))
+    served = loaded.signatures["serving_default"](f=ids)["f"]
+    exported &= bool(tf.reduce_all(served == expected[table_dtype]))
+    del loaded
+  print(json.dumps({"phases": phases, "same": same, "exported": exported}))
 
 
 if __name__ == "__main__":

@@ -202,11 +202,15 @@ class QuantizedTable(tf.Module):
     ('float16', TensorShape([1, 2]))
   """
 
-  def __init__(self, table: tf.Tensor, table_dtype: str, name: str):
+  def __init__(
+    self, table: tf.Tensor | QuantizedRows, table_dtype: str, name: str
+  ):
     """Quantizes ``table`` into new non-trainable CPU variables.
 
     Args:
-      table: the ``[rows, dim]`` float32 table.
+      table: the ``[rows, dim]`` float32 table, or ``QuantizedRows`` of
+        the variables to hold (kept as they are: ``export/streamed.py``
+        writes their values into the SavedModel later).
       table_dtype: ``float16``, ``bfloat16`` or ``int8``.
       name: the table's name (its variables are ``<name>/values`` ...).
 
@@ -215,6 +219,9 @@ class QuantizedTable(tf.Module):
     """
     super().__init__(name=None)
     self.table_dtype = check_table_dtype(table_dtype)
+    if isinstance(table, QuantizedRows):
+      self.values, self.scale, self.offset = table
+      return
     with tf.init_scope(), tf.device("/CPU:0"):
       rows = quantize_rows(table, self.table_dtype, name)
 

@@ -83,6 +83,7 @@ from tpu_embedding.export.signature import _parse_signature
 from tpu_embedding.export.signature import _Signature
 from tpu_embedding.export.signature import padded_to_sparse
 from tpu_embedding.export.signature import weights_name
+from tpu_embedding.export.streamed import write_rows
 from tpu_embedding.export.subset import ServingLookup
 from tpu_embedding.export.subset import TableSelection
 from tpu_embedding.export.subset import table_stores_of
@@ -305,7 +306,9 @@ def export_for_serving(
   table, no ``tpu_embedding`` object. It loads with TensorFlow alone
   (``tf.saved_model.load``, TF Serving, ``saved_model_cli``). Export an
   embedding trained under ``TPUStrategy`` or ``MultiWorkerMirroredStrategy``
-  from its checkpoint with ``tools/export.py``.
+  from its checkpoint with ``tools/export.py``. A table kept on disk
+  (``DiskTier``) is written from its files chunk by chunk, never held
+  whole (``export/streamed.py``; float16 is refused for it).
 
   With ``table_dtype`` ``"float16"``, ``"bfloat16"`` or ``"int8"``
   (row-wise: int8 values with a float32 scale and offset per row) the
@@ -440,6 +443,7 @@ def export_for_serving(
   signatures = {signature_name: concrete}
   signatures.update({name: c for name, (_, c) in extra.items()})
   tf.saved_model.save(root, export_dir, signatures=signatures)
+  write_rows(export_dir, root, lookup.stores)  # disk-tiered tables' rows
   if keys is not None:
     record_source(export_dir, keys, root, table_dtype)
   outputs = {

@@ -35,6 +35,8 @@ from tpu_embedding.export.quantize import QuantizedTable
 from tpu_embedding.export.quantize import check_table_dtype
 from tpu_embedding.export.quantize import serving_table
 from tpu_embedding.export.quantize import table_variables
+from tpu_embedding.export.streamed import unwritten_table
+from tpu_embedding.export.streamed import written_in_parts
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import table_name
@@ -197,7 +199,9 @@ class ServingLookup:
   selected tables taken at construction instead (what
   ``export_for_serving`` saves), or with ``table_dtype`` copies in a
   smaller type (``quantize.QuantizedTable``) whose looked-up rows are
-  dequantized.
+  dequantized. A table kept on disk is not copied: its copy holds no
+  value until ``export_for_serving`` writes it into the SavedModel from
+  the table's files (``streamed.py``), so it is for exports only.
 
   Example:
     >>> import tensorflow as tf
@@ -380,7 +384,10 @@ def _copy_to_cpu(
   source: TableStore, name: str, table_dtype: str
 ) -> tf.Variable | QuantizedTable:
   """A plain, non-trainable CPU variable holding ``source``'s value (in
-  ``table_dtype``: a ``QuantizedTable``)."""
+  ``table_dtype``: a ``QuantizedTable``); of a table too large to hold
+  whole, one holding no value (``streamed.unwritten_table``)."""
+  if written_in_parts(source):  # Too large to copy: written by chunks.
+    return unwritten_table(source, table_dtype, name)
   start = time.time()
   with tf.init_scope(), tf.device("/CPU:0"):
     value = source.read()
