@@ -59,12 +59,12 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.tables.base import TableStore

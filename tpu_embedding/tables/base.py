@@ -58,7 +58,7 @@ from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
@@ -490,9 +490,7 @@ class TableStore(metaclass=abc.ABCMeta):
       # One block holds every row.
       self.update_block(0, ids, grads, index, ops, step_id)
       return
-    summed = concat_pieces(grads)
-    if index is not None:
-      summed = tf.math.unsorted_segment_sum(summed, index, tf.size(ids))
+    summed = summed_gradients(ids, grads, index)
     for block in range(len(self.blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)
