@@ -226,12 +226,11 @@ class AllToAll(RowExchange):
       grads = [next(received) for _ in range(count)]
       # Sources in replica order: the occurrences of the global batch in
       # order, each pointing at its distinct row.
-      rows, index = ops.unique(occurrences)
-      update.store.update_block(
-        replica - self._first,
-        rows,
+      self._apply_owned(
+        replica,
+        update.store,
+        occurrences,
         _picked_rows(where, grads, scales),
-        index,
         ops,
       )
 
