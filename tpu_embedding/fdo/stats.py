@@ -180,14 +180,6 @@ class FdoStats:
   tables: dict[str, TableStats]
   stacking: str = "tensorflow"
 
-  def _tensorflow_only(self, what: str) -> None:
-    if self.stacking == "jax":
-      raise ValueError(
-        f"{what}: these statistics follow jax-tpu-embedding's stacking "
-        "(keras-rs on JAX), whose stacked tables TensorFlow does not have; "
-        "use keras_rs_limits(), or measure with stacking='tensorflow'."
-      )
-
   @property
   def keras_rs_backend(self) -> str:
     """Which keras-rs backend ``keras_rs_limits`` holds for, in words."""
@@ -211,7 +203,12 @@ class FdoStats:
     measured limits (``which``: ``"max"`` or ``"percentile"``); ``kwargs``
     go to it too (e.g. ``allow_id_dropping=True``). Measured unstacked
     (``stacking="none"``), it has ``disable_table_stacking=True``."""
-    self._tensorflow_only("sparse_core_config")
+    if self.stacking == "jax":
+      raise ValueError(
+        "sparse_core_config: these statistics follow jax-tpu-embedding's "
+        "stacking (keras-rs on JAX), whose stacked tables TensorFlow does not"
+        " have; use keras_rs_limits(), or measure with stacking='tensorflow'."
+      )
     arguments = self._sparse_core_arguments(which)
     if self.stacking != "none":
       del arguments["disable_table_stacking"]
