@@ -366,22 +366,16 @@ class TableStore(metaclass=abc.ABCMeta):
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
+    optimizer, changes = self.table.optimizer, self._changes[block]
 
     def write() -> list[Any]:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
-      writes.append(self._mark_update(block, rows, ops))
-      return writes
+      # The rows written: every row, for an optimizer changing all of them.
+      if optimizer is not None and optimizer.updates_all_rows:
+        return [*writes, changes.mark_all()]
+      return [*writes, changes.mark(rows, ops)]
 
     self._guard.run(block, write, step_id)
-
-  def _mark_update(self, block: int, rows: tf.Tensor, ops: StepOps) -> Any:
-    """Records the rows an update of ``block`` wrote (every row, for an
-    optimizer that changes all of them)."""
-    if self.table.optimizer is not None and (
-      self.table.optimizer.updates_all_rows
-    ):
-      return self._changes[block].mark_all()
-    return self._changes[block].mark(rows, ops)
 
   def mark_rows(
     self, block: int, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS
