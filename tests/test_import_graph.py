@@ -34,7 +34,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     "allocator",
     "data",
     "run_lock",
-    "thread_setting",
     "gradients",
     "initializers",
   ),

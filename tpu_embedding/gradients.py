@@ -147,6 +147,16 @@ def concat_pieces(rows: PickedRows) -> tf.Tensor:
   return out * tf.expand_dims(rows.factors, 1)
 
 
+def summed_gradients(
+  ids: tf.Tensor, grads: RowGradients, index: tf.Tensor | None
+) -> tf.Tensor:
+  """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
+  rows = concat_pieces(grads)
+  if index is None:
+    return rows
+  return tf.math.unsorted_segment_sum(rows, index, tf.size(ids))
+
+
 def keep_rows(
   ids: tf.Tensor, grads: RowGradients, index: tf.Tensor, keep: tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

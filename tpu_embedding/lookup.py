@@ -44,7 +44,6 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat
-from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.inputs import PreparedFeature
 from tpu_embedding.kernels.ops import StepOps
 
@@ -291,7 +290,7 @@ def occurrence_gradients(
 ) -> RowGradients:
   """The gradient of each id occurrence (``batch.unique_index``), in place.
 
-  A row's gradient is the sum of its occurrences' (``row_gradients``);
+  A row's gradient is the sum of its occurrences';
   fused updates (``tables/updates.py``) sum them as they apply them.
 
   Args:
@@ -315,19 +314,3 @@ def occurrence_gradients(
   if segments is not None:
     segments = tf.cast(segments, tf.int32)
   return RowGradients.at(pieces, segments, batch.scales)
-
-
-def row_gradients(
-  activation_grads: Sequence[tf.Tensor], batch: TableBatch
-) -> tf.Tensor:
-  """``[u, dim]`` gradients of ``unique_ids`` rows, duplicates summed.
-
-  Args:
-    activation_grads: per feature, the gradient of its activations.
-    batch: the ``TableBatch`` the activations were computed from.
-  """
-  return tf.math.unsorted_segment_sum(
-    concat_pieces(occurrence_gradients(activation_grads, batch)),
-    batch.unique_index,
-    tf.size(batch.unique_ids),
-  )

@@ -250,6 +250,10 @@ class TablePlacement:
   def sharded(self) -> bool:
     return self.kind == ROW_SHARDED
 
+  def rows_of(self, replica: int) -> tuple[int, int]:
+    """``(first row, rows)`` of replica ``replica``'s block."""
+    return self.shard_offsets[replica], self.shard_sizes[replica]
+
   def bytes_per_replica(self) -> list[int]:
     """Parameter plus slot bytes held by each replica."""
     per_row = self.dim * _FLOAT_BYTES * (1 + self.num_slots)

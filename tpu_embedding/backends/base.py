@@ -30,7 +30,6 @@ import tensorflow as tf
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
@@ -66,16 +65,6 @@ class TableUpdate(NamedTuple):
 
 #: Each table's update (``Backend.apply_updates``).
 Updates = Sequence[TableUpdate]
-
-
-def summed_gradients(
-  ids: tf.Tensor, grads: RowGradients, index: tf.Tensor | None
-) -> tf.Tensor:
-  """``[n, dim]`` gradients of ``ids`` (occurrences summed, in order)."""
-  rows = concat_pieces(grads)
-  if index is None:
-    return rows
-  return tf.math.unsorted_segment_sum(rows, index, tf.size(ids))
 
 
 class Backend(metaclass=abc.ABCMeta):

@@ -59,12 +59,12 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tpu_embedding.backends.base import summed_gradients
 from tpu_embedding.backends.collectives import Exchange
 from tpu_embedding.backends.collectives import group_by_width
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import concat
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.tables.base import TableStore
@@ -223,17 +223,14 @@ class AllToAll(RowExchange):
     for update, (count, scaled) in zip(updates, shapes, strict=True):
       occurrences, where = next(received), next(received)
       scales = next(received) if scaled else None
+      # Per piece, per source: every source's gradients, whole. The rows
+      # sent here are picked out of them in place, one group of positions
+      # (and scales) per source, sources in replica order: the occurrences
+      # of the global batch in order, each pointing at its distinct row.
       grads = [next(received) for _ in range(count)]
-      # Sources in replica order: the occurrences of the global batch in
-      # order, each pointing at its distinct row.
-      rows, index = ops.unique(occurrences)
-      update.store.update_block(
-        replica - self._first,
-        rows,
-        _picked_rows(where, grads, scales),
-        index,
-        ops,
-      )
+      by_source = [p for pieces in zip(*grads, strict=True) for p in pieces]
+      sent = RowGradients.grouped(by_source, where, scales or ())
+      self._apply_owned(replica, update.store, occurrences, sent, ops)
 
   def _route(self, lists: list[list[tf.Tensor]]) -> list[list[tf.Tensor]]:
     """Hands each replica's per-destination lists to the destinations.
@@ -297,32 +294,6 @@ class AllToAll(RowExchange):
         for k, piece in zip(group, pieces, strict=True):
           received[k][source] = piece
     return received
-
-
-def _picked_rows(
-  where: list[tf.Tensor],
-  grads: list[list[tf.Tensor]],
-  scales: list[tf.Tensor] | None,
-) -> PickedRows:
-  """The gradient rows sent here, picked out of every source's gradients.
-
-  Args:
-    where: per source, the positions (among its gradient rows) of the
-      occurrences sent here.
-    grads: per piece, per source: every source's gradients, whole.
-    scales: None, or per source the scales of the occurrences sent here.
-
-  Returns:
-    The rows at ``where``, sources in order, as ``PickedRows`` over all
-    sources' pieces with one group of positions (and scales) per source:
-    nothing is concatenated or offset.
-  """
-  by_source = list(zip(*grads, strict=True))
-  return RowGradients.grouped(
-    [piece for source_pieces in by_source for piece in source_pieces],
-    where,
-    scales or (),
-  )
 
 
 # A step's exchanges size and stand in for many small tensors: one op each

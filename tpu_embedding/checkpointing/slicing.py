@@ -23,13 +23,14 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import threading
 from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from tpu_embedding import compat
-from tpu_embedding.thread_setting import ThreadSetting
 
 #: One tensor of a part: ``(checkpoint key, slice spec or "", value)``.
 Entry = tuple[str, str, Any]
@@ -37,14 +38,30 @@ Entry = tuple[str, str, Any]
 #: Tables at least this large warn when saved whole on every worker.
 LARGE_TABLE_BYTES = 64 * 2**20
 
-#: None, "slices", "apart" or "rows" on each thread.
-_mode = ThreadSetting()
+#: None, "slices", "apart" or "rows" on each thread (replicas trace in
+#: threads of their own): ``_mode.value``.
+_mode = threading.local()
 _warned: set[str] = set()
+
+
+@contextlib.contextmanager
+def _set_mode(mode: str) -> Iterator[None]:
+  """``mode`` on this thread inside the block; the previous one after."""
+  previous = _get_mode()
+  _mode.value = mode
+  try:
+    yield
+  finally:
+    _mode.value = previous
+
+
+def _get_mode() -> str | None:
+  return getattr(_mode, "value", None)
 
 
 def sliced() -> contextlib.AbstractContextManager[None]:
   """Multi-worker tables restore (and save) each worker's own rows."""
-  return _mode.set("slices")
+  return _set_mode("slices")
 
 
 def written_apart() -> contextlib.AbstractContextManager[None]:
@@ -53,31 +70,29 @@ def written_apart() -> contextlib.AbstractContextManager[None]:
   ``tpu_embedding.checkpoints.write`` writes their rows itself, in chunks,
   so that no process copies a whole block at once.
   """
-  return _mode.set("apart")
+  return _set_mode("apart")
 
 
 def rows_apart() -> contextlib.AbstractContextManager[None]:
   """Tables are written by their changed rows (a delta checkpoint,
   ``checkpointing/deltas.py``): their whole values are never read,
   and multi-worker state gives this worker's slices."""
-  return _mode.set("rows")
+  return _set_mode("rows")
 
 
 def rows() -> bool:
   """Whether ``rows_apart()`` is in effect on this thread."""
-  mode: str | None = _mode.get()
-  return mode == "rows"
+  return _get_mode() == "rows"
 
 
 def active() -> bool:
   """Whether ``sliced()`` or ``written_apart()`` is in effect here."""
-  return _mode.get() is not None
+  return _get_mode() is not None
 
 
 def apart() -> bool:
   """Whether ``written_apart()`` is in effect on this thread."""
-  mode: str | None = _mode.get()
-  return mode == "apart"
+  return _get_mode() == "apart"
 
 
 def recorded_only(dtype: tf.DType, device: str) -> Any:

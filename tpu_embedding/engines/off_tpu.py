@@ -50,6 +50,7 @@ from tpu_embedding.replicas import compiles_with_xla
 from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import local_devices
+from tpu_embedding.replicas import local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import key_mapping
@@ -362,7 +363,7 @@ class OffTPUEngine(Engine, Trackable):
   def _lookup(
     self, prepared: list, training: bool
   ) -> tuple[Any, dict[str, TableBatch]]:
-    replica = self._local_replica()
+    replica = local_replica(self._strategy)
     if not training:  # TensorFlow's ops only: servable as it is.
       prepared = self._dynamic.rows(prepared, replica)
 
@@ -447,14 +448,6 @@ class OffTPUEngine(Engine, Trackable):
         )
       updates.append(TableUpdate(stack.config, ids, occurrences, index))
     return updates
-
-  def _local_replica(self) -> int:
-    """This replica's index among the process's replicas (0 outside
-    ``strategy.run``)."""
-    replica = current_replica(self._strategy)
-    if replica is None:
-      return 0
-    return replica - first_local_replica(self._strategy)
 
   @property
   def step_ops(self) -> StepOps:

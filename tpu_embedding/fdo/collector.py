@@ -199,18 +199,11 @@ class FdoCollector:
       self._unique_per_step[name].append(int(step.unique_ids.max(initial=0)))
       self._buffer[name] = max(self._buffer[name], step.ids_buffer_per_chip)
       self._total[name] += int(step.ids.sum())
-      if name in self._partition_ids:
-        np.maximum(
-          self._partition_ids[name], step.ids, out=self._partition_ids[name]
-        )
-        np.maximum(
-          self._partition_unique[name],
-          step.unique_ids,
-          out=self._partition_unique[name],
-        )
-      else:
-        self._partition_ids[name] = step.ids.copy()
-        self._partition_unique[name] = step.unique_ids.copy()
+      for most, seen in (
+        (self._partition_ids, step.ids),
+        (self._partition_unique, step.unique_ids),
+      ):
+        most[name] = np.maximum(most.get(name, seen), seen)
       if step.dropped is not None and self.limits is not None:
         self._dropped[name] += step.dropped
         max_ids, max_unique = self.limits[name]
@@ -255,7 +248,7 @@ class FdoCollector:
         total_ids=self._total[name],
         dropped_ids=self._dropped[name] if self.limits is not None else None,
         steps_over_limits=self._over[name] if self.limits is not None else None,
-        limits=self._limits_of(name),
+        limits=self.limits[name] if self.limits is not None else None,
         partition_max_ids=self._partition_ids[name].copy(),
         partition_max_unique_ids=self._partition_unique[name].copy(),
       )
@@ -281,12 +274,6 @@ class FdoCollector:
     return jax_layout(
       self._feature_config, self._paths, self.topology, global_shapes
     )
-
-  def _limits_of(self, stack: str) -> tuple[int, int] | None:
-    if self.limits is None:
-      return None
-    max_ids, max_unique = self.limits[stack]
-    return max_ids, max_unique
 
   def _table_names(self) -> set[str]:
     return {f.table.name for f in tf.nest.flatten(self._tf_config)}

@@ -180,14 +180,6 @@ class FdoStats:
   tables: dict[str, TableStats]
   stacking: str = "tensorflow"
 
-  def _tensorflow_only(self, what: str) -> None:
-    if self.stacking == "jax":
-      raise ValueError(
-        f"{what}: these statistics follow jax-tpu-embedding's stacking "
-        "(keras-rs on JAX), whose stacked tables TensorFlow does not have; "
-        "use keras_rs_limits(), or measure with stacking='tensorflow'."
-      )
-
   @property
   def keras_rs_backend(self) -> str:
     """Which keras-rs backend ``keras_rs_limits`` holds for, in words."""
@@ -211,19 +203,32 @@ class FdoStats:
     measured limits (``which``: ``"max"`` or ``"percentile"``); ``kwargs``
     go to it too (e.g. ``allow_id_dropping=True``). Measured unstacked
     (``stacking="none"``), it has ``disable_table_stacking=True``."""
-    self._tensorflow_only("sparse_core_config")
-    if self.stacking == "none":
-      kwargs.setdefault("disable_table_stacking", True)
+    if self.stacking == "jax":
+      raise ValueError(
+        "sparse_core_config: these statistics follow jax-tpu-embedding's "
+        "stacking (keras-rs on JAX), whose stacked tables TensorFlow does not"
+        " have; use keras_rs_limits(), or measure with stacking='tensorflow'."
+      )
+    arguments = self._sparse_core_arguments(which)
+    if self.stacking != "none":
+      del arguments["disable_table_stacking"]
+    limits = {
+      k: arguments.pop(k)
+      for k in ("max_ids_per_table", "max_unique_ids_per_table")
+    }
+    return TFE.SparseCoreEmbeddingConfig(**limits, **{**arguments, **kwargs})
+
+  def _sparse_core_arguments(self, which: str = "max") -> dict[str, Any]:
+    """``SparseCoreEmbeddingConfig``'s arguments for the measured limits."""
     limits = {name: t.limit(which) for name, t in self.tables.items()}
-    kwargs.setdefault(
-      "max_ids_per_chip_per_sample",
-      max(TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE, self.max_ids_per_chip_per_sample),
-    )
-    return TFE.SparseCoreEmbeddingConfig(
-      max_ids_per_table={k: v[0] for k, v in limits.items()},
-      max_unique_ids_per_table={k: v[1] for k, v in limits.items()},
-      **kwargs,
-    )
+    return {
+      "max_ids_per_table": {k: v[0] for k, v in limits.items()},
+      "max_unique_ids_per_table": {k: v[1] for k, v in limits.items()},
+      "max_ids_per_chip_per_sample": max(
+        TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE, self.max_ids_per_chip_per_sample
+      ),
+      "disable_table_stacking": self.stacking == "none",
+    }
 
   def sparse_core_config_source(self, which: str = "max") -> str:
     """The ``SparseCoreEmbeddingConfig(...)`` to paste."""
@@ -291,16 +296,7 @@ class FdoStats:
       },
       "sparse_core_embedding_config": None
       if self.stacking == "jax"
-      else {
-        "max_ids_per_table": {k: v.limit()[0] for k, v in self.tables.items()},
-        "max_unique_ids_per_table": {
-          k: v.limit()[1] for k, v in self.tables.items()
-        },
-        "max_ids_per_chip_per_sample": max(
-          TF_DEFAULT_IDS_PER_CHIP_PER_SAMPLE, self.max_ids_per_chip_per_sample
-        ),
-        "disable_table_stacking": self.stacking == "none",
-      },
+      else self._sparse_core_arguments(),
       "keras_rs": self.keras_rs_limits(),
       "keras_rs_backend": self.keras_rs_backend,
     }

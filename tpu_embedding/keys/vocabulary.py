@@ -72,8 +72,17 @@ EVICTIONS = ("lru", "lfu")
 KEY_DTYPES = (tf.int64, tf.string)
 
 
-def _positive_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _check_count(name: str, value: Any, none: str | None = None) -> None:
+  """Raises unless ``value`` is an int >= 1, or None where ``none`` (what
+  None means, for the message) is given."""
+  if none is not None and value is None:
+    return
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    allowed = "" if none is None else f"None{none} or "
+    raise ValueError(
+      f"DynamicVocabulary: {name} must be {allowed}an int >= 1. Received: "
+      f"{value!r}"
+    )
 
 
 class DynamicVocabulary:
@@ -116,26 +125,14 @@ class DynamicVocabulary:
     probation_size: int | None = None,
     default_value: float = 0.0,
   ):
-    if capacity is not None and not _positive_int(capacity):
-      raise ValueError(
-        "DynamicVocabulary: capacity must be None (the table's "
-        f"vocabulary_size) or an int >= 1. Received: {capacity!r}"
-      )
-    if not _positive_int(min_count):
-      raise ValueError(
-        f"DynamicVocabulary: min_count must be an int >= 1. Received: "
-        f"{min_count!r}"
-      )
+    _check_count("capacity", capacity, " (the table's vocabulary_size)")
+    _check_count("min_count", min_count)
     if eviction not in EVICTIONS:
       raise ValueError(
         f"DynamicVocabulary: eviction must be one of {EVICTIONS}. "
         f"Received: {eviction!r}"
       )
-    if ttl_steps is not None and not _positive_int(ttl_steps):
-      raise ValueError(
-        "DynamicVocabulary: ttl_steps must be None or an int >= 1. "
-        f"Received: {ttl_steps!r}"
-      )
+    _check_count("ttl_steps", ttl_steps, "")
     try:
       dtype = tf.as_dtype(key_dtype)
     except TypeError:
@@ -145,16 +142,8 @@ class DynamicVocabulary:
         "DynamicVocabulary: key_dtype must be tf.int64 or tf.string. "
         f"Received: {key_dtype!r}"
       )
-    if not _positive_int(bucket_size):
-      raise ValueError(
-        f"DynamicVocabulary: bucket_size must be an int >= 1. Received: "
-        f"{bucket_size!r}"
-      )
-    if probation_size is not None and not _positive_int(probation_size):
-      raise ValueError(
-        "DynamicVocabulary: probation_size must be None or an int >= 1. "
-        f"Received: {probation_size!r}"
-      )
+    _check_count("bucket_size", bucket_size)
+    _check_count("probation_size", probation_size, "")
     if isinstance(default_value, bool) or not isinstance(
       default_value, (int, float)
     ):

@@ -6,7 +6,7 @@ themselves: ``TableConfig.get_config`` / ``FeatureConfig.get_config``, and
 ``config.serialize_feature_config`` for a nest of them (tables shared by
 several features stay shared); optimizers through ``optimizers.saving``,
 initializers through ``initializers.get_config``. This module puts a layer's
-arguments together from them, and keeps the names it had for them:
+arguments together from them (what can be saved):
 
 * the nest: a single ``FeatureConfig``, dicts with string keys, lists and
   tuples, nested to any depth;
@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tpu_embedding import initializers
 from tpu_embedding.config import deserialize_feature_config
 from tpu_embedding.config import serialize_feature_config
 from tpu_embedding.optimizers import saving as optimizer_saving
@@ -55,21 +54,11 @@ __all__ = [
   "decode_feature_config_argument",
   "decode_layer_arguments",
   "deserialize_feature_config",
-  "deserialize_initializer",
-  "deserialize_optimizer",
   "deserialize_row_threshold",
   "encode_layer_arguments",
   "serialize_feature_config",
-  "serialize_initializer",
-  "serialize_optimizer",
   "serialize_row_threshold",
 ]
-
-#: The names this module had for the configs' own serialization.
-serialize_optimizer = optimizer_saving.to_config
-deserialize_optimizer = optimizer_saving.from_config
-serialize_initializer = initializers.get_config
-deserialize_initializer = initializers.from_config
 
 
 def encode_layer_arguments(

@@ -19,6 +19,7 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_initial_accumulator
 from tpu_embedding.optimizers.base import constant_initializer
+from tpu_embedding.optimizers.base import shared_arguments
 
 
 class AdagradSlots(NamedTuple):
@@ -80,17 +81,7 @@ class Adagrad(Optimizer):
     Raises:
       ValueError: for an invalid hyper-parameter.
     """
-    super().__init__(
-      learning_rate,
-      use_gradient_accumulation,
-      clip_weight_min,
-      clip_weight_max,
-      weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate,
-      clipvalue,
-      slot_variable_creation_fn,
-      low_dimensional_packing_status,
-    )
+    super().__init__(**shared_arguments(locals()))
     check_initial_accumulator(initial_accumulator_value)
     self.initial_accumulator_value = initial_accumulator_value
 

@@ -19,6 +19,7 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
+from tpu_embedding.optimizers.base import shared_arguments
 
 
 class AdagradMomentumSlots(NamedTuple):
@@ -91,17 +92,7 @@ class AdagradMomentum(Optimizer):
     Raises:
       ValueError: for an invalid hyper-parameter.
     """
-    super().__init__(
-      learning_rate,
-      use_gradient_accumulation,
-      clip_weight_min,
-      clip_weight_max,
-      weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate,
-      clipvalue,
-      slot_variable_creation_fn,
-      low_dimensional_packing_status,
-    )
+    super().__init__(**shared_arguments(locals()))
     check_number("epsilon", epsilon)
     if epsilon <= 0:
       raise ValueError("Adagrad momentum: epsilon must be positive")

@@ -19,6 +19,7 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
+from tpu_embedding.optimizers.base import shared_arguments
 
 
 class AdamSlots(NamedTuple):
@@ -97,17 +98,7 @@ class Adam(Optimizer):
     Raises:
       ValueError: for an invalid hyper-parameter.
     """
-    super().__init__(
-      learning_rate,
-      use_gradient_accumulation,
-      clip_weight_min,
-      clip_weight_max,
-      weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate,
-      clipvalue,
-      slot_variable_creation_fn,
-      low_dimensional_packing_status,
-    )
+    super().__init__(**shared_arguments(locals()))
     check_number("beta_1", beta_1)
     check_number("beta_2", beta_2)
     if beta_1 < 0.0 or beta_1 >= 1.0:

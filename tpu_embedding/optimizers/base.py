@@ -318,6 +318,17 @@ class Optimizer(metaclass=abc.ABCMeta):
     return f"{type(self).__name__}({', '.join(parts)})"
 
 
+#: ``Optimizer.__init__``'s arguments: the hyper-parameters every optimizer
+#: shares (``shared_arguments``).
+SHARED_ARGUMENTS = tuple(inspect.signature(Optimizer.__init__).parameters)[1:]
+
+
+def shared_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+  """The shared hyper-parameters among a subclass constructor's
+  ``locals()``, for ``Optimizer.__init__``."""
+  return {k: arguments[k] for k in SHARED_ARGUMENTS if k in arguments}
+
+
 def _parse_clipvalue(
   clipvalue: ClipValue | None,
 ) -> tuple[float | None, float | None]:

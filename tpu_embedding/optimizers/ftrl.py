@@ -20,6 +20,7 @@ from tpu_embedding.optimizers.base import SlotVariableCreationFn
 from tpu_embedding.optimizers.base import check_initial_accumulator
 from tpu_embedding.optimizers.base import check_number
 from tpu_embedding.optimizers.base import constant_initializer
+from tpu_embedding.optimizers.base import shared_arguments
 
 
 class FtrlSlots(NamedTuple):
@@ -105,17 +106,7 @@ class FTRL(Optimizer):
     Raises:
       ValueError: for an invalid hyper-parameter.
     """
-    super().__init__(
-      learning_rate,
-      use_gradient_accumulation,
-      clip_weight_min,
-      clip_weight_max,
-      weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate,
-      clipvalue,
-      slot_variable_creation_fn,
-      low_dimensional_packing_status,
-    )
+    super().__init__(**shared_arguments(locals()))
     check_initial_accumulator(initial_accumulator_value)
     check_number("learning_rate_power", learning_rate_power)
     if learning_rate_power > 0:

@@ -15,6 +15,7 @@ from tpu_embedding.optimizers.base import ClipValue
 from tpu_embedding.optimizers.base import LearningRate
 from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.optimizers.base import SlotRows
+from tpu_embedding.optimizers.base import shared_arguments
 
 
 class SGD(Optimizer):
@@ -63,17 +64,7 @@ class SGD(Optimizer):
     Raises:
       ValueError: for an invalid hyper-parameter.
     """
-    super().__init__(
-      learning_rate,
-      use_gradient_accumulation,
-      clip_weight_min,
-      clip_weight_max,
-      weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate,
-      clipvalue,
-      None,
-      low_dimensional_packing_status,
-    )
+    super().__init__(**shared_arguments(locals()))
 
   def slot_initializers(self) -> list[Initializer]:
     return []

@@ -58,7 +58,7 @@ from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.initializers import Initializer
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
@@ -366,22 +366,16 @@ class TableStore(metaclass=abc.ABCMeta):
     """
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
+    optimizer, changes = self.table.optimizer, self._changes[block]
 
     def write() -> list[Any]:
       writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
-      writes.append(self._mark_update(block, rows, ops))
-      return writes
+      # The rows written: every row, for an optimizer changing all of them.
+      if optimizer is not None and optimizer.updates_all_rows:
+        return [*writes, changes.mark_all()]
+      return [*writes, changes.mark(rows, ops)]
 
     self._guard.run(block, write, step_id)
-
-  def _mark_update(self, block: int, rows: tf.Tensor, ops: StepOps) -> Any:
-    """Records the rows an update of ``block`` wrote (every row, for an
-    optimizer that changes all of them)."""
-    if self.table.optimizer is not None and (
-      self.table.optimizer.updates_all_rows
-    ):
-      return self._changes[block].mark_all()
-    return self._changes[block].mark(rows, ops)
 
   def mark_rows(
     self, block: int, rows: tf.Tensor, ops: StepOps = TENSORFLOW_OPS
@@ -490,9 +484,7 @@ class TableStore(metaclass=abc.ABCMeta):
       # One block holds every row.
       self.update_block(0, ids, grads, index, ops, step_id)
       return
-    summed = concat_pieces(grads)
-    if index is not None:
-      summed = tf.math.unsorted_segment_sum(summed, index, tf.size(ids))
+    summed = summed_gradients(ids, grads, index)
     for block in range(len(self.blocks)):
       first, size = self.block_rows(block)
       mine = tf.logical_and(ids >= first, ids < first + size)

@@ -108,11 +108,7 @@ class WorkerShardedVariable(
     return tf.group(assigns)
 
   def _rows(self, local: int) -> tuple[int, int]:
-    replica = self._first + local
-    return (
-      self._placement.shard_offsets[replica],
-      self._placement.shard_sizes[replica],
-    )
+    return self._placement.rows_of(self._first + local)
 
   def _rows_spec(self, start: int, count: int) -> str:
     """The checkpoint slice spec of rows ``[start, start + count)``."""

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
@@ -158,9 +158,7 @@ class ReplicatedTable(TableStore):
   ) -> None:
     """Applies the same update to every copy."""
     if index is not None and len(self._blocks) > 1:
-      grads = RowGradients.dense(
-        tf.math.unsorted_segment_sum(concat_pieces(grads), index, tf.size(ids))
-      )
+      grads = RowGradients.dense(summed_gradients(ids, grads, index))
       index = None
     for block in range(len(self._blocks)):
       self.update_block(block, ids, grads, index, ops, step_id)

@@ -92,8 +92,7 @@ def create_blocks(
     made = []
     for local, device in enumerate(devices):
       replica = first + local
-      start = placement.shard_offsets[replica]
-      rows = placement.shard_sizes[replica]
+      start, rows = placement.rows_of(replica)
       part = f"{name}/part_{replica}"
       # A plain per-device variable, even inside a strategy scope.
       with tf.device(device):
@@ -185,11 +184,7 @@ class RowShardedTable(TableStore):
     )
 
   def block_rows(self, block: int) -> tuple[int, int]:
-    replica = self._first + block
-    return (
-      self.placement.shard_offsets[replica],
-      self.placement.shard_sizes[replica],
-    )
+    return self.placement.rows_of(self._first + block)
 
   def split_ids(
     self,
@@ -206,8 +201,7 @@ class RowShardedTable(TableStore):
   def owned_rows(
     self, ids: tf.Tensor, replica: int
   ) -> tuple[tf.Tensor, tf.Tensor]:
-    offset = self.placement.shard_offsets[replica]
-    size = self.placement.shard_sizes[replica]
+    offset, size = self.placement.rows_of(replica)
     mine = tf.logical_and(ids >= offset, ids < offset + size)
     return tf.where(mine, ids - offset, tf.zeros_like(ids)), mine
 

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.gradients import concat_pieces
+from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 
@@ -67,15 +67,11 @@ def apply_rows(
       f"Table '{table.name}' has no optimizer: pass one to "
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
-  if index is None:
-    summed = concat_pieces(grads)
-  else:
+  if index is not None:
     fused = ops.fused_apply(table, block, ids, grads, index)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
-    summed = tf.math.unsorted_segment_sum(
-      concat_pieces(grads), index, tf.size(ids)
-    )
+  summed = summed_gradients(ids, grads, index)
   lr = optimizer.learning_rate_tensor()
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:

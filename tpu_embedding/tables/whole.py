@@ -141,9 +141,4 @@ class WholeTable(TableStore):
   def gather_occurrences(
     self, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
   ) -> PickedRows:
-    return ops.gather_occurrences(
-      self._variables["parameters"],
-      request.ids,
-      request.index,
-      request.one_per_row,
-    )
+    return self.gather_block_occurrences(0, request, ops)
