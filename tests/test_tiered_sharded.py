@@ -10,6 +10,7 @@ checkpoints stream to and from the in-memory layouts.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
+from tests.distributed import cluster
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.tables.row_cache import CacheTooSmallError
@@ -29,6 +31,7 @@ OPTIMIZERS = {
 }
 ROWS, DIM, BATCH, STEPS, REPLICAS = 300, 4, 8, 10, 2
 SPREAD = np.random.default_rng(0).permutation(ROWS)
+MWMS_SCRIPT = pathlib.Path(__file__).parent / "distributed" / "mwms_tiered.py"
 
 
 def make_embedding(
@@ -276,3 +279,23 @@ def test_a_cache_slot_is_never_given_twice(tmp_path):
   cache.admit(np.array([0, 1]))
   with pytest.raises(CacheTooSmallError):
     cache.admit(np.array([2, 3, 4]))
+
+
+def test_two_workers_train_and_checkpoint_like_memory(tmp_path):
+  """2-process MultiWorkerMirroredStrategy (tests/distributed/
+  mwms_tiered.py): each worker's block in its own files, the same tables
+  and slots as in memory; checkpoints to memory, and 1 -> 2 workers."""
+  one = make_embedding(tpe.Adagrad(0.3))
+  train(one, batches("dense", np.random.default_rng(8), steps=2))
+  tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=one), str(tmp_path / "one")
+  )
+  np.savez(
+    tmp_path / "one.npz", **{":".join(key): v for key, v in values(one).items()}
+  )
+  workers = cluster.run_workers([MWMS_SCRIPT, tmp_path], timeout=240)
+  assert all(
+    w.returncode == 0 and w.stdout.strip().endswith("OK") for w in workers
+  ), "\n=== next worker\n".join(
+    w.stdout[-2000:] + w.stderr[-5000:] for w in workers
+  )

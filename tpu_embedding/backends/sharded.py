@@ -193,9 +193,9 @@ class ShardedBackend(Backend):
     map of cached rows."""
     del tables
     on_disk = {}
-    for name in needed:
+    for name in filter(self._disk.holds, needed):  # (held alone)
       placement = self._plan.placements[name]
-      if self._disk.holds(name) and placement.sharded:
+      if placement.sharded:
         on_disk[name] = sum(
           self._disk.memory_bytes(placement.shard_sizes[replica])
           for replica in self.held_replicas

@@ -167,7 +167,7 @@ class TieredShardedTable(RowShardedTable):
     this step and the one before)."""
     sizes = [tf.size(rows) for rows in row_lists]
     found = self.gather_block(block, tf.concat(list(row_lists), 0), ops)
-    return tf.split(found, sizes, num=len(row_lists))
+    return list(tf.split(found, sizes, num=len(row_lists)))
 
   def update_block(
     self,
