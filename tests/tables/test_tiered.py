@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
+from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.tables import tiered
@@ -214,9 +215,21 @@ def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):
 def test_refusals_name_the_table(tmp_path):
   with pytest.raises(ValueError, match="Table 'big'.*updates every row"):
     make_embedding(tpe.Adam(0.1, lazy_adam=False), tmp_path)
-  with pytest.raises(ValueError, match="one device only"):
+  # (MirroredStrategy row-shards them: tests/tables/test_tiered_sharded.py.)
+  parameter_servers = object.__new__(
+    tf.distribute.experimental.ParameterServerStrategy
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"^Tables \['big'\] are kept on disk .*, not under "
+    r"ParameterServerStrategy.*: its rows live on the parameter servers",
+  ):
     with mirrored_strategy(2).scope():
-      make_embedding(tpe.SGD(0.1), tmp_path)
+      select_backend(
+        parameter_servers,
+        (),
+        PlacementPolicy(disk=DiskTier(str(tmp_path), 1, ("big",))),
+      )
   with pytest.raises(ValueError, match="directory must name"):
     DiskTier("", 0, ("big",))
 

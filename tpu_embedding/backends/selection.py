@@ -63,20 +63,23 @@ def select_backend(
     planned = planner.plan(tables, policy, table_stacking)
     _check_disk_tables(policy.disk, planned, tables)
     return LocalBackend(policy.disk), planned
-  if policy.disk.tables:
-    raise ValueError(
-      f"Tables {list(policy.disk.tables)} are kept on disk (DiskTier), "
-      f"which this version trains on one device only (the default "
-      f"strategy or OneDeviceStrategy), not under {strategy_name(strategy)}"
-      ": keep them in memory (row-sharded) there."
-    )
   if isinstance(
     strategy,
     (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
   ):
     planner = ShardedBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    return ShardedBackend(strategy, _stores(planned)), planned
+    _check_disk_tables(policy.disk, planned, tables)
+    return ShardedBackend(strategy, _stores(planned), policy.disk), planned
+  if policy.disk.tables:
+    raise ValueError(
+      f"Tables {list(policy.disk.tables)} are kept on disk (DiskTier), "
+      "which this version trains on one device, MirroredStrategy and "
+      "MultiWorkerMirroredStrategy (each replica's rows in its own files), "
+      f"not under {strategy_name(strategy)}: its rows live on the parameter "
+      "servers, whose disks the coordinator's cache cannot read or write; "
+      "keep them in memory (row-sharded) there."
+    )
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     planner = ParameterServerBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)

@@ -13,7 +13,8 @@ replica) is one ``TableStore`` subclass with the same small interface:
 ``gather(ids)``           rows by id, in id order (where this host can)
 ``update_block(i, ...)``  the optimizer applied to rows of block ``i``
 ``update(ids, grads)``    the optimizer applied to rows by global id
-``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read)
+``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read;
+                          ``gather_block_lists``: a step's, per sender)
 ``split_ids(ids, ops)``   each replica's share of ids, as rows of its block
 ``owned_rows(ids, r)``    the ids replica ``r`` holds, as rows of its block
 ``read(key)``             the whole ``[vocabulary_size, dim]`` value
@@ -256,6 +257,18 @@ class TableStore(metaclass=abc.ABCMeta):
     """The parameters' rows ``rows`` (within local block ``block``), in
     order: what this replica's block answers a row exchange."""
     return ops.gather_rows(self._blocks[block]["parameters"], rows)
+
+  def gather_block_lists(
+    self,
+    block: int,
+    row_lists: Sequence[tf.Tensor],
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> list[tf.Tensor]:
+    """``gather_block`` of each of ``row_lists`` (rows within local block
+    ``block``, one list per sender): a row exchange's reads of one step,
+    which a layout may serve together (a disk-tiered block caches them
+    at once)."""
+    return [self.gather_block(block, rows, ops) for rows in row_lists]
 
   def gather_block_occurrences(
     self, block: int, request: RowRequest, ops: StepOps = TENSORFLOW_OPS

@@ -178,6 +178,7 @@ class RowCache:
       window = (self._hand + np.arange(span)) % self.size
       idle = self.last_use[window] < self.step - 1
       taken = np.flatnonzero(idle & ~self.referenced[window])[: need - count]
+      self.last_use[window[taken]] = self.step  # (never taken twice)
       passed = span if count + taken.size < need else int(taken[-1]) + 1
       self.referenced[window[:passed]] = False
       self._hand = int((self._hand + passed) % self.size)

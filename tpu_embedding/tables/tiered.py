@@ -84,10 +84,14 @@ class TieredTable(TableStore):
     cache: Block,
     directory: str,
     guard: UpdateGuard = UNGUARDED,
+    rows: tuple[int, int] | None = None,
   ):
     """Wraps ``cache`` (``{key: [cache rows, dim] variable}``); the files
-    go to ``directory``, made empty."""
+    go to ``directory``, made empty. ``rows``: ``(first, count)``, the
+    rows of ``table`` it holds as its rows ``[0, count)`` (None: all; a
+    row block of ``tiered_sharded.TieredShardedTable``)."""
     self.table = table
+    self._first, self._count = rows or (0, table.vocabulary_size)
     self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
       weakref.WeakKeyDictionary()
     )
@@ -100,7 +104,7 @@ class TieredTable(TableStore):
     }
     self._rows = RowCache(
       directory,
-      table.vocabulary_size,
+      self._count,
       table.dim,
       int(cache["parameters"].shape[0]),
       list(cache),
@@ -126,28 +130,8 @@ class TieredTable(TableStore):
         whole table would cross the disk every step) or slots the
         optimizer's function makes.
     """
-    optimizer = table.optimizer
-    name = table_name(table)
-    if optimizer is not None and optimizer.updates_all_rows:
-      raise ValueError(
-        f"Table '{name}': {type(optimizer).__name__} updates every row "
-        "each step; a disk-tiered table needs an optimizer that updates "
-        "only the looked-up rows (e.g. Adam(lazy_adam=True))."
-      )
-    if optimizer is not None and optimizer.slot_variable_creation_fn:
-      raise ValueError(
-        f"Table '{name}': a disk-tiered table makes its own slots; "
-        "slot_variable_creation_fn is not supported."
-      )
-    files, lock = _own_directory(directory, name)
-    specs = variable_specs(table)
-    cache: Block = {}
-    for key, _, trainable in specs:
-      cache[key] = compat.ResourceVariable(
-        tf.zeros([cache_rows, table.dim]),
-        name=f"{checkpoint_name(name, key)}/cache",
-        trainable=trainable,
-      )
+    cache = cache_variables(table, cache_rows)
+    files, lock = _own_directory(directory, table_name(table))
     store = cls(table, cache, files, guard)
     weakref.finalize(store, _release, files, lock)
     store.track(tracker)
@@ -232,7 +216,7 @@ class TieredTable(TableStore):
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
     value: np.ndarray = (
-      self._initial[key].rows(first, count, tf.float32).numpy()
+      self._initial[key].rows(self._first + first, count, tf.float32).numpy()
     )
     return value
 
@@ -295,7 +279,7 @@ class TieredTable(TableStore):
 
   def _whole(self, key: str) -> np.ndarray:
     self.flush()
-    return self.window(key, 0, self.table.vocabulary_size)
+    return self.window(key, 0, self._count)
 
   def window(self, key: str, first: int, count: int) -> np.ndarray:
     """Rows ``[first, first + count)`` of ``key`` as the files hold them
@@ -312,7 +296,7 @@ class TieredTable(TableStore):
       key,
       (
         (first, value[first : first + size])
-        for first in range(0, self.table.vocabulary_size, size)
+        for first in range(0, self._count, size)
       ),
     )
     return None
@@ -406,6 +390,41 @@ def own_error(
           return DiskFullError(errno.ENOSPC, text)
         return CacheTooSmallError(text)
   return None
+
+
+def cache_variables(
+  table: TableConfig, cache_rows: int, part: str = ""
+) -> Block:
+  """A cache of ``cache_rows`` rows of ``table``: ``{key: variable}`` of
+  its parameters and slots, on the device in scope (``part``: the name
+  of a row block's, ``part_<replica>``).
+
+  Raises:
+    ValueError: for an optimizer that changes every row each step (the
+      whole table would cross the disk every step) or slots the
+      optimizer's function makes.
+  """
+  optimizer = table.optimizer
+  name = table_name(table)
+  if optimizer is not None and optimizer.updates_all_rows:
+    raise ValueError(
+      f"Table '{name}': {type(optimizer).__name__} updates every row "
+      "each step; a disk-tiered table needs an optimizer that updates "
+      "only the looked-up rows (e.g. Adam(lazy_adam=True))."
+    )
+  if optimizer is not None and optimizer.slot_variable_creation_fn:
+    raise ValueError(
+      f"Table '{name}': a disk-tiered table makes its own slots; "
+      "slot_variable_creation_fn is not supported."
+    )
+  cache: Block = {}
+  for key, _, trainable in variable_specs(table):
+    cache[key] = compat.ResourceVariable(
+      tf.zeros([cache_rows, table.dim]),
+      name="/".join(filter(None, [checkpoint_name(name, key), part, "cache"])),
+      trainable=trainable,
+    )
+  return cache
 
 
 #: The tiered tables' directories this process writes.
