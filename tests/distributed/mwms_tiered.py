@@ -1,7 +1,7 @@
 """A disk-tiered table on one worker of a 2-process MultiWorkerMirroredStrategy.
 
-Launched twice by tests/tables/test_tiered_sharded.py with ``TF_CONFIG`` set:
-``python mwms_tiered.py DIR``. The embedding of tests/tables/test_tiered_sharded.py
+Launched twice by tests/tables/test_tiered_sharded.py with ``TF_CONFIG``
+set: ``python mwms_tiered.py DIR``. The embedding of that test file
 (table "big" on disk, row-sharded over the two workers' replicas, each
 worker's block in its own directory ``DIR/worker<i>``) trains on the same
 global batches as the in-memory layout; every worker asserts tables and

@@ -252,6 +252,45 @@ class TieredShardedTable(RowShardedTable):
       0,
     )
 
+  def _mine(self, ids: tf.Tensor, block: int) -> tf.Tensor:
+    """Which of global ``ids`` local block ``block`` holds."""
+    first, count = self.rows_of(block)
+    return tf.logical_and(ids >= first, ids < first + count)
+
+  def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` (global, held by this process's blocks) of ``key``,
+    block by block, each from its files (a delta's values)."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    return tf.concat(
+      [
+        tier.read_rows(
+          tf.boolean_mask(ids, self._mine(ids, block)) - self.rows_of(block)[0],
+          key,
+        )
+        for block, tier in enumerate(self._tiers)
+      ],
+      0,
+    )
+
+  def write_rows_at(
+    self, ids: tf.Tensor, value: Any, key: str = "parameters"
+  ) -> Any:
+    """Writes rows ``value`` at global ``ids`` of ``key`` into the files of
+    the local blocks holding them (other ids: other processes')."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    value = tf.convert_to_tensor(value, tf.float32)
+    writes = []
+    for block, tier in enumerate(self._tiers):
+      mine = self._mine(ids, block)
+      writes.append(
+        tier.write_rows_at(
+          tf.boolean_mask(ids, mine) - self.rows_of(block)[0],
+          tf.boolean_mask(value, mine),
+          key,
+        )
+      )
+    return tf.group(writes)
+
 
 class _BlockRows:
   """One block's rows of one key, as ``WorkerShardedVariable`` reads and
