@@ -56,8 +56,10 @@ class DiskTier:
   A table it names is a ``tables.tiered.TieredTable``: its rows and
   optimizer slots live in files under ``directory/<table>`` (working
   state, rebuilt from checkpoints), and at most ``cache_bytes`` of them in
-  memory; it trains with the same numbers as in memory. One device (the
-  default strategy, ``OneDeviceStrategy``) in this version.
+  memory; it trains with the same numbers as in memory. Tables it names
+  stack only with one another (``planning.py``): such a stack is one
+  tiered table, its cache theirs together. One device (the default
+  strategy, ``OneDeviceStrategy``) in this version.
 
   Attributes:
     directory: a local directory for the tables' files.

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tpu_embedding.checkpointing import deltas as checkpoint_deltas
 from tpu_embedding.planning import Planner
 from tpu_embedding.resolved import resolve
 from tpu_embedding.sharding import DiskTier
@@ -287,6 +288,31 @@ def test_plain_checkpoints_move_between_a_disk_stack_and_memory(tmp_path):
   again = make_embedding(tpe.SGD(0.2), tmp_path / "disk2", STACK)
   tf.train.Checkpoint(embedding=again).restore(path).assert_consumed()
   assert_same(values(again), values(alone))
+
+
+def test_deltas_of_a_disk_stack_restore_into_either_layout(tmp_path):
+  """A full save, then deltas: each member's rows, read from the stack's
+  files; the chain restores the live state into the unstacked tables in
+  memory and into a fresh disk stack."""
+  data = batches("ragged", seed=8, steps=6)
+  stacked = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk", STACK)
+  checkpoint = tf.train.Checkpoint(embedding=stacked)
+  saves = [tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt-0"))]
+  for number in (1, 2, 3):
+    train(stacked, data[2 * number - 2 : 2 * number], "ragged")
+    delta = str(tmp_path / f"delta-{number}")
+    saves.append(tpe.checkpoints.write_delta(checkpoint, delta))
+  assert disk_stack(stacked).cache.writes > 0
+  b = "embedding/b/.ATTRIBUTES/VARIABLE_VALUE"
+  ids, _ = checkpoint_deltas.read_rows(saves[-1], b)
+  assert 0 < ids.size < ROWS["b"] and ids.max() < ROWS["b"]
+  live = values(stacked)
+  for directory, stacking in [(None, None), (tmp_path / "again", STACK)]:
+    emb = make_embedding(tpe.Adagrad(0.3), directory, stacking)
+    tpe.checkpoints.restore(
+      tf.train.Checkpoint(embedding=emb), saves[0], deltas=saves[1:]
+    )
+    assert_same(values(emb), live)
 
 
 def resolved_tables():
