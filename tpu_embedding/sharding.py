@@ -62,6 +62,8 @@ class DiskTier:
   (``tables.tiered_sharded.TieredShardedTable``: each replica's rows in
   ``directory/<table>/block<r>``, behind a cache of ``cache_bytes`` on
   its device; each process its own directory).
+  Tables it names stack only with one another (``planning.py``): such a
+  stack is one tiered table, its cache theirs together (one device).
 
   Attributes:
     directory: a local directory for the tables' files.

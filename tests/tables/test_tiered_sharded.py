@@ -342,3 +342,25 @@ def test_deltas_of_row_sharded_disk_tables_equal_the_in_memory_ones(tmp_path):
       tf.train.Checkpoint(embedding=fresh), got[0], deltas=got[1:]
     )
     assert_same(values(fresh), live)
+
+
+def test_a_stack_on_disk_is_refused_where_replicas_share_rows(tmp_path):
+  """Stacks of disk tables train on one device; under MirroredStrategy an
+  explicit stack holding one is refused in one line naming the tables."""
+  strategy = mirrored_strategy(REPLICAS)
+  tables = [tpe.TableConfig(ROWS, DIM, name=name) for name in ("big", "other")]
+  configs = {t.name: tpe.FeatureConfig(t, name=t.name) for t in tables}
+  with strategy.scope(), pytest.raises(ValueError) as raised:
+    tpe.TPUEmbedding(
+      configs,
+      tpe.SGD(0.1),
+      row_sharding_threshold=PlacementPolicy(
+        100, disk=DiskTier(str(tmp_path), 2**20, ("big", "other"))
+      ),
+      table_stacking=[["big", "other"]],
+    )
+  message = str(raised.value)
+  assert "\n" not in message
+  assert "['big', 'other'] are stacked and kept on disk" in message
+  assert "MirroredStrategy" in message
+  assert not os.listdir(tmp_path)

@@ -525,6 +525,12 @@ class TableStore(metaclass=abc.ABCMeta):
         totals[variable.device] = totals.get(variable.device, 0) + size
     return totals
 
+  def member_variable(self, table: TableConfig, key: str, offset: int) -> Any:
+    """What users and checkpoints see of ``key`` of a stacked ``table``
+    held from row ``offset`` of this (a stack's) store: its rows as a
+    whole variable (``tables/stacked.py``)."""
+    return StackSliceVariable(self, key, offset, table.vocabulary_size)
+
   def track(self, tracker: VariableTracker) -> None:
     """Registers ``variables`` for checkpoints under TensorFlow's keys."""
     for key, variable in self.variables.items():
@@ -582,6 +588,37 @@ tf.register_tensor_conversion_function(
   WholeValueVariable,
   lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
 )
+
+
+class StackSliceVariable(WholeValueVariable):
+  """One member's rows of one stack variable, as a whole variable."""
+
+  def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
+    self.stack = stack
+    self.key = key
+    self.offset = offset
+    self.rows = rows
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    return tf.TensorShape([self.rows, self.stack.table.dim])
+
+  @property
+  def dtype(self) -> tf.DType:
+    return tf.float32
+
+  def read_value(self) -> tf.Tensor:
+    ids = tf.range(self.offset, self.offset + self.rows, dtype=tf.int64)
+    return self.stack.gather(ids, self.key)
+
+  def assign(self, value: Any) -> Any:
+    value = tf.convert_to_tensor(value, tf.float32)
+    if tuple(value.shape) != (self.rows, self.stack.table.dim):
+      raise ValueError(
+        f"Cannot assign a value of shape {list(value.shape)} to a table "
+        f"variable of shape {[self.rows, self.stack.table.dim]}."
+      )
+    return self.stack.write_rows(self.offset, value, self.key)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

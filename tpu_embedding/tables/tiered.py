@@ -286,17 +286,18 @@ class TieredTable(TableStore):
     (after ``flush``)."""
     return self._rows.window(key, first, count)
 
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    """Writes a whole value of ``key`` to the files, grid block by grid
-    block (the cache is emptied: its changed rows are written first; the
-    other keys' rows never written get their initial values on disk)."""
+  def assign(self, value: Any, key: str = "parameters", first: int = 0) -> Any:
+    """Writes a whole value of ``key`` (or rows from ``first``: a stacked
+    table's) to the files, grid block by grid block (the cache is
+    emptied: its changed rows are written first; the other keys' rows
+    never written get their initial values on disk)."""
     value = tf.convert_to_tensor(value, tf.float32)
     size = grid_rows(self.table.dim)
     self.assign_by_parts(
       key,
       (
-        (first, value[first : first + size])
-        for first in range(0, self._count, size)
+        (first + start, value[start : start + size])
+        for start in range(0, int(value.shape[0]), size)
       ),
     )
     return None
@@ -350,6 +351,11 @@ class TieredTable(TableStore):
   def bytes_per_device(self) -> dict[str, int]:
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
+
+  def member_variable(self, table: TableConfig, key: str, offset: int) -> Any:
+    """A stacked table's rows of ``key``, saved and restored by parts
+    straight from and to the files, as a table's own."""
+    return _TieredVariable(self, key, table, offset)
 
 
 def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
@@ -476,28 +482,40 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
   the files: never whole. A plain ``tf.train.Checkpoint`` reads it whole.
   """
 
-  def __init__(self, store: TieredTable, key: str):
+  def __init__(
+    self,
+    store: TieredTable,
+    key: str,
+    table: TableConfig | None = None,
+    offset: int = 0,
+  ):
+    """``key``'s rows of ``table`` (default: the store's own), held from
+    row ``offset`` of the store (a stacked table's)."""
     self._store = store
     self._key = key
-    self.name = checkpoint_name(table_name(store.table), key)
+    self._table = table or store.table
+    self._offset = offset
+    self.name = checkpoint_name(table_name(self._table), key)
 
   @property
   def shape(self) -> tf.TensorShape:
-    return tf.TensorShape(
-      [self._store.table.vocabulary_size, self._store.table.dim]
-    )
+    return tf.TensorShape([self._table.vocabulary_size, self._table.dim])
 
   @property
   def dtype(self) -> tf.DType:
     return tf.float32
 
   def read_value(self) -> tf.Tensor:
-    value = self._store.read(self._key)
+    value = tf.py_function(self._window, [], tf.float32)
     value.set_shape(self.shape)
     return value
 
+  def _window(self) -> np.ndarray:
+    self._store.flush()
+    return self._store.window(self._key, self._offset, self.shape[0])
+
   def assign(self, value: Any) -> Any:
-    return self._store.assign(value, self._key)
+    return self._store.assign(value, self._key, self._offset)
 
   # Saved by parts (slicing.WorkerParts), one process.
 
@@ -533,7 +551,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     self._store.flush()
     for first in range(0, full[0], chunk):
       count = min(chunk, full[0] - first)
-      value = self._store.window(self._key, first, count)
+      value = self._store.window(self._key, self._offset + first, count)
       spec = parts.slice_spec(full, [(first, count), (0, full[1])])
       yield f"{first:012d}", [(key, spec, value)]
       del value
@@ -556,4 +574,6 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
       whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
       range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
     )
-    self._store.assign_by_parts(self._key, pieces)
+    self._store.assign_by_parts(
+      self._key, ((self._offset + first, value) for first, value in pieces)
+    )
