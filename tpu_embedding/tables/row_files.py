@@ -96,6 +96,7 @@ class RowFiles:
     """Rows ``[first, first + count)`` of ``key``."""
     records = self._records(count)
     self._io(first, records, reading=True)
+    self._advise([first], [first + count], os.POSIX_FADV_DONTNEED)
     return np.ascontiguousarray(records[:, self.keys.index(key)])
 
   def write_range(self, first: int, values: Mapping[str, np.ndarray]) -> None:
@@ -107,6 +108,7 @@ class RowFiles:
     for key, value in values.items():
       records[:, self.keys.index(key)] = value
     self._io(first, records, reading=False)
+    self._advise([first], [first + len(records)], os.POSIX_FADV_DONTNEED)
 
   def will_need(self, rows: np.ndarray) -> None:
     """Asks the kernel to bring the pages of ``rows`` into its page cache
