@@ -61,6 +61,7 @@ import proc_memory  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding import data  # noqa: E402
 
 
 def skewed_ids(
@@ -705,7 +706,7 @@ def disk_setting(args) -> list[_timing.Measurement]:
     if all(c.misses >= c.size for c in caches):
       break
   before = _counts(caches)
-  on_disk = _timed("on disk", disk_step, batches, args)
+  on_disk = _timed("on disk", disk_step, batches, args, embedding)
   seconds = timed * args.batch_size / on_disk.median
   hits, misses, reads, writes = (
     a - b for a, b in zip(_counts(caches), before, strict=True)
@@ -716,7 +717,7 @@ def disk_setting(args) -> list[_timing.Measurement]:
                        cache_rows)
     for hot in hotness(args)
   )  # fmt: skip
-  files = 2  # parameters and accumulators: one read each per missed row
+  files = 1  # one record (parameters and accumulators) per missed row
   floor = min(memory.median, args.batch_size * rate / (ideal * files))
   print(
     f"  hit rate {hits / (hits + misses):.1%}; per step {misses / steps:,.0f} "
@@ -746,15 +747,30 @@ def _counts(caches) -> tuple[int, int, int, int]:
   )
 
 
-def _timed(name: str, step, batches, args) -> _timing.Measurement:
+def _timed(
+  name: str, step, batches, args, embedding=None
+) -> _timing.Measurement:
   """``args.repeats`` timings of ``args.steps`` steps, each over batches
-  not seen before."""
+  not seen before (through ``data.prefetch_rows`` given ``embedding``:
+  a disk tier's rows read while the step before runs)."""
 
   def once(repeat: list[int] = [0]) -> float:  # noqa: B006 (a counter)
     first = repeat[0] * args.steps
     repeat[0] += 1
+    chosen = batches[first : first + args.steps]
+    fed: Any = chosen
+    if embedding is not None:
+      fed = data.prefetch_rows(
+        tf.data.Dataset.from_generator(
+          lambda: iter(chosen),
+          output_signature=tf.nest.map_structure(
+            tf.type_spec_from_value, chosen[0]
+          ),
+        ),
+        embedding,
+      )
     start = time.perf_counter()
-    for batch in batches[first : first + args.steps]:
+    for batch in fed:
       loss = step(batch)
     loss.numpy()
     return args.steps * args.batch_size / (time.perf_counter() - start)

@@ -221,9 +221,9 @@ def test_each_replica_has_its_own_files(tmp_path):
   placement = emb.sharding_plan.placements["big"]
   for replica in range(REPLICAS):
     block = tmp_path / "big" / f"block{replica}"
-    for name in ("parameters.rows", "accumulators.rows"):
-      size = os.path.getsize(block / name)
-      assert size == placement.shard_sizes[replica] * DIM * 4
+    # One record per row: parameters and accumulators.
+    size = os.path.getsize(block / "rows.records")
+    assert size == placement.shard_sizes[replica] * DIM * 4 * 2
 
 
 def test_checkpoints_stream_between_layouts(tmp_path):

@@ -426,6 +426,11 @@ class TableStore(metaclass=abc.ABCMeta):
     for changes in self._changes:
       changes.clear()
 
+  def prefetch_rows(self, ids: Any) -> None:
+    """Readies rows ``ids`` (host values) of a coming step: nothing for a
+    layout in memory (a disk tier reads their pages early)."""
+    del ids
+
   def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` (global, held by this process's blocks) of ``key``,
     read from the blocks holding them (only those rows)."""

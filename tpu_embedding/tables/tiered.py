@@ -147,6 +147,12 @@ class TieredTable(TableStore):
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self._rows.size  # The cache's slots.
 
+  def prefetch_rows(self, ids: Any) -> None:
+    """Has the pages of rows ``ids`` not cached read into the page cache,
+    in the background (a coming step's ids: ``data.prefetch_rows``);
+    changes no number."""
+    self._rows.prefetch(np.asarray(ids))
+
   def _admit(self, ids: tf.Tensor) -> tf.Tensor:
     """Caches rows ``ids`` (distinct): their slots, once their values are
     in the cache (evicted changed rows written back first)."""
@@ -329,7 +335,7 @@ class TieredTable(TableStore):
     def read(ids: tf.Tensor) -> np.ndarray:
       self.flush()
       self._rows.wait()
-      return self._rows.files.read([key], ids.numpy())[0]
+      return self._rows.files.read(ids.numpy())[self._rows.keys.index(key)]
 
     return _on_host(read, [tf.cast(ids, tf.int64)], tf.float32)
 
