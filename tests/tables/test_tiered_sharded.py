@@ -364,3 +364,21 @@ def test_a_stack_on_disk_is_refused_where_replicas_share_rows(tmp_path):
   assert "['big', 'other'] are stacked and kept on disk" in message
   assert "MirroredStrategy" in message
   assert not os.listdir(tmp_path)
+
+
+def test_a_block_cache_too_small_names_the_table_and_its_directory(tmp_path):
+  """A replica block's cache too small for a step: one line naming the
+  table (not the block's folder) and the DiskTier directory."""
+  from tpu_embedding.tables import tiered
+
+  strategy = mirrored_strategy(REPLICAS)
+  emb = make_embedding(tpe.SGD(0.1), strategy, tmp_path, cache_rows=2)
+  with pytest.raises(Exception) as raised:
+    train(emb, batches("dense", np.random.default_rng(6), steps=1), strategy)
+  error = tiered.own_error(raised.value)
+  assert isinstance(error, CacheTooSmallError), raised.value
+  message = str(error)
+  assert "\n" not in message
+  assert message.startswith(
+    f"Table 'big' (DiskTier directory {os.path.realpath(tmp_path)}): "
+  ), message

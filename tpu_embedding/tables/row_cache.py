@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import os
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -108,6 +107,8 @@ class RowCache:
     keys: the variables (``parameters`` and the slots' names).
     grid: rows of a grid block of initial values.
     initial: a grid block's initial values (``InitialRows``).
+    owner: ``(table, DiskTier directory)`` its errors name
+      (``RowFiles``).
   """
 
   def __init__(
@@ -119,10 +120,11 @@ class RowCache:
     keys: Sequence[str],
     grid: int,
     initial: InitialRows,
+    owner: tuple[str, str] | None = None,
   ):
     self.rows, self.dim, self.size = rows, dim, slots
     self.keys = tuple(keys)
-    self.files = RowFiles(directory, rows, dim, self.keys)
+    self.files = RowFiles(directory, rows, dim, self.keys, owner)
     # Write-backs run beside the steps (those in flight), page cache drops
     # beside them.
     self._writer = concurrent.futures.ThreadPoolExecutor(1)
@@ -192,9 +194,9 @@ class RowCache:
     count = swept = 0
     while count < need:
       if swept >= (MAX_USES + 1) * self.size:  # (a turn counts uses down)
-        table, tier = os.path.split(self.files.directory)[::-1]
         raise CacheTooSmallError(
-          f"Table '{table}' (DiskTier directory {tier}): a step asks for "
+          f"Table '{self.files.table}' (DiskTier directory "
+          f"{self.files.tier}): a step asks for "
           f"{asked} distinct rows, {need} of them not cached, but fewer of "
           f"the cache's {self.size} slots are free of this step's and the "
           "previous step's rows: give the cache at least twice the "

@@ -69,10 +69,20 @@ class RowFiles:
     rows: the table's rows.
     dim: its width.
     keys: the variables, in their order within a record.
+    owner: ``(table, DiskTier directory)`` its errors name (default: the
+      last part of ``directory`` and the rest).
   """
 
-  def __init__(self, directory: str, rows: int, dim: int, keys: Sequence[str]):
+  def __init__(
+    self,
+    directory: str,
+    rows: int,
+    dim: int,
+    keys: Sequence[str],
+    owner: tuple[str, str] | None = None,
+  ):
     self.directory = directory
+    self.table, self.tier = owner or os.path.split(directory)[::-1]
     self.rows, self.dim = rows, dim
     self.keys = tuple(keys)
     self._row_bytes = dim * 4 * len(self.keys)
@@ -193,10 +203,10 @@ class RowFiles:
         done += n
     except OSError as error:
       if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        tier, table = os.path.split(self.directory)
         raise DiskFullError(
           error.errno,
-          f"Table '{table}': the disk of its DiskTier directory {tier} is "
+          f"Table '{self.table}': the disk of its DiskTier directory "
+          f"{self.tier} is "
           "full, its rows could not be written (free space there, or give "
           "the tables on disk another directory).",
         ) from None

@@ -85,11 +85,13 @@ class TieredTable(TableStore):
     directory: str,
     guard: UpdateGuard = UNGUARDED,
     rows: tuple[int, int] | None = None,
+    tier: str | None = None,
   ):
     """Wraps ``cache`` (``{key: [cache rows, dim] variable}``); the files
     go to ``directory``, made empty. ``rows``: ``(first, count)``, the
     rows of ``table`` it holds as its rows ``[0, count)`` (None: all; a
-    row block of ``tiered_sharded.TieredShardedTable``)."""
+    row block of ``tiered_sharded.TieredShardedTable``); ``tier``: the
+    DiskTier directory its errors name (None: ``directory``'s parent)."""
     self.table = table
     self._first, self._count = rows or (0, table.vocabulary_size)
     self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
@@ -110,6 +112,7 @@ class TieredTable(TableStore):
       list(cache),
       grid_rows(table.dim),
       self._initial_block,
+      (table_name(table), tier or os.path.dirname(directory)),
     )
     variables = {key: _TieredVariable(self, key) for key in cache}
     super().__init__(table, variables, [cache], guard)

@@ -121,7 +121,9 @@ class TieredShardedTable(RowShardedTable):
       path = os.path.join(files, f"block{replica}")
       os.makedirs(path, exist_ok=True)
       rows = (placement.shard_offsets[replica], placement.shard_sizes[replica])
-      blocks.append(TieredTable(table, cache, path, guard, rows))
+      blocks.append(
+        TieredTable(table, cache, path, guard, rows, os.path.dirname(files))
+      )
     store = cls(table, placement, blocks, first, strategy, guard)
     weakref.finalize(store, _release, files, lock)
     store.track(tracker)
