@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -674,8 +676,18 @@ def _disk_batches(args, count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def disk_setting(args) -> list[_timing.Measurement]:
-  """In memory and on disk, the same fresh batches, against the IO floor."""
-  directory = args.disk_dir or tempfile.mkdtemp(prefix="tpe_disk_")
+  """In memory and on disk, the same fresh batches, against the IO floor
+  (the tables' files in a new folder of ``--disk_dir``, removed after)."""
+  if args.disk_dir:
+    os.makedirs(args.disk_dir, exist_ok=True)
+  directory = tempfile.mkdtemp(prefix="tpe_disk_", dir=args.disk_dir)
+  try:
+    return _disk_setting(args, directory)
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   cache_rows = max(1, int(args.cache_fraction * args.rows))
   cache_bytes = cache_rows * args.dim * 4 * 2  # rows and accumulators
   rate = _disk.disk_read_rate(directory, size=args.disk_probe_mib * 2**20)
