@@ -11,7 +11,8 @@ initializer of standard deviation ``1 / sqrt(dim)``; with
 current strategy: tables above ``ModelConfig.size_threshold`` rows are
 row-sharded across the replicas, the others replicated; with
 ``ModelConfig.disk_directory``, tables above ``disk_size_threshold`` rows
-are kept on that local disk behind a RAM cache (``placement_policy``).
+are kept on that local disk behind a RAM cache (``placement_policy``;
+row-sharded over the replicas of ``mirrored``, a cache each).
 
 Example:
   >>> from model_garden.ranking import embedding
@@ -154,7 +155,8 @@ def make_embedding(
     optimizer,
     pipeline_execution_with_tensor_core=pipeline,
     row_sharding_threshold=placement_policy(config),
-    # A table kept on disk is held alone, never stacked.
+    # A table kept on disk is held alone: under MirroredStrategy the
+    # library refuses stacks of tables on disk, which "auto" makes on GPUs.
     table_stacking=None if config.disk_tables() else "auto",
   )
 

@@ -14,7 +14,7 @@ is written before they all pass:
   experiment that matches the ``params.yaml`` of the run that wrote it.
 * ``check_memory``: the tables and their slots must fit in the memory
   available (``table_bytes`` estimates them from the config alone; a
-  table kept on disk counts its cache and 4 bytes a row).
+  table kept on disk counts a cache per replica and 4 bytes a row).
 * ``check_disk_directory``: ``task.model.disk_directory`` can be created
   and written, and no other process keeps its tables there.
 * ``check_data_keys``: data keys that contradict each other or would be
@@ -76,7 +76,7 @@ NOT_CHECKPOINT_SHAPING = (
 DISK_WAY_OUT = (
   "keep the largest tables on a local disk behind a RAM cache "
   "(task.model.disk_directory, disk_size_threshold, disk_cache_bytes; one "
-  "device)"
+  "device or mirrored)"
 )
 
 
@@ -269,7 +269,8 @@ class TableBytes:
 
   ``tables``, ``slots``, ``sharded`` and ``largest`` count the tables held
   in memory; ``disk`` the memory of the tables kept on disk: each one's
-  cache and its map of cached rows (``DiskTier.memory_bytes``).
+  caches (one a replica) and its map of cached rows
+  (``DiskTier.memory_bytes`` of each replica's block).
   """
 
   tables: int
@@ -288,11 +289,16 @@ class TableBytes:
     return self.total - self.sharded + -(-self.sharded // max(1, hosts))
 
 
-def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
+def table_bytes(
+  config: definitions.ExperimentConfig, replicas: int = 1
+) -> TableBytes:
   """Table and slot bytes of ``config``'s model (float32), from its config.
 
   A table kept on disk (``task.model.disk_directory``) counts as
-  ``tpu_embedding``'s ``build()`` counts it: its cache plus 4 bytes a row.
+  ``tpu_embedding``'s ``build()`` counts it: a cache of
+  ``disk_cache_bytes`` for each of the ``replicas`` blocks it is
+  row-sharded into (one on one device) plus 4 bytes a row; with fewer
+  rows than replicas it stays in memory.
 
   Example:
     >>> from model_garden.ranking import configs, preflight
@@ -309,6 +315,11 @@ def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
     ...   "task.model.disk_cache_bytes": 2**16}))
     >>> b.tables, b.disk  # table 0 on disk: 64 KiB of cache + 4 B a row
     (2560, 69536)
+    >>> preflight.table_bytes(configs.override(config, {
+    ...   "task.model.disk_directory": "/ssd",
+    ...   "task.model.disk_size_threshold": 100,
+    ...   "task.model.disk_cache_bytes": 2**16}), replicas=2).disk
+    135072
   """
   model = config.task.model
   slots = len(
@@ -323,8 +334,8 @@ def table_bytes(config: definitions.ExperimentConfig) -> TableBytes:
   for i, (rows, dim) in enumerate(
     zip(model.vocab_sizes, model.embedding_dims(), strict=True)
   ):
-    if i in on_disk:
-      disk += tier.memory_bytes(rows)
+    if i in on_disk and rows >= replicas:
+      disk += tier.memory_bytes(rows) + (replicas - 1) * tier.cache_bytes
       continue
     size = rows * dim * ELEMENT_BYTES
     tables += size
@@ -351,6 +362,7 @@ def check_memory(
   experiment: str,
   *,
   hosts: int = 1,
+  replicas: int = 1,
   available: int | None = None,
 ) -> TableBytes:
   """Rejects an experiment whose tables cannot fit in memory.
@@ -361,6 +373,9 @@ def check_memory(
     hosts: machines the row-sharded tables are spread over (the workers
       of a real ``multi_worker_mirrored`` cluster, the PS tasks of a
       ``parameter_server`` one; 1 when every process runs here).
+    replicas: the replicas of this process whose caches are in its memory
+      (``mirrored``'s ``--num_replicas`` logical CPUs): each holds a
+      cache of every table kept on disk (``table_bytes``).
     available: bytes available on each machine (default: this one's
       ``available_memory()``; unknown: no check).
 
@@ -371,7 +386,7 @@ def check_memory(
     cli.FixableError: saying how much is needed and what to do (a runtime
       failure: exit 1).
   """
-  estimate = table_bytes(config)
+  estimate = table_bytes(config, replicas)
   available = available_memory() if available is None else available
   # Initializing a table briefly holds its initial value and the variable.
   needed = estimate.per_host(hosts) + estimate.largest

@@ -423,6 +423,7 @@ def check_resources(plan: Plan) -> None:
     plan.config,
     FLAGS.experiment,
     hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
+    replicas=max(1, FLAGS.num_replicas) if plan.strategy == "mirrored" else 1,
   )
   preflight.check_disk_directory(plan.config)
   preflight.check_inputs(plan.config, FLAGS.mode)
@@ -758,9 +759,9 @@ def _describe(loop: Any, experiment: str) -> None:
     sum(p.sharded for p in plan.placements.values()) if plan is not None else 0
   )
   on_disk = ""
-  if model.disk_tables():  # (one device: the stores are this process's)
+  if model.disk_tables():  # (one process: the stores are all its own)
     stores = loop.task.embedding.table_stores.values()
-    tiered = sum(store.layout == "tiered" for store in stores)
+    tiered = sum(store.layout.startswith("tiered") for store in stores)
     on_disk = f", {tiered} on disk in {model.disk_directory}"
   loop.log(
     f"{experiment}: {model.interaction} interaction, "

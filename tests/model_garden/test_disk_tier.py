@@ -6,10 +6,12 @@
 model_garden.ranking.train``, two runs started together): a run with one
 table on disk, its cache smaller than the table, trains, evaluates and
 checkpoints, and its checkpoint equals, bit for bit, that of the same run
-with every table in memory; so do its delta checkpoints. Refusals (one
-line, before anything is written): other strategies than one device (a
-subprocess, as a user sees it), dynamic vocabularies, a remote directory;
-the memory refusal names the disk tier, which makes ``dlrm_criteo`` fit.
+with every table in memory; so do its delta checkpoints, and a run on 2
+mirrored replicas (each its block of the table, its files and its
+cache). Refusals (one line, before anything is written): parameter
+servers (a subprocess, as a user sees it), dynamic vocabularies, a remote
+directory; the memory refusal names the disk tier, which makes
+``dlrm_criteo`` fit, and counts a cache a replica.
 Failures (one line naming the table and its directory, exit 1, the saves
 as they were): a cache too small for a step, a full disk (the
 files' writes fail with ENOSPC once the run has saved).
@@ -120,7 +122,41 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
   assert auc and auc[-1] in results["disk"][1]
 
 
-def test_other_strategies_are_refused_in_one_line_before_any_write(tmp_path):
+def test_two_mirrored_replicas_train_to_the_in_memory_checkpoint(tmp_path):
+  """Table 0 row-sharded in both runs (``size_threshold``): its 2 blocks
+  on disk, ``directory/<table>/block<r>``, each behind its own cache."""
+  disk = tmp_path / "ssd"
+  flags = ("--mode=train", "--strategy=mirrored", "--num_replicas=2")
+  sharded = ",task.model.size_threshold=1000"
+  runs = {
+    "disk": start(
+      command(tmp_path / "disk", disk_params(disk) + sharded, *flags),
+      tmp_path,
+    ),
+    "memory": start(
+      command(tmp_path / "memory", PARAMS + sharded, *flags), tmp_path
+    ),
+  }
+  results = {name: finish(process) for name, process in runs.items()}
+  for name, (rc, stdout, stderr) in results.items():
+    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
+  output = "".join(results["disk"][1:])
+  assert f"1 row-sharded, 1 on disk in {disk})" in output, output[-4000:]
+  assert "MirroredStrategy with 2 replica(s)" in output
+  table = disk / "embedding_table_00"
+  assert sorted(os.listdir(table)) == ["block0", "block1"]
+  got_path, got = checkpoint_values(tmp_path / "disk")
+  want_path, want = checkpoint_values(tmp_path / "memory")
+  assert got_path.endswith(f"ckpt-{STEPS}"), got_path
+  assert want_path.endswith(f"ckpt-{STEPS}"), want_path
+  assert set(got) == set(want)
+  key = "embedding/embedding_table_00/.ATTRIBUTES/VARIABLE_VALUE"
+  assert got[key].shape == (VOCAB_SIZES[0], DIM)  # full values
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_parameter_servers_are_refused_in_one_line_before_any_write(tmp_path):
   model_dir, disk = tmp_path / "run", tmp_path / "ssd"
   env = {
     k: v
@@ -128,7 +164,7 @@ def test_other_strategies_are_refused_in_one_line_before_any_write(tmp_path):
     if k not in ("TF_CPP_MIN_LOG_LEVEL", "TPE_DEBUG")
   }
   process = processes.run(
-    command(model_dir, disk_params(disk), "--strategy=mirrored"),
+    command(model_dir, disk_params(disk), "--strategy=parameter_server"),
     capture_output=True,
     text=True,
     cwd=str(tmp_path),
@@ -141,9 +177,9 @@ def test_other_strategies_are_refused_in_one_line_before_any_write(tmp_path):
   line = process.stderr.strip().splitlines()[-1]
   assert (
     "task.model.disk_directory keeps 1 table(s) on disk (more rows than "
-    "disk_size_threshold=1000), which train on one device only (--strategy "
-    "default or one_device), not mirrored: use one of those, or remove "
-    "task.model.disk_directory"
+    "disk_size_threshold=1000), which train on one device or the replicas "
+    "of one process only (--strategy default, one_device or mirrored), not "
+    "parameter_server: use one of those, or remove task.model.disk_directory"
   ) in line, line
   assert not model_dir.exists() and not disk.exists()
 
@@ -172,7 +208,7 @@ def small(**changes):
     ({"task.model.disk_cache_bytes": 0}, "disk_cache_bytes positive"),
     (
       {"runtime.distribution_strategy": "parameter_server"},
-      "which train on one device only",
+      "which train on one device or the replicas of one process only",
     ),
   ],
 )
@@ -190,12 +226,12 @@ def test_disk_fields_keep_in_memory_runs_as_they_were():
   for config in (
     configs.override(
       configs.get_config("dlrm_criteo_cpu_small"),
-      {"runtime.distribution_strategy": "mirrored"},
+      {"runtime.distribution_strategy": "parameter_server"},
     ),
     small(
       **{
         "task.model.disk_size_threshold": 10**9,
-        "runtime.distribution_strategy": "mirrored",
+        "runtime.distribution_strategy": "parameter_server",
       }
     ),
   ):
@@ -225,7 +261,7 @@ def test_the_memory_refusal_names_the_disk_tier_which_makes_it_fit():
   assert message.endswith(
     "or keep the largest tables on a local disk behind a RAM cache "
     "(task.model.disk_directory, disk_size_threshold, disk_cache_bytes; "
-    "one device)."
+    "one device or mirrored)."
   )
   on_disk = configs.override(
     config, {"task.model.disk_directory": "/ssd/tables"}
@@ -243,6 +279,12 @@ def test_the_memory_refusal_names_the_disk_tier_which_makes_it_fit():
     preflight.check_memory(on_disk, "dlrm_criteo", available=2**30)
   caches = f"the caches of the 6 table(s) on disk {estimate.disk / 2**30:.1f}"
   assert caches in str(raised.value)
+  # Mirrored over 4 replicas: each table is 4 blocks, a cache each.
+  four = preflight.check_memory(
+    on_disk, "dlrm_criteo", replicas=4, available=available
+  )
+  assert four.disk == 4 * 6 * 256 * 2**20 + 4 * sum(big)
+  assert four.tables == estimate.tables
 
 
 #: Saves every 2 steps: a full one, then 2 deltas (10 steps: ckpt-2,

@@ -247,8 +247,8 @@ class ModelConfig:
   """Ours: a local directory (an SSD) where the tables of more than
   ``disk_size_threshold`` rows are kept, with their optimizer slots,
   behind a RAM cache of ``disk_cache_bytes`` each
-  (``tpu_embedding.sharding.DiskTier``; one device only); "" keeps every
-  table in memory."""
+  (``tpu_embedding.sharding.DiskTier``; one device, or row-sharded over
+  ``mirrored``'s replicas); "" keeps every table in memory."""
 
   disk_size_threshold: int = 1_000_000
   """Ours: with ``disk_directory``, tables with more rows than this are
@@ -256,7 +256,9 @@ class ModelConfig:
 
   disk_cache_bytes: int = 256 * 2**20
   """Ours: the RAM cache of each table kept on disk (its cached rows and
-  their slots); it must hold twice the distinct ids of a step."""
+  their slots), on each replica under ``mirrored`` (each replica's block
+  of the table has a cache this size); it must hold twice the distinct
+  ids of a step that fall in the block."""
 
   use_partial_tpu_embedding: bool = True
   """Model Garden's partial TPU embedding: False puts every table in the

@@ -263,20 +263,21 @@ def check_supported(config: definitions.ExperimentConfig) -> None:
     )
 
 
-#: The strategies that train tables kept on disk (one device).
-DISK_STRATEGIES = ("default", "one_device")
+#: The strategies that train tables kept on disk (one device, or
+#: row-sharded over the replicas of one process).
+DISK_STRATEGIES = ("default", "one_device", "mirrored")
 
 
 def _check_disk(config: definitions.ExperimentConfig) -> None:
   """Refuses what tables kept on disk do not run with: other strategies
-  than one device, dynamic vocabularies.
+  than ``DISK_STRATEGIES``, dynamic vocabularies.
 
   Example:
     >>> from model_garden.ranking import configs
     >>> from model_garden.ranking.configs import support
     >>> config = configs.override(configs.get_config("dlrm_criteo"), {
     ...   "task.model.disk_directory": "/ssd/tables",
-    ...   "runtime.distribution_strategy": "mirrored"})
+    ...   "runtime.distribution_strategy": "parameter_server"})
     >>> try:
     ...   support.check_supported(config)
     ... except ValueError as e:
@@ -294,9 +295,9 @@ def _check_disk(config: definitions.ExperimentConfig) -> None:
   strategy = config.runtime.distribution_strategy
   if strategy not in DISK_STRATEGIES:
     raise ValueError(
-      f"{kept}, which train on one device only (--strategy default or "
-      f"one_device), not {strategy}: use one of those, or remove "
-      "task.model.disk_directory."
+      f"{kept}, which train on one device or the replicas of one process "
+      f"only (--strategy default, one_device or mirrored), not {strategy}: "
+      "use one of those, or remove task.model.disk_directory."
     )
   if model.vocabulary != "fixed":
     raise ValueError(
