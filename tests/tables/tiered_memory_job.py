@@ -4,10 +4,11 @@
 table (732 MiB of table and slots) kept on disk with a 32 MiB cache,
 trains 20 steps, saves it with ``tpe.checkpoints.write``, exports it with
 ``export_for_serving`` as float32 and as int8, builds a second one and
-restores into it, and prints ``{"phase": VmHWM bytes, ...}`` (the
-peak reset before each phase), whether the restored rows are the saved
-ones and whether the exports serve the trained rows (int8: quantized
-row by row). Run by tests/tables/test_tiered_memory.py.
+restores into it, restores into a third before building it (a plain
+``tf.train.Checkpoint.restore``), and prints ``{"phase": VmHWM bytes,
+...}`` (the peak reset before each phase), whether the restored rows are
+the saved ones and whether the exports serve the trained rows (int8:
+quantized row by row). Run by tests/tables/test_tiered_memory.py.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def reset() -> None:
     f.write("5")
 
 
-def make(directory: str):
+def make(directory: str, build: bool = True):
   table = tpe.TableConfig(
     ROWS, DIM, name="big", initializer=tf.random_uniform_initializer(seed=1)
   )
@@ -53,7 +54,8 @@ def make(directory: str):
       disk=DiskTier(directory, CACHE, ("big",))
     ),
   )
-  emb.build(per_replica_batch_size=4096)
+  if build:
+    emb.build(per_replica_batch_size=4096)
   return emb
 
 
@@ -99,6 +101,13 @@ def main(directory: str) -> None:
   ids = tf.constant(rng.integers(0, ROWS, 2000), tf.int64)
   rows = emb.table_stores["big"].gather(ids)
   same = bool(tf.reduce_all(rows == again.table_stores["big"].gather(ids)))
+  del again
+  reset()  # A plain restore before the table exists, then build().
+  early = make(os.path.join(directory, "c"), build=False)
+  tf.train.Checkpoint(embedding=early).restore(prefix)
+  early.build(per_replica_batch_size=4096)
+  phases["restore_before_build"] = peak()
+  same &= bool(tf.reduce_all(rows == early.table_stores["big"].gather(ids)))
   ids = tf.concat([ids, tf.range(100, dtype=tf.int64)], 0)  # trained too
   rows = emb.table_stores["big"].gather(ids)
   expected = {

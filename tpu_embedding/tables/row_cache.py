@@ -313,3 +313,20 @@ class RowCache:
       for key in self.keys:
         self.files.write_range(key, start, self._initial(key, start, count))
       self._written[block] = True
+
+  def peek(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, values)`` of ``rows`` of ``key``, none admitted: each
+    row's slot (-1: not cached) and the stored values of the rows not
+    cached (zeros for the cached). The map, counts and changed rows stay
+    as they are; grid blocks first read get their initial values on disk,
+    as for ``load``."""
+    rows = np.asarray(rows, np.int64)
+    slots = self._slot_of_row[rows].astype(np.int64) - 1
+    values = np.zeros([rows.size, self.dim], np.float32)
+    missing = slots < 0
+    if missing.any():
+      stored = rows[missing]
+      self._wait(stored)
+      self._write_initial(np.unique(stored // self._grid))
+      values[missing] = self.files.read([key], stored)[0]
+    return slots, values

@@ -150,6 +150,7 @@ class TieredTable(TableStore):
       )
     store = cls(table, cache, files, guard)
     weakref.finalize(store, _release, files, lock)
+    store.restore_pending(tracker)
     store.track(tracker)
     return store
 
@@ -366,6 +367,37 @@ class TieredTable(TableStore):
   def bytes_per_device(self) -> dict[str, int]:
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
+
+  def restore_pending(self, tracker: VariableTracker) -> None:
+    """Streams a checkpoint restored before this table existed (``restore``
+    then ``build()``) into the files, part by part, as a restore of a
+    built table does; tracking the variables then leaves them (TensorFlow
+    would read each value whole)."""
+    shape = (self.table.vocabulary_size, self.table.dim)
+    for variable in self.variables.values():
+      restore = tracker.checked_restore(variable.name, shape)
+      if restore is not None:
+        save_path, checkpoint_key = compat.restore_source(restore)
+        variable.restore_rows(rows.SavedRows(save_path), checkpoint_key)
+        tracker.mark_restored(variable, restore)
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` of ``key``, in id order, without admitting them:
+    cached rows from the cache, the others as the files hold them. The
+    cache's map, counts and changed rows stay as they are (serving and
+    evaluation lookups: ``base.row_reader``)."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    with self._after_last():
+      slots, stored = tf.numpy_function(
+        lambda ids: self._rows.peek(key, ids),
+        [tf.reshape(ids, [-1])],
+        [tf.int64, tf.float32],
+        stateful=True,
+        name="peek_rows",
+      )
+    cached = tf.gather(self._blocks[0][key], tf.maximum(slots, 0))
+    rows = self._last_is(tf.where((slots >= 0)[:, None], cached, stored))
+    return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
 
 
 def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
