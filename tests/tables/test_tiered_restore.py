@@ -200,3 +200,40 @@ def test_serving_lookups_read_a_disk_table_without_its_cache(tmp_path):
   train(emb, more, "ragged")
   train(memory, more, "ragged")
   assert_same(values(emb), values(memory))
+
+
+def test_only_a_plain_save_or_restore_of_a_built_table_warns(
+  tmp_path, monkeypatch, caplog
+):
+  """``tpe.checkpoints`` (full saves, deltas, the manager) and restores
+  before build stream a disk table silently; a plain
+  ``tf.train.Checkpoint`` save or restore of the built table, which holds
+  its values whole, warns once (tables of 64 MiB and more: here any)."""
+  monkeypatch.setattr(tiered.slicing, "LARGE_TABLE_BYTES", 0)
+  monkeypatch.setattr(tiered, "_WARNED", set())
+  data = batches("dense", np.random.default_rng(2))
+  emb = built(tmp_path / "disk")
+  train(emb, data[:3], "dense")
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  manager = tpe.checkpoints.CheckpointManager(
+    checkpoint, str(tmp_path / "run"), 3, delta_interval=1
+  )
+  prefix = tpe.checkpoints.write(checkpoint, str(tmp_path / "ckpt"))
+  manager.save()
+  train(emb, data[3:6], "dense")
+  manager.save()  # a delta
+  tpe.checkpoints.restore(checkpoint, prefix)
+  manager.restore_or_initialize()
+  early = unbuilt(tmp_path / "disk2")
+  tf.train.Checkpoint(embedding=early).restore(prefix)
+  early.build(per_replica_batch_size=BATCH)
+  assert manager.deltas and not caplog.records
+  for plain in (
+    lambda: checkpoint.save(str(tmp_path / "plain")),
+    lambda: checkpoint.restore(prefix),
+  ):
+    plain()
+    (record,) = caplog.records
+    assert "Table 'big' is kept on disk, but a plain" in record.getMessage()
+    caplog.clear()
+    monkeypatch.setattr(tiered, "_WARNED", set())

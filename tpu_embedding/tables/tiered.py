@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import weakref
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -534,6 +536,8 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
       device = self._store.blocks[0][self._key].device
       return {VALUE_KEY: slicing.recorded_only(self.dtype, device)}
+    if not slicing.rows():  # (a delta reads only its rows)
+      self._warn_whole()
     return super()._serialize_to_tensors()
 
   def saved_parts(
@@ -570,3 +574,30 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
       range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
     )
     self._store.assign_by_parts(self._key, pieces)
+
+  def _restore_from_tensors(
+    self, restored_tensors: Mapping[str, tf.Tensor]
+  ) -> Any:
+    self._warn_whole()  # (TensorFlow has read the value whole already)
+    return super()._restore_from_tensors(restored_tensors)
+
+  def _warn_whole(self) -> None:
+    """Warns once that a plain ``tf.train.Checkpoint`` save or restore of
+    this built table holds its value whole, where that is large."""
+    size = self.shape.num_elements() * 4
+    table = table_name(self._store.table)
+    if size < slicing.LARGE_TABLE_BYTES or table in _WARNED:
+      return
+    _WARNED.add(table)
+    logging.getLogger("tpu_embedding").warning(
+      "Table '%s' is kept on disk, but a plain tf.train.Checkpoint save or "
+      "restore of the built table holds each of its values (%.0f MiB) whole "
+      "in memory. Use tpu_embedding.checkpoints.write/restore (or its "
+      "CheckpointManager), or restore before build(): they stream it.",
+      table,
+      size / 2**20,
+    )
+
+
+#: The disk tables' values warned of by ``_TieredVariable._warn_whole``.
+_WARNED: set[str] = set()
