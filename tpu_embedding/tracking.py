@@ -41,18 +41,7 @@ class VariableTracker:
     getter: Callable[..., Any],
     trainable: bool,
   ) -> Any:
-    # A checkpoint restored before build that holds another shape.
-    pending = self.pending_restore(name)
-    saved = None if pending is None else compat.restore_shape(pending)
-    if saved is not None and tuple(saved) != tuple(shape):
-      table, _, slot = name.partition("/")
-      raise ValueError(
-        f"Table '{table}': the checkpoint restored into this embedding "
-        f"holds its {slot or 'parameters'} as "
-        f"({', '.join(str(d) for d in saved)}), but its TableConfig gives "
-        f"{tuple(shape)} (vocabulary_size, dim): restore into tables "
-        "configured as the checkpoint's."
-      )
+    self.checked_restore(name, shape)
     # Trackable's restore-on-create entry point, as TensorFlow's own
     # TPUEmbedding classes use it.
     # pylint: disable=protected-access
@@ -78,6 +67,22 @@ class VariableTracker:
     self._owner._track_trackable(variable, name=name, overwrite=True)
     if restore:
       self._owner._handle_deferred_dependencies(name=name, trackable=variable)
+
+  def checked_restore(self, name: str, shape: tuple[int, int]) -> Any:
+    """``pending_restore(name)``, refused where the checkpoint restored
+    before build holds another shape than ``shape``."""
+    pending = self.pending_restore(name)
+    saved = None if pending is None else compat.restore_shape(pending)
+    if saved is not None and tuple(saved) != tuple(shape):
+      table, _, slot = name.partition("/")
+      raise ValueError(
+        f"Table '{table}': the checkpoint restored into this embedding "
+        f"holds its {slot or 'parameters'} as "
+        f"({', '.join(str(d) for d in saved)}), but its TableConfig gives "
+        f"{tuple(shape)} (vocabulary_size, dim): restore into tables "
+        "configured as the checkpoint's."
+      )
+    return pending
 
   def pending_restore(self, name: str) -> Any:
     """A pending checkpoint value of variable ``name``, or None.

@@ -257,7 +257,7 @@ class Trainer:
       # A run's directory or a save in it: its last full checkpoint and
       # the deltas after it (the state it names, never an older one).
       base, deltas = tpe.checkpoints.saved_chain(init)
-      self.task.checkpoint.restore(base).expect_partial()
+      tpe.checkpoints.restore(self.task.checkpoint, base).expect_partial()
       tpe.checkpoints.apply_deltas(
         self.task.checkpoint, base, deltas, partial=True
       )

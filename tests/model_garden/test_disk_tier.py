@@ -428,3 +428,81 @@ def test_deltas_of_a_table_on_disk_and_its_failures(tmp_path):
   )
   assert saved_files(tmp_path / "disk") == before
   assert saves(tmp_path / "disk").keys() == got.keys()
+
+
+#: ``-c`` code: the trainer, in which a disk table assigned a whole value
+#: (TensorFlow's restore, which reads it whole) fails.
+STREAMED_ONLY = """
+import runpy, sys
+from tpu_embedding.tables import tiered
+def assign(*args, **kwargs):
+  raise AssertionError("a disk table was assigned a whole value")
+tiered.TieredTable.assign = assign
+sys.argv = ["train", *sys.argv[1:]]
+runpy.run_module("model_garden.ranking.train", run_name="__main__")
+"""
+
+
+def streamed_only(args):
+  """``command(...)`` run with ``STREAMED_ONLY``."""
+  return [sys.executable, "-c", STREAMED_ONLY, *args[3:]]
+
+
+def test_resumed_and_initialized_disk_runs_equal_the_uninterrupted_one(
+  tmp_path,
+):
+  """A disk run stopped at step 5, then resumed from its directory, and a
+  run started from its step-5 save (``task.init_checkpoint``): both
+  restores stream into the disk table (none assigns it a whole value),
+  and both runs save the uninterrupted in-memory run's step 10, bit for
+  bit."""
+  half = f"trainer.train_steps={STEPS // 2},"
+  assert f"trainer.train_steps={STEPS}," in PARAMS
+  first = start(
+    command(
+      tmp_path / "resumed",
+      disk_params(tmp_path / "ssd1").replace(
+        f"trainer.train_steps={STEPS},", half
+      ),
+      "--mode=train",
+    ),
+    tmp_path,
+  )
+  memory = start(command(tmp_path / "memory", PARAMS, "--mode=train"), tmp_path)
+  rc, stdout, stderr = finish(first)
+  assert rc == 0, (stdout + stderr)[-4000:]
+  saved = tmp_path / "resumed" / f"ckpt-{STEPS // 2}"
+  runs = {
+    "resumed": start(
+      streamed_only(
+        command(
+          tmp_path / "resumed", disk_params(tmp_path / "ssd1"), "--mode=train"
+        )
+      ),
+      tmp_path,
+    ),
+    "initialized": start(
+      streamed_only(
+        command(
+          tmp_path / "initialized",
+          f"{disk_params(tmp_path / 'ssd2')},task.init_checkpoint={saved}",
+          "--mode=train",
+        )
+      ),
+      tmp_path,
+    ),
+    "memory": memory,
+  }
+  results = {name: finish(process) for name, process in runs.items()}
+  for name, (rc, stdout, stderr) in results.items():
+    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
+  assert f"Restored {saved} (step 5)" in results["resumed"][1]
+  assert f"Initialized from {saved} (step 5)" in results["initialized"][1]
+  want_path, want = checkpoint_values(tmp_path / "memory")
+  assert want_path.endswith(f"ckpt-{STEPS}"), want_path
+  for name in ("resumed", "initialized"):
+    got_path, got = checkpoint_values(tmp_path / name)
+    assert got_path.endswith(f"ckpt-{STEPS}"), (name, got_path)
+    assert set(got) == set(want), name
+    for key, value in want.items():
+      np.testing.assert_array_equal(got[key], value, err_msg=f"{name} {key}")

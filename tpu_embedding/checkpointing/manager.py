@@ -25,7 +25,6 @@ import tensorflow as tf
 from tpu_embedding import run_lock
 from tpu_embedding.checkpointing import deltas as delta_saves
 from tpu_embedding.checkpointing import full
-from tpu_embedding.checkpointing import slicing
 from tpu_embedding.checkpointing.parts import is_chief
 
 
@@ -291,15 +290,11 @@ class CheckpointManager(tf.train.CheckpointManager):
     return path
 
   def restore_or_initialize(self):
-    """Restores the latest full checkpoint and its deltas (or initializes,
-    as TensorFlow's manager does)."""
+    """Restores the latest full checkpoint and its deltas by parts
+    (``full.restore``), or initializes as TensorFlow's manager does."""
     base, deltas = latest_with_deltas(self._directory)
-    if base is not None and deltas:
-      full.restore(self._checkpoint, base, deltas=deltas)
-      self.deltas = deltas
-      return deltas[-1]
-    with slicing.sliced():
-      path = super().restore_or_initialize()
-    if base is not None and path == base:
-      delta_saves.record_save(self._checkpoint, base)
-    return path
+    if base is None:
+      return super().restore_or_initialize()
+    full.restore(self._checkpoint, base, deltas=deltas)
+    self.deltas = deltas
+    return chain_end(base, deltas)

@@ -348,7 +348,7 @@ class ServingLookup:
           else row_reader(copied)
         )
       else:
-        readers[user] = self._sources[name].gather
+        readers[user] = self._sources[name].peek
     translators = {}
     for user, name in zip(
       self.subset.user_tables, self.subset.names, strict=True

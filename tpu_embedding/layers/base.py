@@ -157,7 +157,7 @@ class EmbeddingLayer(Layer):
       serving_config = self._config.structure
     stores = self.table_stores
     readers = {
-      user: stores[table_name(table)].gather
+      user: stores[table_name(table)].peek
       for user, table in zip(
         self._config.user_tables, self._config.tables, strict=True
       )

@@ -11,6 +11,7 @@ replica) is one ``TableStore`` subclass with the same small interface:
                           variables per local device
 ``block_rows(i)``         ``(first row, rows)`` of local block ``i``
 ``gather(ids)``           rows by id, in id order (where this host can)
+``peek(ids)``             the same, changing nothing (serving lookups)
 ``update_block(i, ...)``  the optimizer applied to rows of block ``i``
 ``update(ids, grads)``    the optimizer applied to rows by global id
 ``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read;
@@ -241,6 +242,11 @@ class TableStore(metaclass=abc.ABCMeta):
       RuntimeError: where this host cannot read every row (a table
         sharded over several workers: look it up inside ``strategy.run``).
     """
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """``gather(ids, key)`` leaving the store as it is: what serving and
+    evaluation lookups read (a disk-tiered table admits no row)."""
+    return self.gather(ids, key)
 
   def gather_occurrences(
     self, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
@@ -666,7 +672,7 @@ def row_reader(table: Any) -> Callable[[tf.Tensor], tf.Tensor]:
   attached = getattr(table, _STORE_ATTRIBUTE, None)
   if attached is not None:
     store, key = attached
-    return lambda ids: store.gather(ids, key)
+    return lambda ids: store.peek(ids, key)
   if isinstance(table, compat.ShardedVariable):
     return lambda ids: tf.nn.embedding_lookup(table, ids)
   return lambda ids: tf.gather(table, ids)

@@ -388,3 +388,20 @@ class RowCache:
         start, {key: self._initial(key, start, count) for key in self.keys}
       )
       self._written[block] = True
+
+  def peek(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, values)`` of ``rows`` of ``key``, none admitted: each
+    row's slot (-1: not cached) and the stored values of the rows not
+    cached (zeros for the cached). The map, counts and changed rows stay
+    as they are; grid blocks first read get their initial values on disk,
+    as for ``load``."""
+    rows = np.asarray(rows, np.int64)
+    slots = self._slot_of_row[rows].astype(np.int64) - 1
+    values = np.zeros([rows.size, self.dim], np.float32)
+    missing = slots < 0
+    if missing.any():
+      stored = rows[missing]
+      self.wait()  # (write-backs in flight hold the latest values)
+      self._write_initial(np.unique(stored // self._grid))
+      values[missing] = self.files.read(stored)[self.keys.index(key)]
+    return slots, values

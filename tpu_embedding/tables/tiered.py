@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import weakref
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -137,6 +139,7 @@ class TieredTable(TableStore):
     files, lock = _own_directory(directory, table_name(table))
     store = cls(table, cache, files, guard)
     weakref.finalize(store, _release, files, lock)
+    store.restore_pending(tracker)
     store.track(tracker)
     return store
 
@@ -366,6 +369,37 @@ class TieredTable(TableStore):
     straight from and to the files, as a table's own."""
     return _TieredVariable(self, key, table, offset)
 
+  def restore_pending(self, tracker: VariableTracker) -> None:
+    """Streams a checkpoint restored before this table existed (``restore``
+    then ``build()``) into the files, part by part, as a restore of a
+    built table does; tracking the variables then leaves them (TensorFlow
+    would read each value whole)."""
+    shape = (self.table.vocabulary_size, self.table.dim)
+    for variable in self.variables.values():
+      restore = tracker.checked_restore(variable.name, shape)
+      if restore is not None:
+        save_path, checkpoint_key = compat.restore_source(restore)
+        variable.restore_rows(rows.SavedRows(save_path), checkpoint_key)
+        tracker.mark_restored(variable, restore)
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` of ``key``, in id order, without admitting them:
+    cached rows from the cache, the others as the files hold them. The
+    cache's map, counts and changed rows stay as they are (serving and
+    evaluation lookups: ``base.row_reader``)."""
+    ids = tf.convert_to_tensor(ids, tf.int64)
+    with self._after_last():
+      slots, stored = tf.numpy_function(
+        lambda ids: self._rows.peek(key, ids),
+        [tf.reshape(ids, [-1])],
+        [tf.int64, tf.float32],
+        stateful=True,
+        name="peek_rows",
+      )
+    cached = tf.gather(self._blocks[0][key], tf.maximum(slots, 0))
+    rows = self._last_is(tf.where((slots >= 0)[:, None], cached, stored))
+    return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
+
 
 def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
   """``function(*inputs)`` (tensors to numpy): run now when eager (its
@@ -548,6 +582,8 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     if slicing.apart():  # Recorded; checkpoints.write writes the rows.
       device = self._store.blocks[0][self._key].device
       return {VALUE_KEY: slicing.recorded_only(self.dtype, device)}
+    if not slicing.rows():  # (a delta reads only its rows)
+      self._warn_whole()
     return super()._serialize_to_tensors()
 
   def saved_parts(
@@ -586,3 +622,30 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     self._store.assign_by_parts(
       self._key, ((self._offset + first, value) for first, value in pieces)
     )
+
+  def _restore_from_tensors(
+    self, restored_tensors: Mapping[str, tf.Tensor]
+  ) -> Any:
+    self._warn_whole()  # (TensorFlow has read the value whole already)
+    return super()._restore_from_tensors(restored_tensors)
+
+  def _warn_whole(self) -> None:
+    """Warns once that a plain ``tf.train.Checkpoint`` save or restore of
+    this built table holds its value whole, where that is large."""
+    size = self.shape.num_elements() * 4
+    table = table_name(self._store.table)
+    if size < slicing.LARGE_TABLE_BYTES or table in _WARNED:
+      return
+    _WARNED.add(table)
+    logging.getLogger("tpu_embedding").warning(
+      "Table '%s' is kept on disk, but a plain tf.train.Checkpoint save or "
+      "restore of the built table holds each of its values (%.0f MiB) whole "
+      "in memory. Use tpu_embedding.checkpoints.write/restore (or its "
+      "CheckpointManager), or restore before build(): they stream it.",
+      table,
+      size / 2**20,
+    )
+
+
+#: The disk tables' values warned of by ``_TieredVariable._warn_whole``.
+_WARNED: set[str] = set()
