@@ -174,8 +174,8 @@ MUTANTS: tuple[Mutant, ...] = (
   _mutant(
     "exchange_replies_swapped",
     "tpu_embedding/backends/exchanges.py",
-    "[request.store.gather_block(local, rows, ops) for rows in received]",
-    "[request.store.gather_block(local, rows, ops) for rows in received[::-1]]",
+    "request.store.gather_block_lists(local, received, ops)",
+    "request.store.gather_block_lists(local, received[::-1], ops)",
     [
       "tests/backends/test_sharded.py::test_sharded_training_equals_one_device[sgd-4]"
     ],
@@ -220,8 +220,8 @@ MUTANTS: tuple[Mutant, ...] = (
   _mutant(
     "delta_dense_adam_rows",
     "tpu_embedding/tables/base.py",
-    "return self._changes[block].mark_all()",
-    "return self._changes[block].mark(rows, ops)",
+    "return [*writes, changes.mark_all()]",
+    "return [*writes, changes.mark(rows, ops)]",
     [
       f"{_DELTAS}::test_deltas_of_an_optimizer_updating_every_row_restore_"
       "every_row[one_device-1]"

@@ -76,7 +76,9 @@ def test_killed_runs_resume_from_the_last_checkpoint_bit_identical(tmp_path):
   assert tf.train.latest_checkpoint(str(model)) is None
   # The save wrote the cache's changed rows to the files first: they hold
   # trained rows (Adagrad's accumulators start at 0.1), and the lock file.
-  accumulators = np.fromfile(disk / "accumulators.rows", np.float32)
+  # One record per row: parameters, then accumulators.
+  records = np.fromfile(disk / "rows.records", np.float32)
+  accumulators = records.reshape(VOCAB_SIZES[0], 2, -1)[:, 1]
   assert (accumulators != np.float32(0.1)).any()
   assert (disk / ".tpu_embedding.lock").exists()  # (no holder)
 
