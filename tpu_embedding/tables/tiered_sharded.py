@@ -193,10 +193,9 @@ class TieredShardedTable(RowShardedTable):
     flat = tf.reshape(ids, [-1])
     positions, found = [], []
     for block, tier in enumerate(self._tiers):
-      first, count = self.rows_of(block)
-      mine = tf.logical_and(flat >= first, flat < first + count)
+      mine, rows = self._local(flat, block)
       positions.append(tf.cast(tf.where(mine)[:, 0], tf.int32))
-      found.append(tier.gather(tf.boolean_mask(flat, mine) - first, key, ops))
+      found.append(tier.gather(rows, key, ops))
     rows = tf.dynamic_stitch(positions, found)
     return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
 
@@ -215,11 +214,10 @@ class TieredShardedTable(RowShardedTable):
     if index is not None:
       summed = tf.math.unsorted_segment_sum(summed, index, tf.size(ids))
     for block in range(len(self._tiers)):
-      first, count = self.rows_of(block)
-      mine = tf.logical_and(ids >= first, ids < first + count)
+      mine, rows = self._local(ids, block)
       self.update_block(
         block,
-        tf.boolean_mask(ids - first, mine),
+        rows,
         RowGradients.dense(tf.boolean_mask(summed, mine)),
         ops=ops,
         step_id=step_id,
@@ -254,10 +252,12 @@ class TieredShardedTable(RowShardedTable):
       0,
     )
 
-  def _mine(self, ids: tf.Tensor, block: int) -> tf.Tensor:
-    """Which of global ``ids`` local block ``block`` holds."""
+  def _local(self, ids: tf.Tensor, block: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(mine, rows)``: which of global ``ids`` local block ``block``
+    holds, and those ids as its rows."""
     first, count = self.rows_of(block)
-    return tf.logical_and(ids >= first, ids < first + count)
+    mine = tf.logical_and(ids >= first, ids < first + count)
+    return mine, tf.boolean_mask(ids, mine) - first
 
   def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` (global, held by this process's blocks) of ``key``,
@@ -265,10 +265,7 @@ class TieredShardedTable(RowShardedTable):
     ids = tf.convert_to_tensor(ids, tf.int64)
     return tf.concat(
       [
-        tier.read_rows(
-          tf.boolean_mask(ids, self._mine(ids, block)) - self.rows_of(block)[0],
-          key,
-        )
+        tier.read_rows(self._local(ids, block)[1], key)
         for block, tier in enumerate(self._tiers)
       ],
       0,
@@ -283,14 +280,8 @@ class TieredShardedTable(RowShardedTable):
     value = tf.convert_to_tensor(value, tf.float32)
     writes = []
     for block, tier in enumerate(self._tiers):
-      mine = self._mine(ids, block)
-      writes.append(
-        tier.write_rows_at(
-          tf.boolean_mask(ids, mine) - self.rows_of(block)[0],
-          tf.boolean_mask(value, mine),
-          key,
-        )
-      )
+      mine, rows = self._local(ids, block)
+      writes.append(tier.write_rows_at(rows, tf.boolean_mask(value, mine), key))
     return tf.group(writes)
 
 
