@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -61,6 +63,7 @@ import proc_memory  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
+from tpu_embedding import data  # noqa: E402
 
 
 def skewed_ids(
@@ -673,8 +676,18 @@ def _disk_batches(args, count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def disk_setting(args) -> list[_timing.Measurement]:
-  """In memory and on disk, the same fresh batches, against the IO floor."""
-  directory = args.disk_dir or tempfile.mkdtemp(prefix="tpe_disk_")
+  """In memory and on disk, the same fresh batches, against the IO floor
+  (the tables' files in a new folder of ``--disk_dir``, removed after)."""
+  if args.disk_dir:
+    os.makedirs(args.disk_dir, exist_ok=True)
+  directory = tempfile.mkdtemp(prefix="tpe_disk_", dir=args.disk_dir)
+  try:
+    return _disk_setting(args, directory)
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   cache_rows = max(1, int(args.cache_fraction * args.rows))
   cache_bytes = cache_rows * args.dim * 4 * 2  # rows and accumulators
   rate = _disk.disk_read_rate(directory, size=args.disk_probe_mib * 2**20)
@@ -705,7 +718,7 @@ def disk_setting(args) -> list[_timing.Measurement]:
     if all(c.misses >= c.size for c in caches):
       break
   before = _counts(caches)
-  on_disk = _timed("on disk", disk_step, batches, args)
+  on_disk = _timed("on disk", disk_step, batches, args, embedding)
   seconds = timed * args.batch_size / on_disk.median
   hits, misses, reads, writes = (
     a - b for a, b in zip(_counts(caches), before, strict=True)
@@ -716,7 +729,7 @@ def disk_setting(args) -> list[_timing.Measurement]:
                        cache_rows)
     for hot in hotness(args)
   )  # fmt: skip
-  files = 2  # parameters and accumulators: one read each per missed row
+  files = 1  # one record (parameters and accumulators) per missed row
   floor = min(memory.median, args.batch_size * rate / (ideal * files))
   print(
     f"  hit rate {hits / (hits + misses):.1%}; per step {misses / steps:,.0f} "
@@ -746,15 +759,30 @@ def _counts(caches) -> tuple[int, int, int, int]:
   )
 
 
-def _timed(name: str, step, batches, args) -> _timing.Measurement:
+def _timed(
+  name: str, step, batches, args, embedding=None
+) -> _timing.Measurement:
   """``args.repeats`` timings of ``args.steps`` steps, each over batches
-  not seen before."""
+  not seen before (through ``data.prefetch_rows`` given ``embedding``:
+  a disk tier's rows read while the step before runs)."""
 
   def once(repeat: list[int] = [0]) -> float:  # noqa: B006 (a counter)
     first = repeat[0] * args.steps
     repeat[0] += 1
+    chosen = batches[first : first + args.steps]
+    fed: Any = chosen
+    if embedding is not None:
+      fed = data.prefetch_rows(
+        tf.data.Dataset.from_generator(
+          lambda: iter(chosen),
+          output_signature=tf.nest.map_structure(
+            tf.type_spec_from_value, chosen[0]
+          ),
+        ),
+        embedding,
+      )
     start = time.perf_counter()
-    for batch in batches[first : first + args.steps]:
+    for batch in fed:
       loss = step(batch)
     loss.numpy()
     return args.steps * args.batch_size / (time.perf_counter() - start)

@@ -10,7 +10,9 @@ in the shape TPU users write them:
   and ``input_options`` for it and ``experimental_distribute_dataset``,
   which keeps the (sparse) ids on the host as TPU users do;
 * ``multi_hot_to_sparse``: dense ``(batch, k)`` ids as a ``SparseTensor``
-  that keeps id 0 (``tf.sparse.from_dense`` drops it).
+  that keeps id 0 (``tf.sparse.from_dense`` drops it);
+* ``prefetch_rows``: the rows of tables kept on disk read while the step
+  before runs.
 
 Reading files and validating records is the application's business (the
 Criteo readers of ``model_garden.ranking.data`` have theirs).
@@ -27,7 +29,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 #: A dataset-building function for ``distribute_fn``.
@@ -117,6 +121,70 @@ def prefetch(dataset: tf.data.Dataset) -> tf.data.Dataset:
     3
   """
   return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def prefetch_rows(
+  dataset: tf.data.Dataset,
+  embedding: Any,
+  features: Callable[[Any], Any] | None = None,
+) -> tf.data.Dataset:
+  """Reads the rows of a batch's disk-tiered tables while a step runs.
+
+  Each batch passes through unchanged and a batch ahead: on its way, its
+  ids go to their tables (``TableStore.prefetch_rows``), and a table kept
+  on disk (``sharding.DiskTier``) has the kernel read the pages of those
+  of its rows that its RAM cache does not hold, so that the step that
+  looks them up finds them in memory (as FBGEMM prefetches batch i + 1
+  during batch i). Only the page cache is warmed: no number changes;
+  tables in memory do nothing.
+
+  Args:
+    dataset: batches of the features nest ``embedding.enqueue`` takes.
+    embedding: a built ``TPUEmbedding`` (off TPU).
+    features: picks the features nest out of an element (default: the
+      element is the nest).
+
+  Returns:
+    The same batches.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> import tpu_embedding as tpe
+    >>> from tpu_embedding import data
+    >>> emb = tpe.TPUEmbedding({"f": tpe.FeatureConfig(tpe.TableConfig(
+    ...     10, 2, name="t"))}, tpe.SGD(0.1))
+    >>> emb.build()
+    >>> ds = tf.data.Dataset.from_tensor_slices({"f": [[1, 2], [3, 4]]})
+    >>> [b["f"].numpy().tolist() for b in data.prefetch_rows(ds, emb)]
+    [[1, 2], [3, 4]]
+  """
+  configs = tf.nest.flatten(embedding.feature_config)
+  stores = embedding.table_stores
+  tables = [stores[embedding.table_names[c.table]] for c in configs]
+  pick = features or (lambda element: element)
+
+  def warm(*ids: np.ndarray) -> np.bool_:
+    for table, rows in zip(tables, ids, strict=True):
+      table.prefetch_rows(rows)
+    return np.bool_(True)
+
+  def stage(*element: Any) -> Any:
+    element = element[0] if len(element) == 1 else element
+    ids = [_ids(value) for value in tf.nest.flatten(pick(element))]
+    done = tf.numpy_function(warm, ids, tf.bool, stateful=True)
+    with tf.control_dependencies([done]):
+      return tf.nest.map_structure(tf.identity, element)
+
+  return dataset.map(stage).prefetch(1)
+
+
+def _ids(value: Any) -> tf.Tensor:
+  """A feature's ids, flat (dense, ragged or sparse)."""
+  if isinstance(value, tf.RaggedTensor):
+    value = value.flat_values
+  elif isinstance(value, tf.SparseTensor):
+    value = value.values
+  return tf.reshape(tf.cast(value, tf.int64), [-1])
 
 
 def with_options(

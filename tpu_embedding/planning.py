@@ -8,7 +8,8 @@ pass, from a ``sharding.PlacementPolicy``:
 
 * the placement each table gets alone (``sharding.make_plan``);
 * the stacks (``stacking.plan_stacks``): tables of different placements
-  never stack;
+  never stack, nor tables a ``DiskTier`` keeps on disk with tables in
+  memory (a stack of tables all on disk is kept on disk);
 * each store's placement (a stack takes its members' placement, not the
   one its total size would give): what the backend creates;
 * each table's placement (a stacked table's rows' share of its stack's
@@ -51,6 +52,9 @@ from tpu_embedding.stacking import plan_stacks
 
 #: The kind of every table where there is no plan: whole, on one device.
 WHOLE = "whole"
+
+#: What tables a ``DiskTier`` keeps stack as (only with one another).
+ON_DISK = "on disk (DiskTier)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +122,16 @@ class Planner:
     def kind(table: TableConfig) -> str:
       return WHOLE if alone is None else alone[table_name(table)].kind
 
+    def stacks_as(table: TableConfig) -> str:
+      if not self.can_stack:
+        return WHOLE
+      return ON_DISK if policy.disk.holds(table_name(table)) else kind(table)
+
     stacks = tuple(
       plan_stacks(
         tables,
         table_stacking,
-        kind if self.can_stack else lambda table: WHOLE,
+        stacks_as,
         self.can_stack,
         self.where,
         self.auto_stacks,

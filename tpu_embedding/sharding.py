@@ -56,13 +56,19 @@ class DiskTier:
   A table it names is a ``tables.tiered.TieredTable``: its rows and
   optimizer slots live in files under ``directory/<table>`` (working
   state, rebuilt from checkpoints), and at most ``cache_bytes`` of them in
-  memory; it trains with the same numbers as in memory. One device (the
-  default strategy, ``OneDeviceStrategy``) in this version.
+  memory; it trains with the same numbers as in memory. On one device (the
+  default strategy, ``OneDeviceStrategy``), and row-sharded under
+  ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``
+  (``tables.tiered_sharded.TieredShardedTable``: each replica's rows in
+  ``directory/<table>/block<r>``, behind a cache of ``cache_bytes`` on
+  its device; each process its own directory).
+  Tables it names stack only with one another (``planning.py``): such a
+  stack is one tiered table, its cache theirs together (one device).
 
   Attributes:
     directory: a local directory for the tables' files.
     cache_bytes: memory for each named table's cache (parameters and
-      slots of the cached rows).
+      slots of the cached rows), on each replica of a sharded one.
     tables: the names of the tables kept on disk.
 
   Raises:
@@ -202,6 +208,8 @@ class PlacementPolicy:
     """
     if num_shards == 1 or vocabulary_size < num_shards:
       return REPLICATED
+    if self.disk.holds(name):  # Each replica's rows on its own files.
+      return ROW_SHARDED
     if name in self.forced:
       return self.forced[name]
     return ROW_SHARDED if vocabulary_size > self.row_threshold else REPLICATED

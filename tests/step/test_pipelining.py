@@ -255,3 +255,143 @@ def test_flush_without_pending_update_is_a_no_op(pipelined, rng):
   emb.build()
   emb.flush_pipeline()
   np.testing.assert_array_equal(emb.variables["t"]["parameters"].numpy(), init)
+
+
+def make_mixed(pipelined, optimizer, strategy=None, sharded=True):
+  """Replicated tables fed by dense inputs only ("s": ids [batch], "m":
+  [batch, 2] with "mean"), and with ``sharded`` a row-sharded one ("big",
+  ragged inputs); one feature per table (the sharded sums equal one
+  device's bit for bit)."""
+  rng = np.random.default_rng(5)
+  tables = {
+    name: tpe.TableConfig(
+      rows,
+      DIM,
+      name=name,
+      combiner=combiner,
+      initializer=tf.constant_initializer(rng.normal(size=(rows, DIM))),
+    )
+    for name, rows, combiner in [
+      ("s", 7, "sum"),
+      ("m", 9, "mean"),
+      ("big", 40, "sum"),
+    ]
+  }
+  names = {"c": "s", "d": "m", "a": "big"}
+  if not sharded:
+    del names["a"]
+  with (strategy or tf.distribute.get_strategy()).scope():
+    return tpe.TPUEmbedding(
+      {f: tpe.FeatureConfig(tables[t], name=f) for f, t in names.items()},
+      optimizer(),
+      pipeline_execution_with_tensor_core=pipelined,
+      row_sharding_threshold=20,
+    )
+
+
+def mixed_batches(rng, size, sharded):
+  out = []
+  for _ in range(STEPS):
+    batch = {
+      "c": tf.constant(rng.integers(0, 7, size)),
+      "d": tf.constant(rng.integers(0, 9, (size, 2))),
+    }
+    if sharded:
+      batch["a"] = tf.ragged.constant(
+        [list(rng.integers(0, 40, rng.integers(0, 3))) for _ in range(size)],
+        dtype=tf.int64,
+        ragged_rank=1,
+      )
+    out.append(batch)
+  return out
+
+
+def square_loss(activations):
+  return sum(tf.reduce_sum(x * x) for x in tf.nest.flatten(activations))
+
+
+@pytest.mark.parametrize(
+  "replicas, optimizer, sharded",
+  [
+    (2, tpe.SGD, False),
+    (2, tpe.Adagrad, True),
+    (2, tpe.SGD, True),
+    (1, tpe.Adagrad, True),  # One replica: every table replicated.
+  ],
+)
+def test_pipelined_replicated_tables_of_dense_inputs_under_mirrored(
+  replicas, optimizer, sharded, rng
+):
+  """Replicated tables (under the threshold, or all tables on one replica)
+  whose inputs are dense: their held update's lengths are static, and
+  once failed (``indices[0] = 0 is not in [0, 0)``) at the first step and
+  the step after a flush, which take an empty held update. Each step's
+  activations and the variables equal the one-step-stale schedule on one
+  device, flushed after step 1, bit for bit."""
+  data = mixed_batches(rng, replicas * BATCH, sharded)
+  reference = make_mixed(False, optimizer, sharded=sharded)
+  want, pending = [], None
+  for n, features in enumerate(data):
+    with tf.GradientTape() as tape:
+      activations, apply = reference.lookup_for_training(features)
+      tape.watch(activations)
+      loss = square_loss(activations)
+    grads = tape.gradient(loss, activations)
+    if pending is not None:
+      pending[0](pending[1])
+    pending = (apply, grads)
+    want.append(activations)
+    if n == 1:
+      pending[0](pending[1])
+      pending = None
+  pending[0](pending[1])
+
+  strategy = mirrored_strategy(replicas)
+  emb = make_mixed(True, optimizer, strategy, sharded)
+
+  @tf.function
+  def step(features):
+    emb.enqueue(
+      strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.nest.map_structure(
+          lambda t: t[ctx.replica_id_in_sync_group * BATCH :][:BATCH],
+          features,
+        )
+      )
+    )
+
+    def replica_fn():
+      with tf.GradientTape() as tape:
+        activations = emb.dequeue()
+        tape.watch(activations)
+        loss = square_loss(activations)
+      emb.apply_gradients(tape.gradient(loss, activations))
+      return activations
+
+    return strategy.run(replica_fn)
+
+  flush = tf.function(emb.flush_pipeline)
+  for n, features in enumerate(data):
+    got = step(features)
+    for key in want[n]:
+      np.testing.assert_array_equal(
+        np.concatenate(
+          [np.asarray(t) for t in strategy.experimental_local_results(got[key])]
+        ),
+        want[n][key],
+        err_msg=f"{n} {key}",
+      )
+    if n == 1:
+      strategy.run(flush)
+  strategy.run(flush)
+  layouts = {name: store.layout for name, store in emb.table_stores.items()}
+  assert layouts["s"] == layouts["m"] == "replicated"
+  if sharded:
+    assert layouts["big"] == ("row_sharded" if replicas > 1 else "replicated")
+  for table, slots in reference.variables.items():
+    for slot, variable in slots.items():
+      np.testing.assert_array_equal(
+        tf.convert_to_tensor(emb.variables[table][slot]).numpy(),
+        variable.numpy(),
+        err_msg=f"{table}/{slot}",
+      )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
+from tpu_embedding import data as input_data
+from tpu_embedding.backends.selection import select_backend
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.tables import tiered
@@ -180,7 +183,7 @@ def test_checkpoints_move_between_disk_and_memory(tmp_path):
 
 def test_grid_blocks_never_looked_up_are_never_written(tmp_path):
   """A table of 3 grid blocks (and a bit), its rows looked up in the
-  second only: the files hold that block alone; the table still reads
+  second only: the file holds that block alone; the table still reads
   whole (initial values elsewhere) and equals the in-memory one."""
   rows = 3 * grid_rows(DIM) + 5
   table = tpe.TableConfig(
@@ -198,7 +201,7 @@ def test_grid_blocks_never_looked_up_are_never_written(tmp_path):
     train(emb, [{"f": tf.constant(ids)}] * 3, "dense")
     made.append(emb)
   assert_same(values(made[0]), values(made[1]))
-  path = tmp_path / "t" / "parameters.rows"
+  path = tmp_path / "t" / "rows.records"  # (SGD: records of parameters)
   assert os.path.getsize(path) == rows * DIM * 4
   written = os.stat(path).st_blocks * 512
   assert grid_rows(DIM) * DIM * 4 <= written < 2 * grid_rows(DIM) * DIM * 4
@@ -214,9 +217,21 @@ def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):
 def test_refusals_name_the_table(tmp_path):
   with pytest.raises(ValueError, match="Table 'big'.*updates every row"):
     make_embedding(tpe.Adam(0.1, lazy_adam=False), tmp_path)
-  with pytest.raises(ValueError, match="one device only"):
+  # (MirroredStrategy row-shards them: tests/tables/test_tiered_sharded.py.)
+  parameter_servers = object.__new__(
+    tf.distribute.experimental.ParameterServerStrategy
+  )
+  with pytest.raises(
+    ValueError,
+    match=r"^Tables \['big'\] are kept on disk .*, not under "
+    r"ParameterServerStrategy.*: its rows live on the parameter servers",
+  ):
     with mirrored_strategy(2).scope():
-      make_embedding(tpe.SGD(0.1), tmp_path)
+      select_backend(
+        parameter_servers,
+        (),
+        PlacementPolicy(disk=DiskTier(str(tmp_path), 1, ("big",))),
+      )
   with pytest.raises(ValueError, match="directory must name"):
     DiskTier("", 0, ("big",))
 
@@ -380,3 +395,73 @@ def test_step_failures_are_one_line_behind_tensorflows_error(
     "is full"
   )
   assert tiered.own_error(ValueError(str(error))) is None
+
+
+def _fed(emb, data, warm_all=None):
+  """``data`` through ``data.prefetch_rows`` (and, with ``warm_all``, a
+  prefetch of every row of that store before each batch)."""
+
+  def each():
+    for batch in data:
+      if warm_all is not None:
+        warm_all.prefetch_rows(np.arange(-2, ROWS + 2))
+      yield batch
+
+  spec = tf.nest.map_structure(tf.type_spec_from_value, data[0])
+  dataset = tf.data.Dataset.from_generator(each, output_signature=spec)
+  return input_data.prefetch_rows(dataset, emb)
+
+
+def test_prefetched_batches_train_as_in_memory(tmp_path):
+  """Batches read ahead by ``data.prefetch_rows``, and every row (ids out
+  of range too) prefetched before each step while a 32-row cache evicts,
+  writes back and reads back rows: the numbers of the in-memory table,
+  whose batches pass through the stage unchanged."""
+  data = batches("dense", np.random.default_rng(5))
+  want = make_embedding(tpe.Adagrad(0.3))
+  fed = list(_fed(want, data))
+  for got, batch in zip(fed, data, strict=True):
+    assert_same(
+      {k: v.numpy() for k, v in got.items()},
+      {k: v.numpy() for k, v in batch.items()},
+    )
+  train(want, fed, "dense")
+  got = make_embedding(tpe.Adagrad(0.3), tmp_path, 32)
+  store = got.table_stores["big"]
+  train(got, _fed(got, data, warm_all=store), "dense")
+  assert store.cache.writes > 0 and store.cache.reads > 0
+  assert_same(values(got), values(want))
+
+
+def _cold(files):
+  """Drops the file's pages from the page cache (once written)."""
+  for _ in range(100):
+    files.drop_cache()
+    if files.cached_bytes() == 0:
+      return
+    time.sleep(0.05)
+  raise AssertionError("the file's pages stay in the page cache")
+
+
+def _warmed(files) -> bool:
+  """Whether pages of the file come into the page cache (within 5 s)."""
+  for _ in range(100):
+    if files.cached_bytes() > 0:
+      return True
+    time.sleep(0.05)
+  return False
+
+
+@pytest.mark.parametrize("cache_rows", [32, ROWS])
+def test_a_prefetch_warms_the_pages_of_rows_not_cached(cache_rows, tmp_path):
+  """The rows of past steps, prefetched: their pages come into the page
+  cache when the cache (32 rows) lacks some, none when it holds them."""
+  data = batches("dense", np.random.default_rng(5))
+  emb = make_embedding(tpe.Adagrad(0.3), tmp_path, cache_rows)
+  train(emb, data, "dense")
+  store = emb.table_stores["big"]
+  store.flush()
+  store.cache.wait()
+  _cold(store.cache.files)
+  store.prefetch_rows(np.concatenate([b["a"] for b in data]))
+  assert _warmed(store.cache.files) == (cache_rows < ROWS)

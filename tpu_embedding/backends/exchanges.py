@@ -180,9 +180,7 @@ class AllToAll(RowExchange):
     for request, received in zip(
       requests, self._route([split.ids for split in splits]), strict=True
     ):
-      replies.append(
-        [request.store.gather_block(local, rows, ops) for rows in received]
-      )
+      replies.append(request.store.gather_block_lists(local, received, ops))
     # Each occurrence's row, in place in the owners' replies (its distinct
     # id's slot in their concatenation).
     return [

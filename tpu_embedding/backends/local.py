@@ -28,6 +28,7 @@ from tpu_embedding.planning import on_accelerators
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import IN_MEMORY
 from tpu_embedding.sharding import DiskTier
+from tpu_embedding.stacking import TableStack
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.tiered import TieredTable
@@ -37,11 +38,15 @@ from tpu_embedding.tracking import VariableTracker
 
 class LocalBackend(HostBackend):
   """Tables as whole variables on one device, or on a local disk behind a
-  RAM cache (the tables ``disk`` names: ``tables/tiered.py``)."""
+  RAM cache (the tables ``disk`` names: ``tables/tiered.py``; a stack of
+  them is on disk, its cache their caches together)."""
 
-  def __init__(self, disk: DiskTier = IN_MEMORY):
+  def __init__(
+    self, disk: DiskTier = IN_MEMORY, stacks: Sequence[TableStack] = ()
+  ):
     super().__init__()
     self._disk = disk
+    self._members = {stack.name: stack.names for stack in stacks}
 
   @staticmethod
   def planner(strategy: tf.distribute.Strategy) -> Planner:
@@ -59,12 +64,13 @@ class LocalBackend(HostBackend):
     return self._stores
 
   def _create(self, table: TableConfig, tracker: VariableTracker) -> TableStore:
-    name = table_name(table)
-    if self._disk.holds(name):
+    members = self._members.get(table_name(table), (table_name(table),))
+    if all(self._disk.holds(name) for name in members):
+      rows = self._disk.cache_rows(table.dim, len(variable_specs(table)))
       return TieredTable.create(
         table,
         self._disk.directory,
-        self._disk.cache_rows(table.dim, len(variable_specs(table))),
+        rows * len(members),
         tracker,
         self.update_guard,
       )

@@ -61,22 +61,26 @@ def select_backend(
   ):
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    _check_disk_tables(policy.disk, planned, tables)
-    return LocalBackend(policy.disk), planned
-  if policy.disk.tables:
-    raise ValueError(
-      f"Tables {list(policy.disk.tables)} are kept on disk (DiskTier), "
-      f"which this version trains on one device only (the default "
-      f"strategy or OneDeviceStrategy), not under {strategy_name(strategy)}"
-      ": keep them in memory (row-sharded) there."
-    )
+    _check_disk_tables(policy.disk, tables)
+    return LocalBackend(policy.disk, planned.stacks), planned
   if isinstance(
     strategy,
     (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy),
   ):
     planner = ShardedBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    return ShardedBackend(strategy, _stores(planned)), planned
+    _check_disk_tables(policy.disk, tables)
+    _check_disk_tables_alone(policy.disk, planned, strategy)
+    return ShardedBackend(strategy, _stores(planned), policy.disk), planned
+  if policy.disk.tables:
+    raise ValueError(
+      f"Tables {list(policy.disk.tables)} are kept on disk (DiskTier), "
+      "which this version trains on one device, MirroredStrategy and "
+      "MultiWorkerMirroredStrategy (each replica's rows in its own files), "
+      f"not under {strategy_name(strategy)}: its rows live on the parameter "
+      "servers, whose disks the coordinator's cache cannot read or write; "
+      "keep them in memory (row-sharded) there."
+    )
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     planner = ParameterServerBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
@@ -90,28 +94,37 @@ def select_backend(
   )
 
 
-def _check_disk_tables(
-  disk: DiskTier, planned: TablePlan, tables: Sequence[TableConfig]
-) -> None:
-  """Refuses disk-tier names that are not tables held alone, and tables
-  whose rows a dynamic vocabulary manages."""
+def _check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
+  """Refuses disk-tier names that are not tables, and tables whose rows a
+  dynamic vocabulary manages (a stack of tables on disk is on disk: the
+  planner never stacks them with tables in memory)."""
+  names = [table_name(table) for table in tables]
   for table in tables:
     if disk.holds(table_name(table)) and not key_mapping(table).inputs_are_rows:
       raise ValueError(
         f"Table {table_name(table)!r} has a DynamicVocabulary, whose rows "
         "this version does not keep on disk (DiskTier): keep it in memory."
       )
-  alone = {stack.name for stack in planned.stacks if not stack.stacked}
-  stacked = {
-    n for stack in planned.stacks if stack.stacked for n in stack.names
-  }
   for name in disk.tables:
-    if name not in alone:
-      where = "stacked with others" if name in stacked else "not a table"
+    if name not in names:
       raise ValueError(
-        f"DiskTier names table {name!r}, which is {where}: a table kept "
-        f"on disk is held alone (tables: {sorted(alone | stacked)}; "
-        "table_stacking=None keeps every table alone)."
+        f"DiskTier names table {name!r}, which is not a table (tables: "
+        f"{sorted(names)})."
+      )
+
+
+def _check_disk_tables_alone(
+  disk: DiskTier, planned: TablePlan, strategy: tf.distribute.Strategy
+) -> None:
+  """Refuses a stack of tables on disk where replicas share the rows
+  (each replica's block is one table's rows: stacks stay on one device)."""
+  for stack in planned.stacks:
+    if stack.stacked and any(disk.holds(name) for name in stack.names):
+      raise ValueError(
+        f"Tables {list(stack.names)} are stacked and kept on disk "
+        f"(DiskTier): under {strategy_name(strategy)} a table on disk is "
+        "held alone (stacks on disk train on one device); leave them out "
+        "of table_stacking."
       )
 
 

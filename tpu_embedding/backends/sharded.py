@@ -3,7 +3,9 @@
 A table with more rows than the threshold is row-sharded: one contiguous
 block per replica, on that replica's device (``RowShardedTable``, or
 ``MultiWorkerShardedTable`` when the replicas span several workers); a
-smaller table is replicated (``ReplicatedTable``). Inside ``strategy.run``:
+smaller table is replicated (``ReplicatedTable``); a table a ``DiskTier``
+names is row-sharded, each replica's block on a local disk behind its own
+cache (``TieredShardedTable``). Inside ``strategy.run``:
 
 * **lookup**: each replica's distinct ids go to the replicas owning their
   rows, which send the rows back; a replicated table is read from the
@@ -34,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -55,12 +58,16 @@ from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import first_local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
+from tpu_embedding.sharding import IN_MEMORY
+from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import auto_stacks
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.multi_worker import MultiWorkerShardedTable
 from tpu_embedding.tables.replicated import ReplicatedTable
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tables.tiered_sharded import TieredShardedTable
 from tpu_embedding.tracking import VariableTracker
 
 
@@ -85,10 +92,17 @@ class ShardedBackend(Backend):
   own replicas; the collectives span all workers.
   """
 
-  def __init__(self, strategy: tf.distribute.Strategy, plan: ShardingPlan):
+  def __init__(
+    self,
+    strategy: tf.distribute.Strategy,
+    plan: ShardingPlan,
+    disk: DiskTier = IN_MEMORY,
+  ):
     """Creates the backend of the stores ``plan`` places (its
-    ``planner``'s ``TablePlan.stores``)."""
+    ``planner``'s ``TablePlan.stores``); the tables ``disk`` names are
+    kept on disk."""
     super().__init__()
+    self._disk = disk
     self._strategy = strategy
     self._devices = tuple(strategy.extended.worker_devices)
     self._first = first_local_replica(strategy)
@@ -141,6 +155,18 @@ class ShardedBackend(Backend):
       return ReplicatedTable.create(
         table, self._devices, tracker, self.update_guard
       )
+    if self._disk.holds(table_name(table)):
+      return TieredShardedTable.create(
+        table,
+        placement,
+        self._devices,
+        self._first,
+        self._disk.directory,
+        self._disk.cache_rows(table.dim, len(variable_specs(table))),
+        tracker,
+        self._strategy,
+        self.update_guard,
+      )
     if self._multi_worker:
       return MultiWorkerShardedTable.create(
         table,
@@ -159,6 +185,22 @@ class ShardedBackend(Backend):
       tracker,
       guard=self.update_guard,
     )
+
+  def resident_bytes(
+    self, needed: Mapping[str, int], tables: Sequence[TableConfig]
+  ) -> dict[str, int]:
+    """A table kept on disk holds, per replica here, its cache and its
+    map of cached rows."""
+    del tables
+    on_disk = {}
+    for name in filter(self._disk.holds, needed):  # (held alone)
+      placement = self._plan.placements[name]
+      if placement.sharded:
+        on_disk[name] = sum(
+          self._disk.memory_bytes(placement.shard_sizes[replica])
+          for replica in self.held_replicas
+        )
+    return {name: on_disk.get(name, size) for name, size in needed.items()}
 
   # --- rows ----------------------------------------------------------------
 

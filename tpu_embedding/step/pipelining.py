@@ -89,6 +89,8 @@ class HeldUpdates:
               _unshaped_variable(tf.zeros([0], tf.int32)),
               _unshaped_variable(tf.zeros([0], tf.float32)),
               _unshaped_variable(tf.zeros([0], tf.int32)),
+              # Held lengths (ids, rows, occurrences): see _read.
+              compat.ResourceVariable(tf.zeros([3], tf.int32), trainable=False),
             )
             for table in self._tables
           }
@@ -107,8 +109,7 @@ class HeldUpdates:
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
     update."""
-    held = self._held[replica][table]
-    ids, grads, index = _as_update([v.read_value() for v in held])
+    ids, grads, index = _as_update(self._read(replica, table))
     keep = tf.logical_not(_is_in(ids, rows))
     ids, rows, index = keep_rows(ids, grads, index, keep)
     self._assign(replica, table, ids, RowGradients.dense(rows), index)
@@ -118,11 +119,23 @@ class HeldUpdates:
     updates = []
     for table in self._tables:
       held = self._held[replica][table_name(table)]
-      values = [variable.read_value() for variable in held]
-      for variable, value in zip(held, values, strict=True):
+      values = self._read(replica, table_name(table))
+      for variable, value in zip(held[:-1], values, strict=True):
         variable.assign(value[:0])
+      held[-1].assign(tf.zeros([3], tf.int32))
       updates.append(TableUpdate(table, *_as_update(values)))
     return updates
+
+  def _read(self, replica: int, table: str) -> list[tf.Tensor]:
+    """``table``'s held values, each cut to its held length: a length
+    read as data, never as the variable's shape, which Grappler's
+    constant folding takes from the value the same step assigns it later
+    (a static shape: the occurrences of dense inputs)."""
+    *held, lengths = self._held[replica][table]
+    n = tf.unstack(lengths.read_value())
+    return [
+      v.read_value()[: n[k]] for v, k in zip(held, (0, 1, 2, 2, 2), strict=True)
+    ]
 
   def _assign(
     self,
@@ -140,7 +153,8 @@ class HeldUpdates:
     scales = grads.factors
     if scales is None:  # 1 (exact: x * 1 is x).
       scales = tf.ones([count], tf.float32)
-    values = (ids, rows, tf.cast(positions, tf.int32), scales, index)
+    lengths = tf.stack([tf.size(ids, tf.int32), tf.shape(rows)[0], count])
+    values = (ids, rows, tf.cast(positions, tf.int32), scales, index, lengths)
     for variable, value in zip(self._held[replica][table], values, strict=True):
       variable.assign(value)
 

@@ -3,7 +3,8 @@
 See ``base.py`` for the interface. Layouts: ``WholeTable`` (one device),
 ``RowShardedTable`` (row blocks on this process's devices),
 ``MultiWorkerShardedTable`` (row blocks over workers), ``ReplicatedTable``
-(a copy per replica).
+(a copy per replica), ``tiered.TieredTable`` and
+``tiered_sharded.TieredShardedTable`` (on a local disk: ``DiskTier``).
 
 Example:
   >>> from tpu_embedding import tables

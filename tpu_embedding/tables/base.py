@@ -14,7 +14,8 @@ replica) is one ``TableStore`` subclass with the same small interface:
 ``peek(ids)``             the same, changing nothing (serving lookups)
 ``update_block(i, ...)``  the optimizer applied to rows of block ``i``
 ``update(ids, grads)``    the optimizer applied to rows by global id
-``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read)
+``gather_block(i, rows)`` rows of local block ``i`` (a row exchange's read;
+                          ``gather_block_lists``: a step's, per sender)
 ``split_ids(ids, ops)``   each replica's share of ids, as rows of its block
 ``owned_rows(ids, r)``    the ids replica ``r`` holds, as rows of its block
 ``read(key)``             the whole ``[vocabulary_size, dim]`` value
@@ -55,6 +56,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
@@ -263,6 +265,18 @@ class TableStore(metaclass=abc.ABCMeta):
     order: what this replica's block answers a row exchange."""
     return ops.gather_rows(self._blocks[block]["parameters"], rows)
 
+  def gather_block_lists(
+    self,
+    block: int,
+    row_lists: Sequence[tf.Tensor],
+    ops: StepOps = TENSORFLOW_OPS,
+  ) -> list[tf.Tensor]:
+    """``gather_block`` of each of ``row_lists`` (rows within local block
+    ``block``, one list per sender): a row exchange's reads of one step,
+    which a layout may serve together (a disk-tiered block caches them
+    at once)."""
+    return [self.gather_block(block, rows, ops) for rows in row_lists]
+
   def gather_block_occurrences(
     self, block: int, request: RowRequest, ops: StepOps = TENSORFLOW_OPS
   ) -> PickedRows:
@@ -419,6 +433,11 @@ class TableStore(metaclass=abc.ABCMeta):
     for changes in self._changes:
       changes.clear()
 
+  def prefetch_rows(self, ids: Any) -> None:
+    """Readies rows ``ids`` (host values) of a coming step: nothing for a
+    layout in memory (a disk tier reads their pages early)."""
+    del ids
+
   def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` (global, held by this process's blocks) of ``key``,
     read from the blocks holding them (only those rows)."""
@@ -518,10 +537,40 @@ class TableStore(metaclass=abc.ABCMeta):
         totals[variable.device] = totals.get(variable.device, 0) + size
     return totals
 
+  def member_variable(self, table: TableConfig, key: str, offset: int) -> Any:
+    """What users and checkpoints see of ``key`` of a stacked ``table``
+    held from row ``offset`` of this (a stack's) store: its rows as a
+    whole variable (``tables/stacked.py``)."""
+    return StackSliceVariable(self, key, offset, table.vocabulary_size)
+
   def track(self, tracker: VariableTracker) -> None:
-    """Registers ``variables`` for checkpoints under TensorFlow's keys."""
+    """Registers ``variables`` for checkpoints under TensorFlow's keys (a
+    checkpoint restored before they existed: ``restore_pending``)."""
     for key, variable in self.variables.items():
-      tracker.register(checkpoint_name(table_name(self.table), key), variable)
+      name = checkpoint_name(table_name(self.table), key)
+      restore_pending(tracker, name, variable)
+      tracker.register(name, variable)
+
+
+def restore_pending(tracker: VariableTracker, name: str, variable: Any) -> None:
+  """Reads a checkpoint restored before ``variable`` (tracked as ``name``)
+  existed into it part by part where it restores by parts
+  (``rows.RowBlocks``: a disk table's files), as ``checkpoints.restore``
+  reads built tables; TensorFlow's restore on tracking would read it whole.
+
+  Raises:
+    ValueError: the checkpoint holds another shape.
+  """
+  shape = tuple(int(d) for d in variable.shape)
+  restore = tracker.checked_restore(name, (shape[0], shape[1]))
+  if (
+    isinstance(variable, saved_rows.RowBlocks)
+    and restore is not None
+    and not tracker.restored(variable, restore)
+  ):
+    path, saved_key = compat.restore_source(restore)
+    variable.restore_rows(saved_rows.SavedRows(path), saved_key)
+    tracker.mark_restored(variable, restore)
 
 
 #: TensorFlow's checkpoint key of a variable's value.
@@ -575,6 +624,37 @@ tf.register_tensor_conversion_function(
   WholeValueVariable,
   lambda value, dtype=None, name=None, as_ref=False: value.read_value(),
 )
+
+
+class StackSliceVariable(WholeValueVariable):
+  """One member's rows of one stack variable, as a whole variable."""
+
+  def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
+    self.stack = stack
+    self.key = key
+    self.offset = offset
+    self.rows = rows
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    return tf.TensorShape([self.rows, self.stack.table.dim])
+
+  @property
+  def dtype(self) -> tf.DType:
+    return tf.float32
+
+  def read_value(self) -> tf.Tensor:
+    ids = tf.range(self.offset, self.offset + self.rows, dtype=tf.int64)
+    return self.stack.gather(ids, self.key)
+
+  def assign(self, value: Any) -> Any:
+    value = tf.convert_to_tensor(value, tf.float32)
+    if tuple(value.shape) != (self.rows, self.stack.table.dim):
+      raise ValueError(
+        f"Cannot assign a value of shape {list(value.shape)} to a table "
+        f"variable of shape {[self.rows, self.stack.table.dim]}."
+      )
+    return self.stack.write_rows(self.offset, value, self.key)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

@@ -151,19 +151,24 @@ class WorkerShardedVariable(
     """
     (key,) = keys
     chunk = parts.chunk_rows(self._rows(0)[1], self.shape[1], chunk_bytes)
-    for local, shard in enumerate(self._shards):
+    for local in range(len(self._shards)):
       start, rows = self._rows(local)
       for first in range(0, rows, chunk):
         count = min(chunk, rows - first)
-        with tf.device(shard.device):
-          value = tf.raw_ops.ResourceGather(
-            resource=shard.handle,
-            indices=tf.range(first, first + count, dtype=tf.int64),
-            dtype=self.dtype,
-          )
+        value = self._chunk(local, first, count)
         spec = self._rows_spec(start + first, count)
         yield f"{local:03d}-{first:012d}", [(key, spec, value)]
         del value
+
+  def _chunk(self, local: int, first: int, count: int) -> Any:
+    """Rows ``[first, first + count)`` of local block ``local``."""
+    shard = self._shards[local]
+    with tf.device(shard.device):
+      return tf.raw_ops.ResourceGather(
+        resource=shard.handle,
+        indices=tf.range(first, first + count, dtype=tf.int64),
+        dtype=self.dtype,
+      )
 
 
 class MultiWorkerShardedTable(RowShardedTable):

@@ -3,20 +3,27 @@
 A ``RowCache`` keeps, on the host, the map from a table's rows to the
 slots of a fixed number of cached rows (``TieredTable`` holds the slots'
 values in ordinary variables, where the optimizers update them) and the
-table's files (``row_files.RowFiles``), which hold every row that left
+table's file (``row_files.RowFiles``), which holds every row that left
 the cache. A step asks for its distinct rows (``admit``): the rows
 already cached keep their slots; each other row takes a slot that neither
 this step nor the one before asked for, chosen by a clock hand sweeping
-the slots (the least recently admitted go first); an evicted row whose
-values changed since they were read is written back to the files first.
+the slots (rows asked for since it passed stay, as many turns as they
+were asked for, up to ``MAX_USES``); an evicted row whose values changed
+since they were read is written back to the file, in the background.
 Every update marks its rows changed, one bit per row of the table, until
 a save clears them (``changed_rows``: what a delta checkpoint holds).
 
 The files start sparse. A row's initial value comes from the same grid of
 row blocks every layout fills from (``initial_values.py``): when a row of
 a grid block is first read, the block's initial values are written to
-the files (all variables), so grid blocks no step asked for are never
+the file (all variables), so grid blocks no step asked for are never
 written.
+
+A coming step's rows can be read early (``prefetch``, from any thread,
+any time): the pages of those not cached are asked of the kernel, which
+reads them into its page cache while the current step runs, so that the
+step's ``load`` finds them in memory. It only warms pages: the map, the
+file and every number stay as they are.
 
 Example:
   >>> import tempfile
@@ -33,9 +40,9 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
-import os
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -43,9 +50,22 @@ import numpy as np
 
 from tpu_embedding.tables.row_files import RowFiles
 
-#: Steps between requests to drop the files' clean pages from the page
-#: cache (the cache of rows is the table's memory, not the kernel's).
+#: Steps between requests to drop the file's clean pages from the page
+#: cache (the cache of rows is the table's memory, not the kernel's; the
+#: pages read and written are dropped as they go, this drops the rest).
 DROP_EVERY = 8
+
+#: Lookups of a cached row the clock counts (a row looked up ``n`` times
+#: since the hand passed stays for ``n`` more turns of it).
+MAX_USES = 3
+
+#: Write-backs of a table in flight at once (a step waits beyond).
+IN_FLIGHT = 4
+
+#: A write-back: its rows (sorted), their values per key, its end.
+_WriteBack = tuple[
+  np.ndarray, list[np.ndarray], concurrent.futures.Future[None]
+]
 
 #: ``initial(key, first, count)``: rows ``[first, first + count)`` of a
 #: variable's initial value (within one grid block).
@@ -87,6 +107,8 @@ class RowCache:
     keys: the variables (``parameters`` and the slots' names).
     grid: rows of a grid block of initial values.
     initial: a grid block's initial values (``InitialRows``).
+    owner: ``(table, DiskTier directory)`` its errors name
+      (``RowFiles``).
   """
 
   def __init__(
@@ -98,16 +120,20 @@ class RowCache:
     keys: Sequence[str],
     grid: int,
     initial: InitialRows,
+    owner: tuple[str, str] | None = None,
   ):
     self.rows, self.dim, self.size = rows, dim, slots
     self.keys = tuple(keys)
-    self.files = RowFiles(directory, rows, dim, self.keys)
-    # Write-backs run beside the steps: ``(rows, done)`` of those in flight.
+    self.files = RowFiles(directory, rows, dim, self.keys, owner)
+    # Write-backs run beside the steps (those in flight), page cache drops
+    # beside them.
     self._writer = concurrent.futures.ThreadPoolExecutor(1)
-    self._in_flight: list[
-      tuple[np.ndarray, concurrent.futures.Future[None]]
-    ] = []
+    self._dropper = concurrent.futures.ThreadPoolExecutor(1)
+    self._dropped: concurrent.futures.Future[None] | None = None
+    self._in_flight: list[_WriteBack] = []
     self._grid, self._initial = grid, initial
+    # The rows of the last steps prefetched (warmed again after a drop).
+    self._coming: collections.deque[np.ndarray] = collections.deque(maxlen=2)
     self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
     # Each row's slot + 1 (0: not cached): zeros, so that pages of rows
     # never asked for take no memory.
@@ -117,7 +143,7 @@ class RowCache:
     self.dirty = np.zeros(slots, bool)
     # One bit per row: updated since the last save (delta checkpoints).
     self._changed = np.zeros(-(-rows // 8), np.uint8)
-    self.referenced = np.zeros(slots, bool)
+    self.uses = np.zeros(slots, np.uint8)  # lookups the hand has not seen
     self._hand = 0
     self.step = 0
     self.hits = self.misses = self.reads = self.writes = 0
@@ -141,7 +167,8 @@ class RowCache:
     # Rows this step or the one before asked for stay (a pipelined update
     # of the step before lands after this lookup).
     self.last_use[slots[~missing]] = self.step
-    self.referenced[slots[~missing]] = True
+    hit = slots[~missing]
+    self.uses[hit] = np.minimum(self.uses[hit], MAX_USES - 1) + 1
     chosen = self._free_slots(need, rows.size)
     old = self.row_of_slot[chosen]
     held = old >= 0
@@ -160,15 +187,16 @@ class RowCache:
   def _free_slots(self, need: int, asked: int) -> np.ndarray:
     """``need`` slots no row of this or the previous step holds, by a
     clock: the hand sweeps the slots; one whose row was asked for again
-    since the hand last passed gets a second chance (an approximation of
-    least recently used, amortized constant work per slot taken)."""
+    since the hand last passed stays, for as many turns as it was asked
+    for (up to ``MAX_USES``: hot rows stay, rows asked for once pass;
+    amortized constant work per slot taken)."""
     found: list[np.ndarray] = []
     count = swept = 0
     while count < need:
-      if swept >= 2 * self.size:  # (a turn clears every second chance)
-        table, tier = os.path.split(self.files.directory)[::-1]
+      if swept >= (MAX_USES + 1) * self.size:  # (a turn counts uses down)
         raise CacheTooSmallError(
-          f"Table '{table}' (DiskTier directory {tier}): a step asks for "
+          f"Table '{self.files.table}' (DiskTier directory "
+          f"{self.files.tier}): a step asks for "
           f"{asked} distinct rows, {need} of them not cached, but fewer of "
           f"the cache's {self.size} slots are free of this step's and the "
           "previous step's rows: give the cache at least twice the "
@@ -177,9 +205,10 @@ class RowCache:
       span = min(max(4 * (need - count), 1024), self.size)
       window = (self._hand + np.arange(span)) % self.size
       idle = self.last_use[window] < self.step - 1
-      taken = np.flatnonzero(idle & ~self.referenced[window])[: need - count]
+      taken = np.flatnonzero(idle & (self.uses[window] == 0))[: need - count]
+      self.last_use[window[taken]] = self.step  # (never taken twice)
       passed = span if count + taken.size < need else int(taken[-1]) + 1
-      self.referenced[window[:passed]] = False
+      self.uses[window[:passed]] -= self.uses[window[:passed]] > 0
       self._hand = int((self._hand + passed) % self.size)
       found.append(window[taken])
       count += taken.size
@@ -216,41 +245,84 @@ class RowCache:
     self._changed = np.zeros_like(self._changed)  # (pages untouched)
 
   def load(self, rows: np.ndarray) -> list[np.ndarray]:
-    """The stored values of ``rows``, one array per key (after the
-    write-backs in flight of any of them)."""
-    self._wait(rows)
+    """The stored values of ``rows``, one array per key (those of rows
+    whose write-back is in flight taken from it, the latest if several)."""
+    self._wait([])
     self._write_initial(np.unique(rows // self._grid))
     self.reads += rows.size
-    values = self.files.read(self.keys, rows)
-    if self.step % DROP_EVERY == 0:  # The page cache holds little of them.
-      self.files.drop_cache()
+    source = np.full(rows.size, -1)  # the write-back holding each row
+    at = np.zeros(rows.size, np.int64)  # and where in it
+    for number, (written, _, _) in enumerate(self._in_flight):
+      place = np.minimum(np.searchsorted(written, rows), written.size - 1)
+      found = written[place] == rows
+      source[found], at[found] = number, place[found]
+    values = [np.empty([rows.size, self.dim], np.float32) for _ in self.keys]
+    for value, read in zip(
+      values, self.files.read(rows[source < 0]), strict=True
+    ):
+      value[source < 0] = read
+    for number, (_, pending, _) in enumerate(self._in_flight):
+      mine = source == number
+      for value, held in zip(values, pending, strict=True):
+        value[mine] = held[at[mine]]
+    if self.step % DROP_EVERY == 0 and self._drop_done():
+      self._dropped = self._dropper.submit(self._drop)
     return values
 
+  def prefetch(self, rows: np.ndarray) -> None:
+    """Warms the page cache with the stored values of the rows of
+    ``rows`` (a coming step's ids) not cached now: the kernel reads their
+    pages in the background. Changes nothing else (any thread may call
+    it); ids out of range and grid blocks never written are skipped."""
+    rows = np.unique(np.asarray(rows, np.int64))
+    rows = rows[(rows >= 0) & (rows < self.rows)]
+    kept = (self._slot_of_row[rows] == 0) & self._written[rows // self._grid]
+    self._coming.append(rows[kept])
+    self.files.will_need(rows[kept])
+
+  def _drop_done(self) -> bool:
+    """Whether no drop runs (raising the last one's failure)."""
+    if self._dropped is not None and not self._dropped.done():
+      return False
+    if self._dropped is not None:
+      self._dropped.result()
+    return True
+
+  def _drop(self) -> None:
+    """Drops the file's clean pages, then warms again those of the rows
+    prefetched and not cached yet (a coming step's)."""
+    self.files.drop_cache()
+    for rows in list(self._coming):
+      self.files.will_need(rows[self._slot_of_row[rows] == 0])
+
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
-    """Writes ``values`` (one array per key) of ``rows`` to the files, in
-    the background (a later read of the rows, or ``wait``, waits for it;
-    a failure, such as a full disk, is raised there)."""
+    """Writes ``values`` (one array per key) of ``rows`` to the file, in
+    the background (``load`` reads the rows from it meanwhile; at most
+    ``IN_FLIGHT`` at once; a failure, such as a full disk, is raised by
+    a later ``load`` or ``wait``)."""
     if rows.size == 0:
       return
-    rows = np.array(rows)
-    values = [np.array(v) for v in values]
-    done = self._writer.submit(self.files.write, self.keys, rows, values)
-    self._in_flight.append((rows, done))
+    order = np.argsort(rows)
+    rows = np.asarray(rows)[order]
+    values = [np.asarray(v)[order] for v in values]
+    done = self._writer.submit(self.files.write, rows, values)
+    self._in_flight.append((rows, values, done))
     self.writes += rows.size
+    self._wait(self._in_flight[:-IN_FLIGHT])
 
   def wait(self) -> None:
     """Waits for every write-back in flight (raising its failure)."""
-    self._wait(None)
+    self._wait(self._in_flight)
 
-  def _wait(self, rows: np.ndarray | None) -> None:
-    """Waits for the write-backs in flight of ``rows`` (None: all); drops
-    the finished ones, raising the first failure."""
+  def _wait(self, these: list[_WriteBack]) -> None:
+    """Waits for the write-backs ``these``; forgets every finished one,
+    raising the first failure."""
     kept = []
-    for written, done in self._in_flight:
-      if rows is None or done.done() or np.isin(rows, written).any():
-        done.result()
+    for write_back in self._in_flight:
+      if any(write_back is other for other in these) or write_back[2].done():
+        write_back[2].result()
       else:
-        kept.append((written, done))
+        kept.append(write_back)
     self._in_flight = kept
 
   # --- whole values -----------------------------------------------------------
@@ -287,14 +359,16 @@ class RowCache:
     self.wait()
     end = first + value.shape[0]
     self._write_initial(np.arange(first // self._grid, -(-end // self._grid)))
-    self.files.write_range(key, first, value)
+    self.files.write_range(first, {key: value})
 
   def write_rows(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
     """Writes rows ``rows`` of ``key`` (not cached; their grid blocks'
     other rows and variables first get their initial values)."""
     self.wait()
     self._write_initial(np.unique(rows // self._grid))
-    self.files.write([key], rows, [value])
+    records = self.files.read(rows)  # (the other keys' values are kept)
+    records[self.keys.index(key)] = value
+    self.files.write(rows, records)
     self.mark_changed(rows)
 
   def forget(self) -> None:
@@ -303,15 +377,16 @@ class RowCache:
     self.row_of_slot[:] = -1
     self.last_use[:] = -1
     self.dirty[:] = False
-    self.referenced[:] = False
+    self.uses[:] = 0
 
   def _write_initial(self, blocks: np.ndarray) -> None:
     """Writes the initial values of the grid blocks not on disk yet."""
     for block in blocks[~self._written[blocks]]:
       start = int(block) * self._grid
       count = min(self._grid, self.rows - start)
-      for key in self.keys:
-        self.files.write_range(key, start, self._initial(key, start, count))
+      self.files.write_range(
+        start, {key: self._initial(key, start, count) for key in self.keys}
+      )
       self._written[block] = True
 
   def peek(self, key: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -325,8 +400,8 @@ class RowCache:
     values = np.zeros([rows.size, self.dim], np.float32)
     missing = slots < 0
     if missing.any():
-      stored = rows[missing]
-      self._wait(stored)
+      stored, at = np.unique(rows[missing], return_inverse=True)
+      self.wait()
       self._write_initial(np.unique(stored // self._grid))
-      values[missing] = self.files.read([key], stored)[0]
+      values[missing] = self.files.read(stored)[self.keys.index(key)][at]
     return slots, values

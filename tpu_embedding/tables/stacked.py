@@ -2,10 +2,12 @@
 
 A stack (``stacking.py``) is held by one store of any layout, made for
 the stack's config; each member table is a ``StackMember`` over it. The
-member's ``variables`` are ``StackSliceVariable`` views: they convert to
+member's ``variables`` are ``base.StackSliceVariable`` views: they convert to
 the member's ``[vocabulary_size, dim]`` value (gathered from the stack,
 never a copy of the whole stack), save and restore under TensorFlow's key
-of the member with that value, and write back in place. So checkpoints,
+of the member with that value, and write back in place (a layout may
+give views of its own: ``TableStore.member_variable``; a stack on disk
+streams its members' checkpoints). So checkpoints,
 ``embedding_tables``, serving and export see the tables as if unstacked.
 
 Example:
@@ -33,39 +35,8 @@ from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
-
-
-class StackSliceVariable(WholeValueVariable):
-  """One member's rows of one stack variable, as a whole variable."""
-
-  def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
-    self.stack = stack
-    self.key = key
-    self.offset = offset
-    self.rows = rows
-
-  @property
-  def shape(self) -> tf.TensorShape:
-    return tf.TensorShape([self.rows, self.stack.table.dim])
-
-  @property
-  def dtype(self) -> tf.DType:
-    return tf.float32
-
-  def read_value(self) -> tf.Tensor:
-    ids = tf.range(self.offset, self.offset + self.rows, dtype=tf.int64)
-    return self.stack.gather(ids, self.key)
-
-  def assign(self, value: Any) -> Any:
-    value = tf.convert_to_tensor(value, tf.float32)
-    if tuple(value.shape) != (self.rows, self.stack.table.dim):
-      raise ValueError(
-        f"Cannot assign a value of shape {list(value.shape)} to a table "
-        f"variable of shape {[self.rows, self.stack.table.dim]}."
-      )
-    return self.stack.write_rows(self.offset, value, self.key)
+from tpu_embedding.tables.base import restore_pending
 
 
 class StackMember(TableStore):
@@ -80,8 +51,7 @@ class StackMember(TableStore):
     self.stack = stack
     self.offset = offset
     variables = {
-      key: StackSliceVariable(stack, key, offset, table.vocabulary_size)
-      for key in stack.keys
+      key: stack.member_variable(table, key, offset) for key in stack.keys
     }
     # The member has no blocks of its own: the stack's store holds them.
     super().__init__(table, variables, [])
@@ -110,6 +80,9 @@ class StackMember(TableStore):
     ops: StepOps = TENSORFLOW_OPS,
   ) -> tf.Tensor:
     return self.stack.gather(ids + self.offset, key, ops)
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    return self.stack.peek(ids + self.offset, key)
 
   def update(
     self,
@@ -172,6 +145,6 @@ class StackMember(TableStore):
   def track(self, tracker: Any) -> None:
     """Tracks the views (a checkpoint restored earlier fills them now)."""
     for key, variable in self.variables.items():
-      tracker.register(
-        checkpoint_name(self.table.name or "", key), variable, restore=True
-      )
+      name = checkpoint_name(self.table.name or "", key)
+      restore_pending(tracker, name, variable)
+      tracker.register(name, variable, restore=True)

@@ -86,10 +86,16 @@ class TieredTable(TableStore):
     cache: Block,
     directory: str,
     guard: UpdateGuard = UNGUARDED,
+    rows: tuple[int, int] | None = None,
+    tier: str | None = None,
   ):
     """Wraps ``cache`` (``{key: [cache rows, dim] variable}``); the files
-    go to ``directory``, made empty."""
+    go to ``directory``, made empty. ``rows``: ``(first, count)``, the
+    rows of ``table`` it holds as its rows ``[0, count)`` (None: all; a
+    row block of ``tiered_sharded.TieredShardedTable``); ``tier``: the
+    DiskTier directory its errors name (None: ``directory``'s parent)."""
     self.table = table
+    self._first, self._count = rows or (0, table.vocabulary_size)
     self._last: weakref.WeakKeyDictionary[tf.Graph, tf.Tensor] = (
       weakref.WeakKeyDictionary()
     )
@@ -102,12 +108,13 @@ class TieredTable(TableStore):
     }
     self._rows = RowCache(
       directory,
-      table.vocabulary_size,
+      self._count,
       table.dim,
       int(cache["parameters"].shape[0]),
       list(cache),
       grid_rows(table.dim),
       self._initial_block,
+      (table_name(table), tier or os.path.dirname(directory)),
     )
     variables = {key: _TieredVariable(self, key) for key in cache}
     super().__init__(table, variables, [cache], guard)
@@ -128,31 +135,10 @@ class TieredTable(TableStore):
         whole table would cross the disk every step) or slots the
         optimizer's function makes.
     """
-    optimizer = table.optimizer
-    name = table_name(table)
-    if optimizer is not None and optimizer.updates_all_rows:
-      raise ValueError(
-        f"Table '{name}': {type(optimizer).__name__} updates every row "
-        "each step; a disk-tiered table needs an optimizer that updates "
-        "only the looked-up rows (e.g. Adam(lazy_adam=True))."
-      )
-    if optimizer is not None and optimizer.slot_variable_creation_fn:
-      raise ValueError(
-        f"Table '{name}': a disk-tiered table makes its own slots; "
-        "slot_variable_creation_fn is not supported."
-      )
-    files, lock = _own_directory(directory, name)
-    specs = variable_specs(table)
-    cache: Block = {}
-    for key, _, trainable in specs:
-      cache[key] = compat.ResourceVariable(
-        tf.zeros([cache_rows, table.dim]),
-        name=f"{checkpoint_name(name, key)}/cache",
-        trainable=trainable,
-      )
+    cache = cache_variables(table, cache_rows)
+    files, lock = _own_directory(directory, table_name(table))
     store = cls(table, cache, files, guard)
     weakref.finalize(store, _release, files, lock)
-    store.restore_pending(tracker)
     store.track(tracker)
     return store
 
@@ -165,6 +151,12 @@ class TieredTable(TableStore):
 
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self._rows.size  # The cache's slots.
+
+  def prefetch_rows(self, ids: Any) -> None:
+    """Has the pages of rows ``ids`` not cached read into the page cache,
+    in the background (a coming step's ids: ``data.prefetch_rows``);
+    changes no number."""
+    self._rows.prefetch(np.asarray(ids))
 
   def _admit(self, ids: tf.Tensor) -> tf.Tensor:
     """Caches rows ``ids`` (distinct): their slots, once their values are
@@ -235,7 +227,7 @@ class TieredTable(TableStore):
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
     value: np.ndarray = (
-      self._initial[key].rows(first, count, tf.float32).numpy()
+      self._initial[key].rows(self._first + first, count, tf.float32).numpy()
     )
     return value
 
@@ -298,24 +290,25 @@ class TieredTable(TableStore):
 
   def _whole(self, key: str) -> np.ndarray:
     self.flush()
-    return self.window(key, 0, self.table.vocabulary_size)
+    return self.window(key, 0, self._count)
 
   def window(self, key: str, first: int, count: int) -> np.ndarray:
     """Rows ``[first, first + count)`` of ``key`` as the files hold them
     (after ``flush``)."""
     return self._rows.window(key, first, count)
 
-  def assign(self, value: Any, key: str = "parameters") -> Any:
-    """Writes a whole value of ``key`` to the files, grid block by grid
-    block (the cache is emptied: its changed rows are written first; the
-    other keys' rows never written get their initial values on disk)."""
+  def assign(self, value: Any, key: str = "parameters", first: int = 0) -> Any:
+    """Writes a whole value of ``key`` (or rows from ``first``: a stacked
+    table's) to the files, grid block by grid block (the cache is
+    emptied: its changed rows are written first; the other keys' rows
+    never written get their initial values on disk)."""
     value = tf.convert_to_tensor(value, tf.float32)
     size = grid_rows(self.table.dim)
     self.assign_by_parts(
       key,
       (
-        (first, value[first : first + size])
-        for first in range(0, self.table.vocabulary_size, size)
+        (first + start, value[start : start + size])
+        for start in range(0, int(value.shape[0]), size)
       ),
     )
     return None
@@ -347,7 +340,7 @@ class TieredTable(TableStore):
     def read(ids: tf.Tensor) -> np.ndarray:
       self.flush()
       self._rows.wait()
-      return self._rows.files.read([key], ids.numpy())[0]
+      return self._rows.files.read(ids.numpy())[self._rows.keys.index(key)]
 
     return _on_host(read, [tf.cast(ids, tf.int64)], tf.float32)
 
@@ -370,18 +363,10 @@ class TieredTable(TableStore):
     """The cache's bytes (the rest is on disk)."""
     return super().bytes_per_device()
 
-  def restore_pending(self, tracker: VariableTracker) -> None:
-    """Streams a checkpoint restored before this table existed (``restore``
-    then ``build()``) into the files, part by part, as a restore of a
-    built table does; tracking the variables then leaves them (TensorFlow
-    would read each value whole)."""
-    shape = (self.table.vocabulary_size, self.table.dim)
-    for variable in self.variables.values():
-      restore = tracker.checked_restore(variable.name, shape)
-      if restore is not None:
-        save_path, checkpoint_key = compat.restore_source(restore)
-        variable.restore_rows(rows.SavedRows(save_path), checkpoint_key)
-        tracker.mark_restored(variable, restore)
+  def member_variable(self, table: TableConfig, key: str, offset: int) -> Any:
+    """A stacked table's rows of ``key``, saved and restored by parts
+    straight from and to the files, as a table's own."""
+    return _TieredVariable(self, key, table, offset)
 
   def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` of ``key``, in id order, without admitting them:
@@ -442,6 +427,41 @@ def own_error(
   return None
 
 
+def cache_variables(
+  table: TableConfig, cache_rows: int, part: str = ""
+) -> Block:
+  """A cache of ``cache_rows`` rows of ``table``: ``{key: variable}`` of
+  its parameters and slots, on the device in scope (``part``: the name
+  of a row block's, ``part_<replica>``).
+
+  Raises:
+    ValueError: for an optimizer that changes every row each step (the
+      whole table would cross the disk every step) or slots the
+      optimizer's function makes.
+  """
+  optimizer = table.optimizer
+  name = table_name(table)
+  if optimizer is not None and optimizer.updates_all_rows:
+    raise ValueError(
+      f"Table '{name}': {type(optimizer).__name__} updates every row "
+      "each step; a disk-tiered table needs an optimizer that updates "
+      "only the looked-up rows (e.g. Adam(lazy_adam=True))."
+    )
+  if optimizer is not None and optimizer.slot_variable_creation_fn:
+    raise ValueError(
+      f"Table '{name}': a disk-tiered table makes its own slots; "
+      "slot_variable_creation_fn is not supported."
+    )
+  cache: Block = {}
+  for key, _, trainable in variable_specs(table):
+    cache[key] = compat.ResourceVariable(
+      tf.zeros([cache_rows, table.dim]),
+      name="/".join(filter(None, [checkpoint_name(name, key), part, "cache"])),
+      trainable=trainable,
+    )
+  return cache
+
+
 #: The tiered tables' directories this process writes.
 _IN_USE: set[str] = set()
 
@@ -491,28 +511,40 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
   the files: never whole. A plain ``tf.train.Checkpoint`` reads it whole.
   """
 
-  def __init__(self, store: TieredTable, key: str):
+  def __init__(
+    self,
+    store: TieredTable,
+    key: str,
+    table: TableConfig | None = None,
+    offset: int = 0,
+  ):
+    """``key``'s rows of ``table`` (default: the store's own), held from
+    row ``offset`` of the store (a stacked table's)."""
     self._store = store
     self._key = key
-    self.name = checkpoint_name(table_name(store.table), key)
+    self._table = table or store.table
+    self._offset = offset
+    self.name = checkpoint_name(table_name(self._table), key)
 
   @property
   def shape(self) -> tf.TensorShape:
-    return tf.TensorShape(
-      [self._store.table.vocabulary_size, self._store.table.dim]
-    )
+    return tf.TensorShape([self._table.vocabulary_size, self._table.dim])
 
   @property
   def dtype(self) -> tf.DType:
     return tf.float32
 
   def read_value(self) -> tf.Tensor:
-    value = self._store.read(self._key)
+    value = tf.py_function(self._window, [], tf.float32)
     value.set_shape(self.shape)
     return value
 
+  def _window(self) -> np.ndarray:
+    self._store.flush()
+    return self._store.window(self._key, self._offset, self.shape[0])
+
   def assign(self, value: Any) -> Any:
-    return self._store.assign(value, self._key)
+    return self._store.assign(value, self._key, self._offset)
 
   # Saved by parts (slicing.WorkerParts), one process.
 
@@ -550,7 +582,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     self._store.flush()
     for first in range(0, full[0], chunk):
       count = min(chunk, full[0] - first)
-      value = self._store.window(self._key, first, count)
+      value = self._store.window(self._key, self._offset + first, count)
       spec = parts.slice_spec(full, [(first, count), (0, full[1])])
       yield f"{first:012d}", [(key, spec, value)]
       del value
@@ -573,7 +605,9 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
       whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
       range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
     )
-    self._store.assign_by_parts(self._key, pieces)
+    self._store.assign_by_parts(
+      self._key, ((self._offset + first, value) for first, value in pieces)
+    )
 
   def _restore_from_tensors(
     self, restored_tensors: Mapping[str, tf.Tensor]
@@ -585,7 +619,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     """Warns once that a plain ``tf.train.Checkpoint`` save or restore of
     this built table holds its value whole, where that is large."""
     size = self.shape.num_elements() * 4
-    table = table_name(self._store.table)
+    table = self.name.split("/")[0]
     if size < slicing.LARGE_TABLE_BYTES or table in _WARNED:
       return
     _WARNED.add(table)
