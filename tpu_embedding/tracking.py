@@ -96,6 +96,13 @@ class VariableTracker:
     return self._owner._preload_simple_restoration(name=name)
 
   @staticmethod
+  def restored(variable: Any, restore: Any) -> bool:
+    """Whether ``variable`` took its value from ``restore`` already."""
+    # pylint: disable=protected-access
+    variable._maybe_initialize_trackable()
+    return bool(variable._update_uid >= restore.restore_uid)
+
+  @staticmethod
   def mark_restored(variable: Any, restore: Any) -> None:
     """Records that ``variable`` took its value from ``restore`` already.
 

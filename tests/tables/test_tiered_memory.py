@@ -4,8 +4,9 @@ tests/tables/tiered_memory_job.py (a fresh process) trains, saves, exports
 (``export_for_serving``, float32 and int8) and restores (into a built
 table, and before build) a 732 MiB table and slots kept on disk with a
 32 MiB cache. Each phase's
-peak over the process before the table exists must stay under a third
-of the table and slots: a copy of the table would cross it.
+peak over the process before the table exists (the restore before
+build: before that phase, three tables' caches held) must stay under a
+third of the table and slots: a copy of the table would cross it.
 """
 
 from __future__ import annotations

@@ -12,11 +12,16 @@ disk table's rows without admitting them: the cache is left as it was.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tests.tables import test_tiered_sharded as sharded
+from tests.tables import test_tiered_stacks as stacks
 from tests.tables.test_tiered import BATCH
 from tests.tables.test_tiered import DIM
 from tests.tables.test_tiered import ROWS
@@ -160,6 +165,7 @@ def cache_state(store):
     "use": rows.last_use.copy(),
     "dirty": rows.dirty.copy(),
     "uses": rows.uses.copy(),
+    "hand": rows._hand,  # pylint: disable=protected-access
     "changed": rows.changed_rows().copy(),
     "counts": (rows.step, rows.hits, rows.misses, rows.reads, rows.writes),
   }
@@ -237,3 +243,83 @@ def test_only_a_plain_save_or_restore_of_a_built_table_warns(
     assert "Table 'big' is kept on disk, but a plain" in record.getMessage()
     caplog.clear()
     monkeypatch.setattr(tiered, "_WARNED", set())
+
+
+def unbuilt_by(make, *args):
+  """``(make(*args)``'s embedding, not built yet; its ``build()``)."""
+  calls = []
+  with mock.patch.object(
+    tpe.TPUEmbedding, "build", lambda _, *a, **k: calls.append((a, k))
+  ):
+    emb = make(*args)
+  ((build_args, build_kwargs),) = calls
+  return emb, lambda: emb.build(*build_args, **build_kwargs)
+
+
+def serves_without_its_cache(got, want, features, stores):
+  """``ServingLookup`` reads ``got`` as ``want``; ``stores``' caches are
+  left as they were."""
+  before = [cache_state(store) for store in stores]
+  read = [ServingLookup(emb)(features) for emb in (got, want)]
+  for name in features:
+    np.testing.assert_array_equal(read[0][name], read[1][name], err_msg=name)
+  for store, state in zip(stores, before, strict=True):
+    after = cache_state(store)
+    for key, value in state.items():
+      np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def test_a_disk_stack_restores_before_build_and_serves(
+  tmp_path, whole_reads_refused
+):
+  """Each stacked table's rows stream into the stack's files at its
+  offset; serving reads them without the stack's cache."""
+  data = stacks.batches("ragged", seed=5)
+  memory = stacks.make_embedding(tpe.Adagrad(0.3), None, stacks.STACK)
+  stacks.train(memory, data[:4], "ragged")
+  prefix = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=memory), str(tmp_path / "ckpt")
+  )
+  emb, build = unbuilt_by(
+    stacks.make_embedding, tpe.Adagrad(0.3), tmp_path / "disk", stacks.STACK
+  )
+  tf.train.Checkpoint(embedding=emb).restore(prefix)
+  build()
+  store = stacks.disk_stack(emb)
+  assert_same(values(emb), values(memory))
+  stacks.train(emb, data[4:], "ragged")
+  stacks.train(memory, data[4:], "ragged")
+  ids = {
+    name: tf.range(rows, dtype=tf.int64)
+    for name, rows in (("a1", 300), ("b", 200))
+  }
+  serves_without_its_cache(emb, memory, ids, [store])
+  assert_same(values(emb), values(memory))
+
+
+def test_disk_blocks_under_mirrored_restore_before_build_and_serve(
+  tmp_path, whole_reads_refused
+):
+  """Each replica's block streams its rows into its files; serving reads
+  every block without its cache."""
+  strategy = mirrored_strategy(sharded.REPLICAS)
+  data = sharded.batches("ragged", np.random.default_rng(3))
+  memory = sharded.make_embedding(tpe.Adagrad(0.3), strategy)
+  sharded.train(memory, data[:4], strategy)
+  prefix = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=memory), str(tmp_path / "ckpt")
+  )
+  emb, build = unbuilt_by(
+    sharded.make_embedding, tpe.Adagrad(0.3), strategy, tmp_path / "disk"
+  )
+  tf.train.Checkpoint(embedding=emb).restore(prefix)
+  build()
+  store = emb.table_stores["big"]
+  assert store.layout == "tiered_row_sharded"
+  assert_same(values(emb), values(memory))
+  sharded.train(emb, data[4:], strategy)
+  sharded.train(memory, data[4:], strategy)
+  tiers = [store.tier(block) for block in range(sharded.REPLICAS)]
+  ids = {"a": tf.range(sharded.ROWS, dtype=tf.int64)}
+  serves_without_its_cache(emb, memory, ids, tiers)
+  assert_same(values(emb), values(memory))

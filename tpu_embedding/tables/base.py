@@ -56,6 +56,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
@@ -543,9 +544,33 @@ class TableStore(metaclass=abc.ABCMeta):
     return StackSliceVariable(self, key, offset, table.vocabulary_size)
 
   def track(self, tracker: VariableTracker) -> None:
-    """Registers ``variables`` for checkpoints under TensorFlow's keys."""
+    """Registers ``variables`` for checkpoints under TensorFlow's keys (a
+    checkpoint restored before they existed: ``restore_pending``)."""
     for key, variable in self.variables.items():
-      tracker.register(checkpoint_name(table_name(self.table), key), variable)
+      name = checkpoint_name(table_name(self.table), key)
+      restore_pending(tracker, name, variable)
+      tracker.register(name, variable)
+
+
+def restore_pending(tracker: VariableTracker, name: str, variable: Any) -> None:
+  """Reads a checkpoint restored before ``variable`` (tracked as ``name``)
+  existed into it part by part where it restores by parts
+  (``rows.RowBlocks``: a disk table's files), as ``checkpoints.restore``
+  reads built tables; TensorFlow's restore on tracking would read it whole.
+
+  Raises:
+    ValueError: the checkpoint holds another shape.
+  """
+  shape = tuple(int(d) for d in variable.shape)
+  restore = tracker.checked_restore(name, (shape[0], shape[1]))
+  if (
+    isinstance(variable, saved_rows.RowBlocks)
+    and restore is not None
+    and not tracker.restored(variable, restore)
+  ):
+    path, saved_key = compat.restore_source(restore)
+    variable.restore_rows(saved_rows.SavedRows(path), saved_key)
+    tracker.mark_restored(variable, restore)
 
 
 #: TensorFlow's checkpoint key of a variable's value.

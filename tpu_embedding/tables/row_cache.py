@@ -400,8 +400,8 @@ class RowCache:
     values = np.zeros([rows.size, self.dim], np.float32)
     missing = slots < 0
     if missing.any():
-      stored = rows[missing]
-      self.wait()  # (write-backs in flight hold the latest values)
+      stored, at = np.unique(rows[missing], return_inverse=True)
+      self.wait()
       self._write_initial(np.unique(stored // self._grid))
-      values[missing] = self.files.read(stored)[self.keys.index(key)]
+      values[missing] = self.files.read(stored)[self.keys.index(key)][at]
     return slots, values

@@ -36,6 +36,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import restore_pending
 
 
 class StackMember(TableStore):
@@ -79,6 +80,9 @@ class StackMember(TableStore):
     ops: StepOps = TENSORFLOW_OPS,
   ) -> tf.Tensor:
     return self.stack.gather(ids + self.offset, key, ops)
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    return self.stack.peek(ids + self.offset, key)
 
   def update(
     self,
@@ -141,6 +145,6 @@ class StackMember(TableStore):
   def track(self, tracker: Any) -> None:
     """Tracks the views (a checkpoint restored earlier fills them now)."""
     for key, variable in self.variables.items():
-      tracker.register(
-        checkpoint_name(self.table.name or "", key), variable, restore=True
-      )
+      name = checkpoint_name(self.table.name or "", key)
+      restore_pending(tracker, name, variable)
+      tracker.register(name, variable, restore=True)

@@ -139,7 +139,6 @@ class TieredTable(TableStore):
     files, lock = _own_directory(directory, table_name(table))
     store = cls(table, cache, files, guard)
     weakref.finalize(store, _release, files, lock)
-    store.restore_pending(tracker)
     store.track(tracker)
     return store
 
@@ -368,19 +367,6 @@ class TieredTable(TableStore):
     """A stacked table's rows of ``key``, saved and restored by parts
     straight from and to the files, as a table's own."""
     return _TieredVariable(self, key, table, offset)
-
-  def restore_pending(self, tracker: VariableTracker) -> None:
-    """Streams a checkpoint restored before this table existed (``restore``
-    then ``build()``) into the files, part by part, as a restore of a
-    built table does; tracking the variables then leaves them (TensorFlow
-    would read each value whole)."""
-    shape = (self.table.vocabulary_size, self.table.dim)
-    for variable in self.variables.values():
-      restore = tracker.checked_restore(variable.name, shape)
-      if restore is not None:
-        save_path, checkpoint_key = compat.restore_source(restore)
-        variable.restore_rows(rows.SavedRows(save_path), checkpoint_key)
-        tracker.mark_restored(variable, restore)
 
   def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` of ``key``, in id order, without admitting them:
@@ -633,7 +619,7 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     """Warns once that a plain ``tf.train.Checkpoint`` save or restore of
     this built table holds its value whole, where that is large."""
     size = self.shape.num_elements() * 4
-    table = table_name(self._store.table)
+    table = self.name.split("/")[0]
     if size < slicing.LARGE_TABLE_BYTES or table in _WARNED:
       return
     _WARNED.add(table)

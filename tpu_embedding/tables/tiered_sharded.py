@@ -188,6 +188,14 @@ class TieredShardedTable(RowShardedTable):
     key: str = "parameters",
     ops: StepOps = TENSORFLOW_OPS,
   ) -> tf.Tensor:
+    return self._by_block(ids, lambda tier, rows: tier.gather(rows, key, ops))
+
+  def peek(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
+    """Rows ``ids`` read without admitting them (``TieredTable.peek``)."""
+    return self._by_block(ids, lambda tier, rows: tier.peek(rows, key))
+
+  def _by_block(self, ids: tf.Tensor, read: Any) -> tf.Tensor:
+    """Rows ``ids``, each block's read by ``read(its tier, its rows)``."""
     self._all_here()
     ids = tf.convert_to_tensor(ids, tf.int64)
     flat = tf.reshape(ids, [-1])
@@ -195,7 +203,7 @@ class TieredShardedTable(RowShardedTable):
     for block, tier in enumerate(self._tiers):
       mine, rows = self._local(flat, block)
       positions.append(tf.cast(tf.where(mine)[:, 0], tf.int32))
-      found.append(tier.gather(rows, key, ops))
+      found.append(read(tier, rows))
     rows = tf.dynamic_stitch(positions, found)
     return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
 
