@@ -28,6 +28,7 @@ from tests.model_garden.test_disk_tier import checkpoint_values
 from tests.model_garden.test_train import command
 from tests.model_garden.test_train import finish
 from tests.model_garden.test_train import start
+from tpu_embedding.tables import row_files
 
 SCRIPT = pathlib.Path(__file__).parent / "disk_tier_kill.py"
 STEPS = 15
@@ -76,10 +77,14 @@ def test_killed_runs_resume_from_the_last_checkpoint_bit_identical(tmp_path):
   assert tf.train.latest_checkpoint(str(model)) is None
   # The save wrote the cache's changed rows to the files first: they hold
   # trained rows (Adagrad's accumulators start at 0.1), and the lock file.
-  # One record per row: parameters, then accumulators.
-  records = np.fromfile(disk / "rows.records", np.float32)
-  accumulators = records.reshape(VOCAB_SIZES[0], 2, -1)[:, 1]
+  # Segments of records, each its rows' ids, then one record per row:
+  # parameters, then accumulators (16 wide).
+  records = np.fromfile(disk / "rows.records", np.uint8).reshape(
+    -1, row_files.SEGMENT_RECORDS * (8 + 2 * 16 * 4)
+  )[:, row_files.SEGMENT_RECORDS * 8 :]
+  accumulators = records.copy().view(np.float32).reshape(-1, 2, 16)[:, 1]
   assert (accumulators != np.float32(0.1)).any()
+  assert (accumulators == np.float32(0.1)).any()  # (rows not trained)
   assert (disk / ".tpu_embedding.lock").exists()  # (no holder)
 
   log = output(train(tmp_path, "run", kill_in_save_of=10), rc=-9)

@@ -201,10 +201,11 @@ def test_grid_blocks_never_looked_up_are_never_written(tmp_path):
     train(emb, [{"f": tf.constant(ids)}] * 3, "dense")
     made.append(emb)
   assert_same(values(made[0]), values(made[1]))
-  path = tmp_path / "t" / "rows.records"  # (SGD: records of parameters)
-  assert os.path.getsize(path) == rows * DIM * 4
-  written = os.stat(path).st_blocks * 512
-  assert grid_rows(DIM) * DIM * 4 <= written < 2 * grid_rows(DIM) * DIM * 4
+  # SGD: records of parameters, each with its row id (8 bytes); a grid
+  # block, the step's write-backs and the cleaner's slack.
+  record = DIM * 4 + 8
+  written = os.path.getsize(tmp_path / "t" / "rows.records")
+  assert grid_rows(DIM) * record <= written < 1.5 * grid_rows(DIM) * record
 
 
 def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):

@@ -21,6 +21,7 @@ from tests.conftest import mirrored_strategy
 from tests.distributed import cluster
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
+from tpu_embedding.tables import row_files
 from tpu_embedding.tables.row_cache import CacheTooSmallError
 from tpu_embedding.tables.row_cache import RowCache
 
@@ -215,9 +216,15 @@ def test_each_replica_has_its_own_files(tmp_path):
   placement = emb.sharding_plan.placements["big"]
   for replica in range(REPLICAS):
     block = tmp_path / "big" / f"block{replica}"
-    # One record per row: parameters and accumulators.
+    # One record per row (parameters and accumulators, its row id) in
+    # segments of SEGMENT_RECORDS records: the block's rows fill one.
+    assert placement.shard_sizes[replica] < row_files.SEGMENT_RECORDS
     size = os.path.getsize(block / "rows.records")
-    assert size == placement.shard_sizes[replica] * DIM * 4 * 2
+    assert size == row_files.SEGMENT_RECORDS * (DIM * 4 * 2 + 8)
+    assert (
+      emb.table_stores["big"].tier(replica).cache.files.rows
+      == (placement.shard_sizes[replica])
+    )
 
 
 def test_checkpoints_stream_between_layouts(tmp_path):

@@ -364,9 +364,7 @@ class RowCache:
   def write_rows(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
     """Writes rows ``rows`` of ``key`` (not cached; their grid blocks'
     other rows and variables first get their initial values)."""
-    self.wait()
-    self._write_initial(np.unique(rows // self._grid))
-    records = self.files.read(rows)  # (the other keys' values are kept)
+    records = self.stored(rows)  # (the other keys' values are kept)
     records[self.keys.index(key)] = value
     self.files.write(rows, records)
     self.mark_changed(rows)
@@ -401,7 +399,13 @@ class RowCache:
     missing = slots < 0
     if missing.any():
       stored, at = np.unique(rows[missing], return_inverse=True)
-      self.wait()
-      self._write_initial(np.unique(stored // self._grid))
-      values[missing] = self.files.read(stored)[self.keys.index(key)][at]
+      values[missing] = self.stored(stored)[self.keys.index(key)][at]
     return slots, values
+
+  def stored(self, rows: np.ndarray) -> list[np.ndarray]:
+    """The values the files hold of ``rows`` (distinct), one array per
+    key (once every write-back is done; grid blocks first read get their
+    initial values on disk, as for ``load``)."""
+    self.wait()
+    self._write_initial(np.unique(rows // self._grid))
+    return self.files.read(rows)

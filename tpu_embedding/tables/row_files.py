@@ -1,20 +1,33 @@
-"""A disk-tiered table's file: each row's variables in one record.
+"""A disk-tiered table's file: a log of row records.
 
-A ``TieredTable``'s rows live in one file of ``rows`` records, row ``r``'s
-record holding its values of every variable (parameters, then each
-optimizer slot) one after another, so a row missed by the cache is one
-random read, and its write-back one write. The file is made sparse (no
-row written). Rows are read and written with ``pread`` / ``pwrite``
-(never mapped: the file's pages are not this process's memory),
-consecutive rows in one call. Before a batch of reads or writes, every
-page they touch is asked of the kernel at once (``POSIX_FADV_WILLNEED``,
-which returns before the disk answers), so that the disk serves them
-with many in flight from one thread, and a write never waits for the
-read of its page; ``will_need`` does the same for a coming step's rows.
-Pages the reads brought in are dropped once read (the rows are in the
-RAM cache then), and those of written rows once on disk, so the page
-cache holds little of the file.
-A full disk is a one-line ``DiskFullError`` naming the directory.
+A ``TieredTable``'s rows live in one file (``rows.records``), each row's
+values of every variable (parameters, then each optimizer slot) in one
+record, so a row missed by the cache is one random read. A record is
+never rewritten in place: writes append records at the file's tail, in
+one sequential write, and the row's entry in ``where`` (4 bytes a row)
+moves to its new record. On this project's SSD a random write of a small
+record costs three random reads' time (and makes the kernel read its page
+first), while appending runs at gigabytes a second: so a miss costs the
+disk one random read, and its write-back next to nothing.
+
+The file is cut in segments of ``SEGMENT_RECORDS`` records, each its
+records' row ids, then their values. A segment's records go stale as
+their rows are written again; when the file's segments hold more than
+``SPACE`` times the live records (plus two segments), the segment with
+the fewest live records is read whole, they are appended again, and the
+segment is reused (a log-structured store's cleaner: it reads and writes
+in sequence). The file thus stays below ``SPACE`` times the rows written,
+plus three segments and the largest write.
+
+Reads: every page the asked records touch is first asked of the kernel at
+once (``POSIX_FADV_WILLNEED``, which returns before the disk answers), so
+the disk serves them with many in flight from one thread; then records
+consecutive in the file are read in one ``pread``. Pages read are dropped
+once read (the rows are in the RAM cache then), appended ones once on
+disk, so the page cache holds little of the file. ``will_need`` asks for
+a coming step's records early. A full disk is a one-line
+``DiskFullError`` naming the directory. One thread may write while
+another reads (a lock orders their use of ``where``).
 
 Example:
   >>> import tempfile
@@ -24,8 +37,10 @@ Example:
   ...                                np.array([[1, 1], [2, 2]], "f4")])
   >>> [v.tolist() for v in files.read(np.array([3, 7]))]
   [[[3.0, 3.0], [7.0, 7.0]], [[2.0, 2.0], [1.0, 1.0]]]
+  >>> files.write(np.array([3]), [np.array([[4, 4]], "f4"),
+  ...                             np.array([[5, 5]], "f4")])  # appended
   >>> files.read_range("s", 3, 1).tolist()
-  [[2.0, 2.0]]
+  [[5.0, 5.0]]
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ import ctypes.util
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Mapping
 from collections.abc import Sequence
 
@@ -52,6 +68,19 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+#: Records of one segment of the file.
+SEGMENT_RECORDS = 4096
+
+#: The most segments the file holds, as a multiple of those its live
+#: records fill (plus two): beyond, the cleaner reuses segments.
+SPACE = 1.5
+
+#: Bytes of records a whole-range read or write holds at once.
+PASS_BYTES = 8 * 2**20
+
+#: A row id's bytes in its segment's list of ids.
+_ID_BYTES = 8
 
 
 class DiskFullError(OSError):
@@ -85,49 +114,227 @@ class RowFiles:
     self.table, self.tier = owner or os.path.split(directory)[::-1]
     self.rows, self.dim = rows, dim
     self.keys = tuple(keys)
-    self._row_bytes = dim * 4 * len(self.keys)
+    self._value_bytes = dim * 4 * len(self.keys)
+    self._segment_bytes = SEGMENT_RECORDS * (_ID_BYTES + self._value_bytes)
     path = os.path.join(directory, "rows.records")
     self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.ftruncate(self._fd, rows * self._row_bytes)
-    self._last_written: tuple[list[int], list[int]] = ([], [])
+    # Each row's record + 1 (0: never written): zeros, whose pages take
+    # no memory until rows are written; 4 bytes a row (the file's records
+    # stay below 2**31 for tables below 2**29 rows).
+    self._where = np.zeros(rows, np.int32 if rows < 2**29 else np.int64)
+    self._live = np.zeros(0, np.int64)  # live records of each segment
+    self._free: list[int] = []  # segments to reuse, lowest last
+    self._tail, self._filled = -1, SEGMENT_RECORDS  # the segment appended
+    self._lock = threading.RLock()
+    self._last_written: list[tuple[int, int]] = []
 
   def close(self) -> None:
     """Closes the file (it stays on disk)."""
     os.close(self._fd)
 
+  # --- reads ------------------------------------------------------------------
+
   def read(self, rows: np.ndarray) -> list[np.ndarray]:
-    """Per key, ``[len(rows), dim]`` values of ``rows``, in their order."""
-    records = self._records(np.size(rows))
-    self._each_run(rows, records, reading=True)
+    """Per key, ``[len(rows), dim]`` values of ``rows``, in their order.
+
+    Raises:
+      AssertionError: for a row never written.
+    """
+    rows = np.asarray(rows, np.int64).reshape([-1])
+    records = self._records(rows.size)
+    self._read_rows(rows, records)
     return [np.ascontiguousarray(records[:, k]) for k in range(len(self.keys))]
 
-  def write(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
-    """Writes per key ``values`` (one row per entry of ``rows``)."""
-    self._each_run(rows, np.stack(values, axis=1).astype(np.float32), False)
+  def _read_rows(self, rows: np.ndarray, records: np.ndarray) -> None:
+    """Reads the record of ``rows[i]`` into ``records[i]``."""
+    with self._lock:
+      at = self._where[rows].astype(np.int64) - 1
+      if (at < 0).any():
+        raise AssertionError(f"rows never written: {rows[at < 0][:5]}")
+      self._read_records(at, records)
 
   def read_range(self, key: str, first: int, count: int) -> np.ndarray:
-    """Rows ``[first, first + count)`` of ``key``."""
-    records = self._records(count)
-    self._io(first, records, reading=True)
-    self._advise([first], [first + count], os.POSIX_FADV_DONTNEED)
-    return np.ascontiguousarray(records[:, self.keys.index(key)])
+    """Rows ``[first, first + count)`` of ``key`` (all written), read
+    ``PASS_BYTES`` of records at a time."""
+    value = np.empty([count, self.dim], np.float32)
+    k = self.keys.index(key)
+    for start, end in self._passes(first, count):
+      records = self._records(end - start)
+      self._read_rows(np.arange(start, end), records)
+      value[start - first : end - first] = records[:, k]
+    return value
+
+  def _passes(self, first: int, count: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of ``PASS_BYTES`` of records, covering
+    rows ``[first, first + count)``."""
+    step = max(1, PASS_BYTES // self._value_bytes)
+    ends = range(first, first + count, step)
+    return [(start, min(start + step, first + count)) for start in ends]
+
+  def will_need(self, rows: np.ndarray) -> None:
+    """Asks the kernel to bring the records of ``rows`` into its page
+    cache (in the background: it returns before the disk answers; rows
+    never written are skipped)."""
+    at = self._where[np.asarray(rows, np.int64).reshape([-1])] - 1
+    at = at.astype(np.int64)
+    _, offsets, sizes = self._runs(at[at >= 0])
+    self._advise(offsets, sizes, os.POSIX_FADV_WILLNEED)
+
+  def _read_records(self, at: np.ndarray, records: np.ndarray) -> None:
+    """Reads record ``at[i]`` into ``records[i]``: every page asked for
+    first, then runs of consecutive records one call each."""
+    order, offsets, sizes = self._runs(at)
+    if not order.size:
+      return
+    self._advise(offsets, sizes, os.POSIX_FADV_WILLNEED)
+    in_order = bool((np.diff(order) == 1).all())  # (a window: no copy)
+    staged = records if in_order else np.empty_like(records)
+    view = memoryview(staged.data).cast("B")
+    done = 0
+    for offset, size in zip(offsets, sizes, strict=True):
+      self._io(offset, view[done : done + size], reading=True)
+      done += size
+    self._advise(offsets, sizes, os.POSIX_FADV_DONTNEED)
+    if not in_order:
+      records[order] = staged
+
+  def _runs(self, at: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
+    """``(order, offsets, sizes)``: records ``at`` sorted (``order``), as
+    runs of records consecutive in the file (byte offsets and sizes)."""
+    order = np.argsort(at, kind="stable")
+    ordered = at[order]
+    if not ordered.size:
+      return order, [], []
+    segment = ordered // SEGMENT_RECORDS
+    breaks = np.flatnonzero((np.diff(ordered) != 1) | (np.diff(segment) != 0))
+    starts = np.concatenate([[0], breaks + 1])
+    counts = np.diff(np.concatenate([starts, [ordered.size]]))
+    offsets = self._value_offsets(ordered[starts])
+    return order, offsets.tolist(), (counts * self._value_bytes).tolist()
+
+  def _value_offsets(self, at: np.ndarray) -> np.ndarray:
+    segment, index = np.divmod(at, SEGMENT_RECORDS)
+    values_start = SEGMENT_RECORDS * _ID_BYTES
+    offsets: np.ndarray = (
+      segment * self._segment_bytes + values_start + index * self._value_bytes
+    )
+    return offsets
+
+  # --- writes -----------------------------------------------------------------
+
+  def write(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
+    """Writes per key ``values`` (one row per entry of ``rows``, distinct),
+    appended."""
+    rows = np.asarray(rows, np.int64).reshape([-1])
+    if rows.size:
+      self._append(rows, np.stack(values, axis=1).astype(np.float32))
 
   def write_range(self, first: int, values: Mapping[str, np.ndarray]) -> None:
     """Writes consecutive rows from ``first`` of the keys of ``values``
-    (the other keys' values of those rows are kept)."""
-    records = self._records(len(next(iter(values.values()))))
-    if len(values) < len(self.keys):
-      self._io(first, records, reading=True)
-    for key, value in values.items():
-      records[:, self.keys.index(key)] = value
-    self._io(first, records, reading=False)
-    self._advise([first], [first + len(records)], os.POSIX_FADV_DONTNEED)
+    (the other keys' values of those rows are kept: all written)."""
+    count = len(next(iter(values.values())))
+    for start, end in self._passes(first, count):
+      rows = np.arange(start, end)
+      records = self._records(end - start)
+      if len(values) < len(self.keys):
+        self._read_rows(rows, records)
+      for key, value in values.items():
+        records[:, self.keys.index(key)] = value[start - first : end - first]
+      self._append(rows, records)
 
-  def will_need(self, rows: np.ndarray) -> None:
-    """Asks the kernel to bring the pages of ``rows`` into its page cache
-    (in the background: it returns before the disk answers)."""
-    _, ordered, starts, ends = _runs(rows)
-    self._warm(ordered[starts].tolist(), (ordered[ends - 1] + 1).tolist())
+  def _append(self, rows: np.ndarray, records: np.ndarray) -> None:
+    """Appends ``records`` of ``rows``, then cleans segments where the
+    file holds too many."""
+    self._append_records(rows, records)
+    with self._lock:
+      self._clean()
+
+  def _append_records(self, rows: np.ndarray, records: np.ndarray) -> None:
+    """Appends ``records`` of ``rows`` at the tail, then points ``where``
+    at them."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    with self._lock:
+      chunks = self._allocate(rows.size)
+    done, written = 0, []
+    for segment, index, count in chunks:
+      base = segment * self._segment_bytes
+      ids = rows[done : done + count]
+      self._io(base + index * _ID_BYTES, memoryview(ids).cast("B"), False)
+      values = np.ascontiguousarray(records[done : done + count])
+      offset = base + SEGMENT_RECORDS * _ID_BYTES + index * self._value_bytes
+      self._io(offset, memoryview(values).cast("B"), False)
+      written.append((base, self._segment_bytes))
+      done += count
+    at = np.concatenate(
+      [segment * SEGMENT_RECORDS + index + np.arange(count)
+       for segment, index, count in chunks]
+    )  # fmt: skip
+    with self._lock:
+      self._point(rows, at)
+      # Dropped: pages written the time before (on disk by now).
+      for offset, size in self._last_written:
+        os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_DONTNEED)
+      self._last_written = written
+
+  def _allocate(self, count: int) -> list[tuple[int, int, int]]:
+    """``count`` records at the tail: ``(segment, first, count)`` each."""
+    chunks = []
+    while count:
+      if self._filled == SEGMENT_RECORDS:
+        if self._free:
+          self._tail = self._free.pop()
+        else:  # (the file grows by a whole segment, sparse)
+          self._tail = self._live.size
+          self._live = np.append(self._live, 0)
+          os.ftruncate(self._fd, self._live.size * self._segment_bytes)
+        self._filled = 0
+      taken = min(count, SEGMENT_RECORDS - self._filled)
+      chunks.append((self._tail, self._filled, taken))
+      self._filled += taken
+      count -= taken
+    return chunks
+
+  def _point(self, rows: np.ndarray, at: np.ndarray) -> None:
+    """Rows ``rows`` are at records ``at`` now."""
+    old = self._where[rows].astype(np.int64) - 1
+    size = self._live.size
+    self._live -= np.bincount(old[old >= 0] // SEGMENT_RECORDS, minlength=size)
+    self._live += np.bincount(at // SEGMENT_RECORDS, minlength=size)
+    self._where[rows] = at + 1
+
+  def _clean(self) -> None:
+    """Reuses segments while the file holds more than ``SPACE`` times the
+    segments its live records fill (plus two)."""
+    while self._tail >= 0:
+      used = np.ones(self._live.size, bool)
+      used[self._free] = False
+      used[self._tail] = False  # (the tail is never cleaned)
+      allowed = SPACE * self._live.sum() / SEGMENT_RECORDS + 2
+      if used.sum() + 1 <= allowed:
+        return
+      candidates = np.flatnonzero(used)
+      victim = int(candidates[np.argmin(self._live[candidates])])
+      if self._live[victim]:
+        self._move_live(victim)
+      self._free.append(victim)
+      self._free.sort(reverse=True)
+
+  def _move_live(self, segment: int) -> None:
+    """Appends the live records of ``segment`` again."""
+    base = segment * self._segment_bytes
+    ids = np.empty(SEGMENT_RECORDS, np.int64)
+    self._io(base, memoryview(ids).cast("B"), reading=True)
+    records = self._records(SEGMENT_RECORDS)
+    offset = base + SEGMENT_RECORDS * _ID_BYTES
+    self._io(offset, memoryview(records.data).cast("B"), reading=True)
+    self._advise([base], [self._segment_bytes], os.POSIX_FADV_DONTNEED)
+    at = segment * SEGMENT_RECORDS + np.arange(SEGMENT_RECORDS)
+    valid = (ids >= 0) & (ids < self.rows)
+    live = valid & (self._where[np.where(valid, ids, 0)] == at + 1)
+    if live.any():
+      self._append_records(ids[live], records[live])
+
+  # --- the page cache ---------------------------------------------------------
 
   def drop_cache(self) -> None:
     """Asks the kernel to drop the file's clean pages from its page cache
@@ -155,42 +362,11 @@ class RowFiles:
   def _records(self, count: int) -> np.ndarray:
     return np.empty([count, len(self.keys), self.dim], np.float32)
 
-  def _advise(self, firsts: list[int], ends: list[int], advice: int) -> None:
-    """``posix_fadvise(advice)`` of rows ``[firsts[i], ends[i])``."""
-    size = self._row_bytes
-    for first, end in zip(firsts, ends, strict=True):
-      os.posix_fadvise(self._fd, first * size, (end - first) * size, advice)
+  def _advise(self, offsets: Sequence[int], sizes: Sequence[int], advice: int):
+    for offset, size in zip(offsets, sizes, strict=True):
+      os.posix_fadvise(self._fd, offset, size, advice)
 
-  def _warm(self, firsts: list[int], ends: list[int]) -> None:
-    self._advise(firsts, ends, os.POSIX_FADV_WILLNEED)
-
-  def _each_run(
-    self, rows: np.ndarray, records: np.ndarray, reading: bool
-  ) -> None:
-    """Reads into (or writes from) ``records[i]`` row ``rows[i]``: every
-    page asked for first, then runs of consecutive rows one call each."""
-    order, ordered, starts, ends = _runs(rows)
-    if not order.size:
-      return
-    firsts, lasts = ordered[starts].tolist(), (ordered[ends - 1] + 1).tolist()
-    self._warm(firsts, lasts)
-    staged = np.empty_like(records) if reading else records[order]
-    for first, start, end in zip(
-      firsts, starts.tolist(), ends.tolist(), strict=True
-    ):
-      self._io(first, staged[start:end], reading)
-    # Dropped: pages read (now in the RAM cache), pages written the time
-    # before (on disk by now); pages written now start to go to disk.
-    self._advise(firsts, lasts, os.POSIX_FADV_DONTNEED)
-    if reading:
-      records[order] = staged
-    else:
-      self._advise(*self._last_written, os.POSIX_FADV_DONTNEED)
-      self._last_written = (firsts, lasts)
-
-  def _io(self, first: int, values: np.ndarray, reading: bool) -> None:
-    offset = first * self._row_bytes
-    view = memoryview(values.data).cast("B")
+  def _io(self, offset: int, view: memoryview, reading: bool) -> None:
     done = 0
     try:
       while done < view.nbytes:
@@ -211,17 +387,3 @@ class RowFiles:
           "the tables on disk another directory).",
         ) from None
       raise
-
-
-def _runs(rows: np.ndarray) -> tuple[np.ndarray, ...]:
-  """``(order, rows[order], starts, ends)``: ``rows`` sorted and cut into
-  runs of consecutive rows ``[starts[i], ends[i])``."""
-  rows = np.asarray(rows, np.int64).reshape([-1])
-  order = np.argsort(rows, kind="stable")
-  ordered = rows[order]
-  if not rows.size:
-    return order, ordered, order, order
-  breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
-  starts = np.concatenate([[0], breaks])
-  ends = np.concatenate([breaks, [rows.size]])
-  return order, ordered, starts, ends

@@ -339,8 +339,7 @@ class TieredTable(TableStore):
 
     def read(ids: tf.Tensor) -> np.ndarray:
       self.flush()
-      self._rows.wait()
-      return self._rows.files.read(ids.numpy())[self._rows.keys.index(key)]
+      return self._rows.stored(ids.numpy())[self._rows.keys.index(key)]
 
     return _on_host(read, [tf.cast(ids, tf.int64)], tf.float32)
 
