@@ -1,7 +1,8 @@
-"""A disk-tiered table 12x its cache: VmHWM per phase, as JSON.
+"""A disk-tiered table 8x its cache: VmHWM per phase, as JSON.
 
-``python tiered_memory_job.py DIRECTORY``: builds a 3,000,000 x 32 Adagrad
-table (732 MiB of table and slots) kept on disk with a 32 MiB cache,
+``python tiered_memory_job.py DIRECTORY``: builds an 8,388,608 x 32
+Adagrad table (2 GiB of table and slots) kept on disk with a 256 MiB
+cache,
 trains 20 steps, saves it with ``tpe.checkpoints.write``, exports it with
 ``export_for_serving`` as float32 and as int8, builds a second one and
 restores into it, restores into a third before building it (a plain
@@ -29,7 +30,7 @@ from tpu_embedding.export.quantize import quantize_rows
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
 
-ROWS, DIM, CACHE = 3_000_000, 32, 32 * 2**20
+ROWS, DIM, CACHE = 2**23, 32, 256 * 2**20
 EXPORTS = ("float32", "int8")
 
 
