@@ -177,8 +177,12 @@ class TieredTable(TableStore):
       name="write_back_rows",
     )
     with tf.control_dependencies([written]):
-      loaded = tf.py_function(
-        self._load, [load_rows], [tf.float32] * len(keys), name="read_rows"
+      loaded = tf.numpy_function(
+        self._rows.load,
+        [load_rows],
+        [tf.float32] * len(keys),
+        stateful=True,
+        name="read_rows",
       )
     writes = []
     for key, value in zip(keys, loaded, strict=True):
@@ -219,10 +223,6 @@ class TieredTable(TableStore):
   def _write_back(self, rows: np.ndarray, *values: np.ndarray) -> np.bool_:
     self._rows.write_back(rows, values)
     return np.bool_(True)
-
-  def _load(self, load_rows: tf.Tensor) -> list[np.ndarray]:
-    """Values of the rows ``_plan`` admitted, one array per key."""
-    return self._rows.load(load_rows.numpy())
 
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
