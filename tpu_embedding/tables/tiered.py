@@ -169,21 +169,13 @@ class TieredTable(TableStore):
       )
     slots, evicted_slots, evicted_rows, load_slots, load_rows = planned
     evicted = [tf.gather(cache[key], evicted_slots) for key in keys]
-    written = tf.numpy_function(
-      self._write_back,
-      [evicted_rows, *evicted],
-      tf.bool,
+    loaded = tf.numpy_function(
+      self._swap,
+      [evicted_rows, load_rows, *evicted],
+      [tf.float32] * len(keys),
       stateful=True,
-      name="write_back_rows",
+      name="swap_rows",
     )
-    with tf.control_dependencies([written]):
-      loaded = tf.numpy_function(
-        self._rows.load,
-        [load_rows],
-        [tf.float32] * len(keys),
-        stateful=True,
-        name="read_rows",
-      )
     writes = []
     for key, value in zip(keys, loaded, strict=True):
       value.set_shape([None, self.table.dim])
@@ -220,9 +212,13 @@ class TieredTable(TableStore):
       admitted.load_rows,
     ]
 
-  def _write_back(self, rows: np.ndarray, *values: np.ndarray) -> np.bool_:
-    self._rows.write_back(rows, values)
-    return np.bool_(True)
+  def _swap(
+    self, evicted_rows: np.ndarray, load_rows: np.ndarray, *evicted: np.ndarray
+  ) -> list[np.ndarray]:
+    """Writes back the evicted rows (in the background), then reads the
+    admitted ones: their values, one array per key."""
+    self._rows.write_back(evicted_rows, evicted)
+    return self._rows.load(load_rows)
 
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
