@@ -7,8 +7,9 @@ table, and before build) 2 GiB of table and slots kept on disk with a
 exists must stay within the cache budget plus the stated overhead, for
 each table then alive (the restore into a built table: two): the host's
 maps, ``PER_ROW`` bytes a row (a row's record in the file, its slot, its
-changed bit), and ``FIXED``: a checkpoint's chunk in flight, TensorFlow's
-buffers of a save or an export. A copy of the table would cross it.
+count of lookups, its changed bit), and ``FIXED``: a checkpoint's chunk
+in flight, TensorFlow's buffers of a save or an export. A copy of the
+table would cross it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests import processes
 JOB = pathlib.Path(__file__).parent / "tiered_memory_job.py"
 ROWS, CACHE = 2**23, 256 * 2**20
 STATE = ROWS * 32 * 4 * 2
-PER_ROW = 9
+PER_ROW = 10
 FIXED = 256 * 2**20  # (measured: about 230 MiB)
 TABLES = {"restore": 2}  # (the others: one)
 

@@ -164,7 +164,7 @@ def cache_state(store):
     "rows": rows.row_of_slot.copy(),
     "use": rows.last_use.copy(),
     "dirty": rows.dirty.copy(),
-    "uses": rows.uses.copy(),
+    "frequency": rows.frequency.copy(),
     "hand": rows._hand,  # pylint: disable=protected-access
     "changed": rows.changed_rows().copy(),
     "counts": (rows.step, rows.hits, rows.misses, rows.reads, rows.writes),

@@ -6,10 +6,16 @@ values in ordinary variables, where the optimizers update them) and the
 table's file (``row_files.RowFiles``), which holds every row that left
 the cache. A step asks for its distinct rows (``admit``): the rows
 already cached keep their slots; each other row takes a slot that neither
-this step nor the one before asked for, chosen by a clock hand sweeping
-the slots (rows asked for since it passed stay, as many turns as they
-were asked for, up to ``MAX_USES``); an evicted row whose values changed
-since they were read is written back to the file, in the background.
+this step nor the one before asked for: of a window of slots ahead of a
+hand sweeping the cache (``WINDOW`` times the slots needed, at least
+``MIN_WINDOW``), those whose rows were asked for least often (ties: least
+recently). Each row's count of steps that asked for it (one byte a row,
+halved once the counts grew by ``AGING`` times the slots) outlives its
+stay in the cache, so a hot row evicted by chance comes back with its
+count, and rows asked for once leave first: with ids drawn from a fixed
+distribution the cache comes to hold the most probable rows, as an ideal
+cache of its size would. An evicted row whose values changed since they
+were read is written back to the file, in the background.
 Every update marks its rows changed, one bit per row of the table, until
 a save clears them (``changed_rows``: what a delta checkpoint holds).
 
@@ -55,9 +61,14 @@ from tpu_embedding.tables.row_files import RowFiles
 #: pages read and written are dropped as they go, this drops the rest).
 DROP_EVERY = 8
 
-#: Lookups of a cached row the clock counts (a row looked up ``n`` times
-#: since the hand passed stays for ``n`` more turns of it).
-MAX_USES = 3
+#: Slots an eviction chooses from, per slot it needs (and at least
+#: ``MIN_WINDOW``): the least often asked rows of the window leave.
+WINDOW = 16
+MIN_WINDOW = 4096
+
+#: The rows' counts are halved once they grew by this many times the
+#: slots (recent steps weigh more than old ones).
+AGING = 128
 
 #: Write-backs of a table in flight at once (a step waits beyond).
 IN_FLIGHT = 4
@@ -143,7 +154,9 @@ class RowCache:
     self.dirty = np.zeros(slots, bool)
     # One bit per row: updated since the last save (delta checkpoints).
     self._changed = np.zeros(-(-rows // 8), np.uint8)
-    self.uses = np.zeros(slots, np.uint8)  # lookups the hand has not seen
+    # Steps that asked for each row (saturating; halved as they age).
+    self.frequency = np.zeros(rows, np.uint8)
+    self._counted = 0  # counts added since the last halving
     self._hand = 0
     self.step = 0
     self.hits = self.misses = self.reads = self.writes = 0
@@ -167,8 +180,7 @@ class RowCache:
     # Rows this step or the one before asked for stay (a pipelined update
     # of the step before lands after this lookup).
     self.last_use[slots[~missing]] = self.step
-    hit = slots[~missing]
-    self.uses[hit] = np.minimum(self.uses[hit], MAX_USES - 1) + 1
+    self._count(rows)
     chosen = self._free_slots(need, rows.size)
     old = self.row_of_slot[chosen]
     held = old >= 0
@@ -184,36 +196,46 @@ class RowCache:
       slots, chosen[write_back], old[write_back], chosen, new_rows
     )
 
+  def _count(self, rows: np.ndarray) -> None:
+    """Counts a step's asking for ``rows`` (halving every count once they
+    grew by ``AGING`` times the slots)."""
+    counts = self.frequency[rows]
+    self.frequency[rows] = counts + (counts < 255)
+    self._counted += rows.size
+    if self._counted >= AGING * self.size:
+      self.frequency >>= 1
+      self._counted = 0
+
   def _free_slots(self, need: int, asked: int) -> np.ndarray:
-    """``need`` slots no row of this or the previous step holds, by a
-    clock: the hand sweeps the slots; one whose row was asked for again
-    since the hand last passed stays, for as many turns as it was asked
-    for (up to ``MAX_USES``: hot rows stay, rows asked for once pass;
-    amortized constant work per slot taken)."""
-    found: list[np.ndarray] = []
-    count = swept = 0
-    while count < need:
-      if swept >= (MAX_USES + 1) * self.size:  # (a turn counts uses down)
-        raise CacheTooSmallError(
-          f"Table '{self.files.table}' (DiskTier directory "
-          f"{self.files.tier}): a step asks for "
-          f"{asked} distinct rows, {need} of them not cached, but fewer of "
-          f"the cache's {self.size} slots are free of this step's and the "
-          "previous step's rows: give the cache at least twice the "
-          "distinct rows of a step (DiskTier.cache_bytes)."
-        )
-      span = min(max(4 * (need - count), 1024), self.size)
-      window = (self._hand + np.arange(span)) % self.size
-      idle = self.last_use[window] < self.step - 1
-      taken = np.flatnonzero(idle & (self.uses[window] == 0))[: need - count]
-      self.last_use[window[taken]] = self.step  # (never taken twice)
-      passed = span if count + taken.size < need else int(taken[-1]) + 1
-      self.uses[window[:passed]] -= self.uses[window[:passed]] > 0
-      self._hand = int((self._hand + passed) % self.size)
-      found.append(window[taken])
-      count += taken.size
-      swept += passed
-    return np.concatenate(found) if found else np.zeros([0], np.int64)
+    """``need`` slots no row of this or the previous step holds: of the
+    window ahead of the hand (or, if it holds too few, the whole cache),
+    the empty ones, then those of the rows asked for least often, then
+    least recently."""
+    if need == 0:
+      return np.zeros([0], np.int64)
+    span = min(self.size, max(MIN_WINDOW, WINDOW * need))
+    window = (self._hand + np.arange(span)) % self.size
+    self._hand = int((self._hand + span) % self.size)
+    idle = window[self.last_use[window] < self.step - 1]
+    if idle.size < need:
+      idle = np.flatnonzero(self.last_use < self.step - 1)
+    if idle.size < need:
+      raise CacheTooSmallError(
+        f"Table '{self.files.table}' (DiskTier directory "
+        f"{self.files.tier}): a step asks for "
+        f"{asked} distinct rows, {need} of them not cached, but fewer of "
+        f"the cache's {self.size} slots are free of this step's and the "
+        "previous step's rows: give the cache at least twice the "
+        "distinct rows of a step (DiskTier.cache_bytes)."
+      )
+    held = self.row_of_slot[idle]
+    counts = self.frequency[np.maximum(held, 0)].astype(np.int64)
+    score = np.where(held >= 0, (counts << 40) | self.last_use[idle], -1)
+    if need < idle.size:
+      idle = idle[np.argpartition(score, need - 1)[:need]]
+    self.last_use[idle] = self.step  # (never taken twice)
+    chosen: np.ndarray = idle.astype(np.int64)
+    return chosen
 
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
@@ -375,7 +397,6 @@ class RowCache:
     self.row_of_slot[:] = -1
     self.last_use[:] = -1
     self.dirty[:] = False
-    self.uses[:] = 0
 
   def _write_initial(self, blocks: np.ndarray) -> None:
     """Writes the initial values of the grid blocks not on disk yet."""

@@ -169,12 +169,14 @@ class TieredTable(TableStore):
       )
     slots, evicted_slots, evicted_rows, load_slots, load_rows = planned
     evicted = [tf.gather(cache[key], evicted_slots) for key in keys]
-    loaded = tf.numpy_function(
-      self._swap,
-      [evicted_rows, load_rows, *evicted],
-      [tf.float32] * len(keys),
-      stateful=True,
-      name="swap_rows",
+    loaded = tf.nest.flatten(  # (eager, one key: a tensor, not a list)
+      tf.numpy_function(
+        self._swap,
+        [evicted_rows, load_rows, *evicted],
+        [tf.float32] * len(keys),
+        stateful=True,
+        name="swap_rows",
+      )
     )
     writes = []
     for key, value in zip(keys, loaded, strict=True):
