@@ -430,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     help="--storage disk: a directory on the local disk (default: a new "
     "one in the temporary directory).",
   )
+  parser.add_argument(
+    "--disk_warmup",
+    type=cli.non_negative_int,
+    default=500,
+    help="--storage disk: untimed steps on disk first (more until every "
+    "cache is full), so that the cache's counts of each row's lookups "
+    "have learnt which rows are hot, as in a long training run.",
+  )
   return parser
 
 
@@ -712,10 +720,14 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   embedding = make_embedding(args, disk)
   disk_step = tpu_embedding_step(args, head, embedding)
   caches = [embedding.table_stores[f"t{t}"].cache for t in range(args.tables)]
-  # Warm up until every cache is full (at most 500 steps).
-  for batch in _disk_batches(args, 500, seed=2):
-    disk_step(batch).numpy()
-    if all(c.misses >= c.size for c in caches):
+  # Warm up --disk_warmup steps, and on until every cache is full (at
+  # most twice as many), 50 fresh batches at a time.
+  for step in range(2 * max(args.disk_warmup, 50)):
+    if step % 50 == 0:
+      warming = iter(_disk_batches(args, 50, seed=2 + step))
+    disk_step(next(warming)).numpy()
+    full = all(c.misses >= c.size for c in caches)
+    if step + 1 >= args.disk_warmup and full:
       break
   before = _counts(caches)
   on_disk = _timed("on disk", disk_step, batches, args, embedding)
