@@ -259,10 +259,10 @@ class RowFiles:
     for segment, index, count in chunks:
       base = segment * self._segment_bytes
       ids = rows[done : done + count]
-      self._io(base + index * _ID_BYTES, memoryview(ids).cast("B"), False)
+      self._io(base + index * _ID_BYTES, memoryview(ids.data).cast("B"), False)
       values = np.ascontiguousarray(records[done : done + count])
       offset = base + SEGMENT_RECORDS * _ID_BYTES + index * self._value_bytes
-      self._io(offset, memoryview(values).cast("B"), False)
+      self._io(offset, memoryview(values.data).cast("B"), False)
       written.append((base, self._segment_bytes))
       done += count
     at = np.concatenate(
@@ -323,7 +323,7 @@ class RowFiles:
     """Appends the live records of ``segment`` again."""
     base = segment * self._segment_bytes
     ids = np.empty(SEGMENT_RECORDS, np.int64)
-    self._io(base, memoryview(ids).cast("B"), reading=True)
+    self._io(base, memoryview(ids.data).cast("B"), reading=True)
     records = self._records(SEGMENT_RECORDS)
     offset = base + SEGMENT_RECORDS * _ID_BYTES
     self._io(offset, memoryview(records.data).cast("B"), reading=True)
@@ -362,7 +362,9 @@ class RowFiles:
   def _records(self, count: int) -> np.ndarray:
     return np.empty([count, len(self.keys), self.dim], np.float32)
 
-  def _advise(self, offsets: Sequence[int], sizes: Sequence[int], advice: int):
+  def _advise(
+    self, offsets: Sequence[int], sizes: Sequence[int], advice: int
+  ) -> None:
     for offset, size in zip(offsets, sizes, strict=True):
       os.posix_fadvise(self._fd, offset, size, advice)
 
