@@ -53,6 +53,7 @@ import os
 import threading
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -209,16 +210,16 @@ class RowFiles:
     breaks = np.flatnonzero((np.diff(ordered) != 1) | (np.diff(segment) != 0))
     starts = np.concatenate([[0], breaks + 1])
     counts = np.diff(np.concatenate([starts, [ordered.size]]))
-    offsets = self._value_offsets(ordered[starts])
+    offsets = self._value_offset(*np.divmod(ordered[starts], SEGMENT_RECORDS))
     return order, offsets.tolist(), (counts * self._value_bytes).tolist()
 
-  def _value_offsets(self, at: np.ndarray) -> np.ndarray:
-    segment, index = np.divmod(at, SEGMENT_RECORDS)
+  def _value_offset(self, segment: Any, index: Any) -> Any:
+    """The byte offset of the values of record ``index`` of ``segment``
+    (ints, or arrays of them)."""
     values_start = SEGMENT_RECORDS * _ID_BYTES
-    offsets: np.ndarray = (
+    return (
       segment * self._segment_bytes + values_start + index * self._value_bytes
     )
-    return offsets
 
   # --- writes -----------------------------------------------------------------
 
@@ -261,7 +262,7 @@ class RowFiles:
       ids = rows[done : done + count]
       self._io(base + index * _ID_BYTES, memoryview(ids.data).cast("B"), False)
       values = np.ascontiguousarray(records[done : done + count])
-      offset = base + SEGMENT_RECORDS * _ID_BYTES + index * self._value_bytes
+      offset = self._value_offset(segment, index)
       self._io(offset, memoryview(values.data).cast("B"), False)
       written.append((base, self._segment_bytes))
       done += count
@@ -325,7 +326,7 @@ class RowFiles:
     ids = np.empty(SEGMENT_RECORDS, np.int64)
     self._io(base, memoryview(ids.data).cast("B"), reading=True)
     records = self._records(SEGMENT_RECORDS)
-    offset = base + SEGMENT_RECORDS * _ID_BYTES
+    offset = self._value_offset(segment, 0)
     self._io(offset, memoryview(records.data).cast("B"), reading=True)
     self._advise([base], [self._segment_bytes], os.POSIX_FADV_DONTNEED)
     at = segment * SEGMENT_RECORDS + np.arange(SEGMENT_RECORDS)
