@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import mmap
 import os
 import subprocess
@@ -48,11 +49,19 @@ def disk_read_rate(
         [sys.executable, __file__, path, str(seed), str(threads // processes),
          str(seconds), str(processes)],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
       )
       for seed in range(processes)
     ]  # fmt: skip
-    return sum(float(run.communicate()[0]) for run in runs)
+    total = 0.0
+    for run in runs:
+      out, err = run.communicate()
+      if run.returncode != 0:  # (one line, naming the file)
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        raise OSError(errno.EIO, f"the disk probe failed: {last}", path)
+      total += float(out)
+    return total
   finally:
     os.close(fd)
     os.remove(path)
