@@ -38,6 +38,8 @@ FILE`` appends each command and whether it was forked (or why not).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -248,14 +250,19 @@ class Popen(subprocess.Popen):
   def _try_wait(self, wait_flags):
     if self._status is None:
       return super()._try_wait(wait_flags)
-    self._status.setblocking(not wait_flags & os.WNOHANG)
     try:
+      self._status.setblocking(not wait_flags & os.WNOHANG)
       message = self._status.recv(1 << 16)
     except BlockingIOError:
       return (0, 0)
-    self._status.close()
+    except OSError as error:  # closed or broken (EBADF, ECONNRESET, ...)
+      message = b""
+      if error.errno == errno.EBADF:  # its fd may be another file's by now
+        self._status.detach()
+    with contextlib.suppress(OSError):
+      self._status.close()
     self._status = None
-    if not message:  # the server died: the status is lost
+    if not message:  # the server died or the connection broke: status lost
       return (self.pid, 255 << 8)
     return (self.pid, json.loads(message)["status"])
 

@@ -10,6 +10,7 @@ silently fell back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -185,3 +186,33 @@ def test_an_environment_the_servers_do_not_share_runs_afresh(
   monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
   env = {**processes.server_environment(), "TF_CPP_MIN_LOG_LEVEL": "0"}
   assert lines(python(script, "0", env=env).stdout)["preloaded"] == "False"
+
+
+@pytest.mark.parametrize("breakage", ["closed", "fd closed under it"])
+def test_a_broken_status_connection_stays_in_its_own_test(
+  script, monkeypatch, breakage
+):
+  """A child abandoned by a failed test (left in ``subprocess._active``)
+  whose status connection is closed or broken: its status is lost (255),
+  and ``subprocess._cleanup``, which every later ``Popen`` runs, does not
+  raise, so the failure does not spread to the tests after it."""
+  monkeypatch.setenv("TPU_EMBEDDING_TEST_FORK", "1")
+  process = processes.Popen(
+    [sys.executable, script, "sleep"], stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL, env=processes.server_environment(),
+  )  # fmt: skip
+  try:
+    assert process._status is not None
+    if breakage == "closed":
+      process._status.close()
+    else:
+      os.close(process._status.fileno())
+    subprocess._active.append(process)
+    subprocess._cleanup()
+    assert process not in subprocess._active
+    assert process.returncode == 255
+    assert lines(python(script, "0").stdout)["preloaded"] == "True"
+  finally:
+    os.kill(process.pid, 9)
+    with contextlib.suppress(ValueError):  # failed: keep it from the next
+      subprocess._active.remove(process)

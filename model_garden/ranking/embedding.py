@@ -12,7 +12,9 @@ current strategy: tables above ``ModelConfig.size_threshold`` rows are
 row-sharded across the replicas, the others replicated; with
 ``ModelConfig.disk_directory``, tables above ``disk_size_threshold`` rows
 are kept on that local disk behind a RAM cache (``placement_policy``;
-row-sharded over the replicas of ``mirrored``, a cache each).
+row-sharded over the replicas of ``mirrored`` or
+``multi_worker_mirrored``, a cache each; each worker its own
+subdirectory: ``disk_directory``).
 
 Example:
   >>> from model_garden.ranking import embedding
@@ -26,11 +28,13 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import tensorflow as tf
 
 import tpu_embedding as tpe
+from model_garden.ranking import strategies
 from model_garden.ranking.configs import definitions
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import PlacementPolicy
@@ -98,11 +102,38 @@ def disk_table_names(config: definitions.ModelConfig) -> tuple[str, ...]:
   return tuple(table_name(i) for i in config.disk_tables())
 
 
-def placement_policy(
+def disk_directory(
   config: definitions.ModelConfig,
+  strategy: str = "default",
+  task: tuple[str | None, int] | None = None,
+) -> str:
+  """Where this process keeps its tables on disk: ``disk_directory``, or
+  under ``multi_worker_mirrored`` its task's own ``disk_directory/<type>
+  <index>`` (``task``, default ``TF_CONFIG``'s; ``worker0`` without one):
+  each worker's blocks in their own files, as the library locks a
+  table's directory for one process.
+
+  Example:
+    >>> from model_garden.ranking import embedding
+    >>> from model_garden.ranking.configs import definitions
+    >>> config = definitions.ModelConfig(disk_directory="/ssd")
+    >>> embedding.disk_directory(config, "mirrored")
+    '/ssd'
+    >>> embedding.disk_directory(config, "multi_worker_mirrored", ("worker", 1))
+    '/ssd/worker1'
+  """
+  if strategy != "multi_worker_mirrored":
+    return config.disk_directory
+  kind, index = strategies.task_type() if task is None else task
+  return os.path.join(config.disk_directory, f"{kind or 'worker'}{index}")
+
+
+def placement_policy(
+  config: definitions.ModelConfig, strategy: str = "default"
 ) -> int | PlacementPolicy:
   """``TPUEmbedding(row_sharding_threshold=...)``: the threshold, with the
-  tables kept on disk when ``disk_directory`` names a directory.
+  tables kept on disk when ``disk_directory`` names a directory (this
+  process's under ``strategy``: ``disk_directory()``).
 
   Example:
     >>> from model_garden.ranking import embedding
@@ -119,7 +150,8 @@ def placement_policy(
   names = disk_table_names(config)
   if not names:
     return threshold
-  disk = DiskTier(config.disk_directory, config.disk_cache_bytes, names)
+  directory = disk_directory(config, strategy)
+  disk = DiskTier(directory, config.disk_cache_bytes, names)
   return PlacementPolicy(threshold, disk=disk)
 
 
@@ -130,6 +162,7 @@ def make_embedding(
   seed: int | None = None,
   pipeline: bool = False,
   per_replica_batch_size: int | None = None,
+  strategy: str = "default",
 ) -> tpe.TPUEmbedding:
   """The model's ``TPUEmbedding`` under the current strategy (not built).
 
@@ -139,6 +172,7 @@ def make_embedding(
     seed: see ``feature_config``.
     pipeline: ``pipeline_execution_with_tensor_core`` (TPU only).
     per_replica_batch_size: see ``feature_config``.
+    strategy: ``runtime.distribution_strategy`` (``disk_directory``).
 
   Example:
     >>> import tpu_embedding as tpe
@@ -154,7 +188,7 @@ def make_embedding(
     feature_config(config, seed, per_replica_batch_size),
     optimizer,
     pipeline_execution_with_tensor_core=pipeline,
-    row_sharding_threshold=placement_policy(config),
+    row_sharding_threshold=placement_policy(config, strategy),
     # A table kept on disk is held alone: under MirroredStrategy the
     # library refuses stacks of tables on disk, which "auto" makes on GPUs.
     table_stacking=None if config.disk_tables() else "auto",

@@ -76,7 +76,7 @@ NOT_CHECKPOINT_SHAPING = (
 DISK_WAY_OUT = (
   "keep the largest tables on a local disk behind a RAM cache "
   "(task.model.disk_directory, disk_size_threshold, disk_cache_bytes; one "
-  "device or mirrored)"
+  "device, mirrored or multi_worker_mirrored)"
 )
 
 
@@ -414,10 +414,15 @@ def check_memory(
   )
 
 
-def check_disk_directory(config: definitions.ExperimentConfig) -> None:
+def check_disk_directory(
+  config: definitions.ExperimentConfig, workers: int = 0
+) -> None:
   """``task.model.disk_directory`` (when it keeps tables) can be created
   and written, and no other process keeps its tables there (their
-  locks); leaves it as it was.
+  locks); leaves it as it was. The directory is this process's
+  (``embedding.disk_directory``: under ``multi_worker_mirrored`` its
+  task's subdirectory), or, for a launcher of ``workers`` local workers,
+  each worker's.
 
   Raises:
     cli.FixableError: naming the directory and what to do.
@@ -429,14 +434,18 @@ def check_disk_directory(config: definitions.ExperimentConfig) -> None:
   if not model.disk_tables():
     return
   flag = "task.model.disk_directory"
-  check_model_dir(model.disk_directory, flag)
-  for name in embedding.disk_table_names(model):
-    try:
-      run_lock.check_free(
-        os.path.join(model.disk_directory, name), f"use another {flag}"
-      )
-    except run_lock.DirectoryInUseError as e:
-      raise cli.FixableError(str(e)) from None
+  strategy = config.runtime.distribution_strategy
+  tasks = [("worker", i) for i in range(workers)] or [None]
+  for task in tasks:
+    directory = embedding.disk_directory(model, strategy, task)
+    check_model_dir(directory, flag)
+    for name in embedding.disk_table_names(model):
+      try:
+        run_lock.check_free(
+          os.path.join(directory, name), f"use another {flag}"
+        )
+      except run_lock.DirectoryInUseError as e:
+        raise cli.FixableError(str(e)) from None
 
 
 def cluster_hosts(strategy: str, tf_config: Mapping[str, Any] | None) -> int:

@@ -182,6 +182,7 @@ class RankingTask:
         per_replica_batch_size=(
           batch_size // replicas if _is_tpu(strategy) else None
         ),
+        strategy=config.runtime.distribution_strategy,
       )
       self.embedding.build()
       self.loss_scale = (

@@ -425,7 +425,9 @@ def check_resources(plan: Plan) -> None:
     hosts=preflight.cluster_hosts(plan.strategy, plan.cluster),
     replicas=max(1, FLAGS.num_replicas) if plan.strategy == "mirrored" else 1,
   )
-  preflight.check_disk_directory(plan.config)
+  preflight.check_disk_directory(
+    plan.config, FLAGS.num_workers if plan.launch else 0
+  )
   preflight.check_inputs(plan.config, FLAGS.mode)
   warning = preflight.shared_files_warning(plan.config, FLAGS.mode)
   if warning:
@@ -759,10 +761,15 @@ def _describe(loop: Any, experiment: str) -> None:
     sum(p.sharded for p in plan.placements.values()) if plan is not None else 0
   )
   on_disk = ""
-  if model.disk_tables():  # (one process: the stores are all its own)
+  if model.disk_tables():  # (this process's stores, in its directory)
     stores = loop.task.embedding.table_stores.values()
     tiered = sum(store.layout.startswith("tiered") for store in stores)
-    on_disk = f", {tiered} on disk in {model.disk_directory}"
+    from model_garden.ranking import embedding  # noqa: PLC0415
+
+    directory = embedding.disk_directory(
+      model, config.runtime.distribution_strategy
+    )
+    on_disk = f", {tiered} on disk in {directory}"
   loop.log(
     f"{experiment}: {model.interaction} interaction, "
     f"{len(model.vocab_sizes)} tables ({sum(model.vocab_sizes):,} rows; "

@@ -6,12 +6,14 @@
 model_garden.ranking.train``, two runs started together): a run with one
 table on disk, its cache smaller than the table, trains, evaluates and
 checkpoints, and its checkpoint equals, bit for bit, that of the same run
-with every table in memory; so do its delta checkpoints, and a run on 2
+with every table in memory; so do its delta checkpoints, a run on 2
 mirrored replicas (each its block of the table, its files and its
-cache). Refusals (one line, before anything is written): parameter
-servers (a subprocess, as a user sees it), dynamic vocabularies, a remote
-directory; the memory refusal names the disk tier, which makes
-``dlrm_criteo`` fit, and counts a cache a replica.
+cache) and one on 2 ``multi_worker_mirrored`` workers (each its own
+subdirectory, which the preflight checks). Refusals (one line, before
+anything is written): parameter servers (a subprocess, as a user sees
+it), dynamic vocabularies, a remote directory; the memory refusal names
+the disk tier, which makes ``dlrm_criteo`` fit, and counts a cache a
+replica.
 Failures (one line naming the table and its directory, exit 1, the saves
 as they were): a cache too small for a step, a full disk (the
 files' writes fail with ENOSPC once the run has saved).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -38,6 +41,7 @@ from tests.model_garden.test_train import start
 from tpu_embedding.checkpointing import manager
 
 STEPS = 10
+MWMS_STEPS = 4  # (2 clusters of 2 workers: the slowest test here)
 #: Table 0 (5,000 rows) on disk; the 25 others (100 rows) in memory.
 VOCAB_SIZES = [5000] + [100] * 25
 DIM = 16  # dlrm_criteo_cpu_small's width
@@ -156,6 +160,101 @@ def test_two_mirrored_replicas_train_to_the_in_memory_checkpoint(tmp_path):
     np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_two_workers_train_to_the_in_memory_checkpoint(tmp_path):
+  """``multi_worker_mirrored``, 2 local workers (``--num_workers``): each
+  keeps its block of table 0 in its own subdirectory
+  (``directory/worker<i>/<table>/block<i>``, ``embedding.disk_directory``);
+  the checkpoint equals, bit for bit, the same cluster's in memory (the
+  library's tests/tables/test_tiered_sharded.py: and a one-device run's)."""
+  disk = tmp_path / "ssd"
+  flags = (
+    "--mode=train",
+    "--strategy=multi_worker_mirrored",
+    "--num_workers=2",
+    "--max_restarts=0",
+  )
+  few = f",task.model.size_threshold=1000,trainer.train_steps={MWMS_STEPS}"
+  runs = {
+    "disk": start(
+      command(tmp_path / "disk", disk_params(disk) + few, *flags), tmp_path
+    ),
+    "memory": start(
+      command(tmp_path / "memory", PARAMS + few, *flags), tmp_path
+    ),
+  }
+  results = {name: finish(process) for name, process in runs.items()}
+  for name, (rc, stdout, stderr) in results.items():
+    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
+  output = "".join(results["disk"][1:])
+  assert f"1 row-sharded, 1 on disk in {disk / 'worker0'})" in output, output[
+    -4000:
+  ]
+  assert "CollectiveAllReduceStrategy with 2 replica(s)" in output
+  blocks = sorted(str(p.relative_to(disk)) for p in disk.glob("*/*/block*"))
+  assert blocks == [
+    "worker0/embedding_table_00/block0",
+    "worker1/embedding_table_00/block1",
+  ]
+  got_path, got = checkpoint_values(tmp_path / "disk")
+  want_path, want = checkpoint_values(tmp_path / "memory")
+  assert got_path.endswith(f"ckpt-{MWMS_STEPS}"), got_path
+  assert want_path.endswith(f"ckpt-{MWMS_STEPS}"), want_path
+  assert set(got) == set(want)
+  key = "embedding/embedding_table_00/.ATTRIBUTES/VARIABLE_VALUE"
+  assert got[key].shape == (VOCAB_SIZES[0], DIM)  # full values
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+#: Holds ``argv[1]``'s lock (a table's directory) until its stdin closes.
+HOLDER = (
+  "import sys; from tpu_embedding import run_lock; "
+  "lock = run_lock.RunLock(sys.argv[1]).acquire(); "
+  "print('held', flush=True); sys.stdin.read()"
+)
+
+
+def test_each_worker_checks_its_own_directory(tmp_path, monkeypatch):
+  """The preflight checks this task's subdirectory (``TF_CONFIG``), or
+  every worker's for the launcher (``--num_workers``): another process
+  holding worker 1's table is refused there, and only there."""
+  config = small(
+    **{
+      "task.model.disk_directory": str(tmp_path),
+      "runtime.distribution_strategy": "multi_worker_mirrored",
+    }
+  )
+  table = tmp_path / "worker1" / "embedding_table_00"
+  holder = processes.Popen(
+    [sys.executable, "-c", HOLDER, str(table)],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert holder.stdout.readline() == "held\n"
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    for index, refused in ((0, False), (1, True)):
+      task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+      monkeypatch.setenv("TF_CONFIG", json.dumps(task))
+      if refused:
+        with pytest.raises(cli.FixableError, match=f"^{table} is in use"):
+          preflight.check_disk_directory(config)
+      else:
+        preflight.check_disk_directory(config)
+    monkeypatch.delenv("TF_CONFIG")
+    with pytest.raises(cli.FixableError, match=f"^{table} is in use"):
+      preflight.check_disk_directory(config, workers=2)
+    preflight.check_disk_directory(config, workers=1)
+    mirrored = configs.override(
+      config, {"runtime.distribution_strategy": "mirrored"}
+    )
+    preflight.check_disk_directory(mirrored)  # tmp_path/embedding_table_00
+  finally:
+    holder.stdin.close()
+    holder.wait(timeout=60)
+
+
 def test_parameter_servers_are_refused_in_one_line_before_any_write(tmp_path):
   model_dir, disk = tmp_path / "run", tmp_path / "ssd"
   env = {
@@ -177,9 +276,10 @@ def test_parameter_servers_are_refused_in_one_line_before_any_write(tmp_path):
   line = process.stderr.strip().splitlines()[-1]
   assert (
     "task.model.disk_directory keeps 1 table(s) on disk (more rows than "
-    "disk_size_threshold=1000), which train on one device or the replicas "
-    "of one process only (--strategy default, one_device or mirrored), not "
-    "parameter_server: use one of those, or remove task.model.disk_directory"
+    "disk_size_threshold=1000), which train on one device or row-sharded "
+    "over mirrored replicas (--strategy default, one_device, mirrored or "
+    "multi_worker_mirrored), not parameter_server: use one of those, or "
+    "remove task.model.disk_directory"
   ) in line, line
   assert not model_dir.exists() and not disk.exists()
 
@@ -208,7 +308,7 @@ def small(**changes):
     ({"task.model.disk_cache_bytes": 0}, "disk_cache_bytes positive"),
     (
       {"runtime.distribution_strategy": "parameter_server"},
-      "which train on one device or the replicas of one process only",
+      "which train on one device or row-sharded over mirrored replicas",
     ),
   ],
 )
@@ -261,7 +361,7 @@ def test_the_memory_refusal_names_the_disk_tier_which_makes_it_fit():
   assert message.endswith(
     "or keep the largest tables on a local disk behind a RAM cache "
     "(task.model.disk_directory, disk_size_threshold, disk_cache_bytes; "
-    "one device or mirrored)."
+    "one device, mirrored or multi_worker_mirrored)."
   )
   on_disk = configs.override(
     config, {"task.model.disk_directory": "/ssd/tables"}

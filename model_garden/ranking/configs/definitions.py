@@ -248,7 +248,8 @@ class ModelConfig:
   ``disk_size_threshold`` rows are kept, with their optimizer slots,
   behind a RAM cache of ``disk_cache_bytes`` each
   (``tpu_embedding.sharding.DiskTier``; one device, or row-sharded over
-  ``mirrored``'s replicas); "" keeps every table in memory."""
+  the replicas of ``mirrored`` or ``multi_worker_mirrored``, each worker
+  in its own ``worker<i>`` under it); "" keeps every table in memory."""
 
   disk_size_threshold: int = 1_000_000
   """Ours: with ``disk_directory``, tables with more rows than this are

@@ -264,8 +264,9 @@ def check_supported(config: definitions.ExperimentConfig) -> None:
 
 
 #: The strategies that train tables kept on disk (one device, or
-#: row-sharded over the replicas of one process).
-DISK_STRATEGIES = ("default", "one_device", "mirrored")
+#: row-sharded over the replicas of one process or of a cluster's workers,
+#: each worker in its own subdirectory: ``embedding.disk_directory``).
+DISK_STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored")
 
 
 def _check_disk(config: definitions.ExperimentConfig) -> None:
@@ -295,9 +296,10 @@ def _check_disk(config: definitions.ExperimentConfig) -> None:
   strategy = config.runtime.distribution_strategy
   if strategy not in DISK_STRATEGIES:
     raise ValueError(
-      f"{kept}, which train on one device or the replicas of one process "
-      f"only (--strategy default, one_device or mirrored), not {strategy}: "
-      "use one of those, or remove task.model.disk_directory."
+      f"{kept}, which train on one device or row-sharded over mirrored "
+      "replicas (--strategy default, one_device, mirrored or "
+      f"multi_worker_mirrored), not {strategy}: use one of those, or remove "
+      "task.model.disk_directory."
     )
   if model.vocabulary != "fixed":
     raise ValueError(
