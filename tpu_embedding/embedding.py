@@ -47,6 +47,7 @@ from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
@@ -178,6 +179,24 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
       RuntimeError: under TPUStrategy (TensorFlow holds the tables).
     """
     return self._engine.table_stores
+
+  def disk_tier_counts(self) -> dict[str, CacheCounts]:
+    """``{table name: CacheCounts}`` of the tables on disk (``DiskTier``):
+    what this process's caches of each counted since it was built (its
+    blocks' together): hits and misses among each step's distinct rows,
+    rows read from and written to the files. Empty without disk tables.
+
+    Example:
+      >>> emb = TPUEmbedding(...)  # doctest: +SKIP
+      >>> before = emb.disk_tier_counts()  # doctest: +SKIP
+      >>> # ... train ...
+      >>> {name: f"{(counts - before[name]).hit_rate:.1%}"
+      ...  for name, counts in emb.disk_tier_counts().items()}  # doctest: +SKIP
+      {'items': '91.3%'}
+
+    Under TPUStrategy TensorFlow holds the tables: none is on disk.
+    """
+    return self._engine.disk_tier_counts()
 
   @property
   def vocabulary_states(self) -> dict[str, Any]:

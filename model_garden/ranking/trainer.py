@@ -197,6 +197,8 @@ class Trainer:
     trainer = self.config.trainer
     self._writers: dict[str, Any] = {}
     self._next_batches: tuple[int, Any, Any] | None = None
+    # When the disk tables' counts were last read, and what they were.
+    self._disk_mark = (time.perf_counter(), self._disk_tier_counts())
     self.restored = self.restore()
     self._saved_step = self.step if self.restored else None
     # Every worker saves into model_dir: under MultiWorkerMirroredStrategy
@@ -325,6 +327,7 @@ class Trainer:
     loss = None
     pending: list[Any] = []
     loop_start = time.perf_counter()
+    disk_before = self._disk_tier_counts()
     for step in range(start + 1, target + 1):
       if self._is_ps:
         pending.append(self._schedule(step_fn, iterator))
@@ -359,6 +362,7 @@ class Trainer:
         self.log(f"Killing this process after step {step} (--kill_at_step).")
         os.kill(os.getpid(), signal.SIGKILL)
     self.train_examples_per_second = progress.throughput.examples_per_second()
+    self._log_disk_tiers(disk_before, time.perf_counter() - loop_start)
     if self.fdo is not None and not self._is_ps:
       self._finish_fdo(time.perf_counter() - loop_start)
     self._next_batches = (target, step_fn, iterator)
@@ -438,12 +442,51 @@ class Trainer:
         rate / self.config.task.train_data.global_batch_size
       )
     values["skipped_steps"] = float(self.skipped_steps)
+    values.update(self._disk_tier_scalars())
     values.update(self.inputs.bad_record_scalars("train_data"))
     if self.task.loss_scale is not None:
       values["loss_scale"] = float(
         tf.convert_to_tensor(self.task.loss_scale.scale)
       )
     _write_scalars(writer, values, step)
+
+  def _disk_tier_counts(self) -> dict[str, Any]:
+    return self.task.embedding.disk_tier_counts()
+
+  def _disk_tier_scalars(self) -> dict[str, float]:
+    """Each disk table's hit rate, rows read and written per second since
+    the last call (``disk/<table>/...``; none without disk tables)."""
+    now, counts = time.perf_counter(), self._disk_tier_counts()
+    then, before = self._disk_mark
+    self._disk_mark = (now, counts)
+    seconds = max(now - then, 1e-9)
+    values = {}
+    for name, total in counts.items():
+      interval = total - before[name] if name in before else total
+      values[f"disk/{name}/hit_rate"] = interval.hit_rate
+      values[f"disk/{name}/rows_read_per_second"] = interval.rows_read / seconds
+      values[f"disk/{name}/rows_written_per_second"] = (
+        interval.rows_written / seconds
+      )
+    return values
+
+  def _log_disk_tiers(self, before: dict[str, Any], seconds: float) -> None:
+    """One line: the disk tables' hit rates and rows read and written per
+    second over a ``train`` call (nothing without disk tables)."""
+    counts = self._disk_tier_counts()
+    if not counts:
+      return
+    run = {
+      name: total - before[name] if name in before else total
+      for name, total in counts.items()
+    }
+    reads = sum(c.rows_read for c in run.values()) / max(seconds, 1e-9)
+    writes = sum(c.rows_written for c in run.values()) / max(seconds, 1e-9)
+    rates = ", ".join(f"{n} {c.hit_rate:.1%}" for n, c in sorted(run.items()))
+    self.log(
+      f"Disk tables: hit rate {rates}; {reads:,.0f} rows read/s, "
+      f"{writes:,.0f} written/s."
+    )
 
   def _ps_step(self, dataset_fn: Any, step: Any) -> tuple[Any, Any]:
     """A scheduled step and its per-worker iterator (parameter servers)."""

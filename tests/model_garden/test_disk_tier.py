@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -124,6 +125,36 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
     if line.startswith("Validation AUC")
   ]
   assert auc and auc[-1] in results["disk"][1]
+  # The disk table's hit rate and reads, in the log and the summaries.
+  found = re.search(
+    r"Disk tables: hit rate embedding_table_00 ([\d.]+)%; ([\d,]+) rows "
+    r"read/s, ([\d,]+) written/s.",
+    results["disk"][1],
+  )
+  assert found, results["disk"][1][-3000:]
+  assert 0 < float(found[1]) < 100 and int(found[2].replace(",", "")) > 0
+  assert "Disk tables" not in results["memory"][1]
+  scalars = train_scalars(tmp_path / "disk")
+  rate = scalars["disk/embedding_table_00/hit_rate"]
+  assert rate and all(0 < r < 1 for r in rate), rate
+  assert all(
+    r > 0 for r in scalars["disk/embedding_table_00/rows_read_per_second"]
+  )
+  assert not any(
+    k.startswith("disk/") for k in train_scalars(tmp_path / "memory")
+  )
+
+
+def train_scalars(model_dir) -> dict[str, list[float]]:
+  """``{tag: values in step order}`` of a run's training summaries."""
+  scalars: dict[str, list[float]] = {}
+  for path in sorted((model_dir / "train").glob("events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append(
+          float(tf.make_ndarray(value.tensor))
+        )
+  return scalars
 
 
 def test_two_mirrored_replicas_train_to_the_in_memory_checkpoint(tmp_path):

@@ -10,6 +10,7 @@ between the two layouts both ways. Rows never looked up are never written
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import time
@@ -206,6 +207,41 @@ def test_grid_blocks_never_looked_up_are_never_written(tmp_path):
   record = DIM * 4 + 8
   written = os.path.getsize(tmp_path / "t" / "rows.records")
   assert grid_rows(DIM) * record <= written < 1.5 * grid_rows(DIM) * record
+
+
+def test_the_counts_of_hits_misses_reads_and_writes(tmp_path):
+  """A cache of 16 rows and steps of 8 distinct ids: blocks of 8 ids
+  first seen miss and are read; seen again while cached, they hit; the
+  third new block evicts the first, updated, so it is written back.
+  Tables in memory count nothing."""
+  table = tpe.TableConfig(1000, DIM, name="t")
+  small = tpe.TableConfig(10, DIM, name="small")
+  emb = tpe.TPUEmbedding(
+    {"f": tpe.FeatureConfig(table), "g": tpe.FeatureConfig(small)},
+    tpe.SGD(0.1),
+    row_sharding_threshold=PlacementPolicy(
+      disk=DiskTier(str(tmp_path), 16 * DIM * 4, ("t",))
+    ),
+  )
+  emb.build(per_replica_batch_size=BATCH)
+  counts = []
+  for first in (0, 0, 100, 200, 200, 0):
+    ids = first + np.arange(BATCH, dtype=np.int64)
+    train(emb, [{"f": tf.constant(ids), "g": tf.constant(ids % 10)}], "dense")
+    counts.append(emb.disk_tier_counts())
+  assert [sorted(c) for c in counts] == [["t"]] * 6
+  got = [dataclasses.astuple(c["t"]) for c in counts]
+  # (hits, misses, rows read, rows written), summed so far.
+  assert got == [
+    (0, 8, 8, 0),
+    (8, 8, 8, 0),
+    (8, 16, 16, 0),
+    (8, 24, 24, 8),  # rows 0-7 leave (100-107 were the step before)
+    (16, 24, 24, 8),
+    (16, 32, 32, 16),  # 0-7 come back, 100-107 leave
+  ]
+  interval = counts[-1]["t"] - counts[3]["t"]
+  assert interval.hit_rate == 0.5 and interval.rows_written == 8
 
 
 def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):

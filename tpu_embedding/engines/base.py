@@ -34,6 +34,7 @@ from tpu_embedding.resolved import ResolvedConfig
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.row_cache import CacheCounts
 
 
 class Engine(metaclass=abc.ABCMeta):
@@ -87,6 +88,11 @@ class Engine(metaclass=abc.ABCMeta):
   @abc.abstractmethod
   def table_stores(self) -> dict[str, TableStore]:
     """``{table name: TableStore}``: every table in one interface."""
+
+  def disk_tier_counts(self) -> dict[str, CacheCounts]:
+    """``{table name: CacheCounts}`` of the tables on disk (none on a
+    TPU, where TensorFlow holds the tables)."""
+    return {}
 
   @property
   @abc.abstractmethod

@@ -76,6 +76,7 @@ from tpu_embedding.structure import check_same_structure
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import variables_by_name
+from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.tracking import VariableTracker
 from tpu_embedding.vocabularies import sharing
 from tpu_embedding.vocabularies.dynamic_tables import DynamicTables
@@ -158,6 +159,13 @@ class OffTPUEngine(Engine, Trackable):
   def table_stores(self) -> dict[str, TableStore]:
     self._maybe_build()
     return self._stores
+
+  def disk_tier_counts(self) -> dict[str, CacheCounts]:
+    return {
+      name: sum(counts, CacheCounts())
+      for name, store in self.table_stores.items()
+      if (counts := store.cache_counts())
+    }
 
   @property
   def embedding_tables(self) -> dict[Any, Any]:

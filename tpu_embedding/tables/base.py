@@ -51,6 +51,7 @@ import abc
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 import tensorflow as tf
@@ -74,6 +75,9 @@ from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tables.updates import apply_rows
 from tpu_embedding.tracking import VariableTracker
+
+if TYPE_CHECKING:
+  from tpu_embedding.tables.row_cache import CacheCounts
 
 #: The variables of one row block: ``{"parameters": var, <slot>: var}``.
 Block = dict[str, Any]
@@ -437,6 +441,12 @@ class TableStore(metaclass=abc.ABCMeta):
     """Readies rows ``ids`` (host values) of a coming step: nothing for a
     layout in memory (a disk tier reads their pages early)."""
     del ids
+
+  def cache_counts(self) -> list[CacheCounts]:
+    """What each of this process's disk-tier caches of the table counted
+    so far (hits, misses, rows read and written); none for a layout in
+    memory."""
+    return []
 
   def read_rows(self, ids: tf.Tensor, key: str = "parameters") -> tf.Tensor:
     """Rows ``ids`` (global, held by this process's blocks) of ``key``,

@@ -103,6 +103,44 @@ class Admitted:
   load_rows: np.ndarray
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheCounts:
+  """What disk-tier caches counted: rows asked for that were cached
+  (``hits``) or not (``misses``), rows read from and written to the files.
+
+  Counts add up (``a + b``), and subtract (the counts of an interval).
+
+  Example:
+    >>> counts = CacheCounts(hits=90, misses=10, rows_read=10)
+    >>> round((counts + counts).hit_rate, 2), (counts - counts).misses
+    (0.9, 0)
+  """
+
+  hits: int = 0
+  misses: int = 0
+  rows_read: int = 0
+  rows_written: int = 0
+
+  @property
+  def hit_rate(self) -> float:
+    """Hits over lookups of distinct rows per step (0 without lookups)."""
+    return self.hits / max(self.hits + self.misses, 1)
+
+  def __add__(self, other: CacheCounts) -> CacheCounts:
+    return CacheCounts(
+      *(a + b for a, b in zip(_fields(self), _fields(other), strict=True))
+    )
+
+  def __sub__(self, other: CacheCounts) -> CacheCounts:
+    return CacheCounts(
+      *(a - b for a, b in zip(_fields(self), _fields(other), strict=True))
+    )
+
+
+def _fields(counts: CacheCounts) -> tuple[int, ...]:
+  return dataclasses.astuple(counts)
+
+
 class CacheTooSmallError(ValueError):
   """A step asks for more distinct rows than the cache may hold at once."""
 
@@ -160,6 +198,10 @@ class RowCache:
     self._hand = 0
     self.step = 0
     self.hits = self.misses = self.reads = self.writes = 0
+
+  def counts(self) -> CacheCounts:
+    """Its lookups' hits and misses, rows read and written, so far."""
+    return CacheCounts(self.hits, self.misses, self.reads, self.writes)
 
   # --- a step ---------------------------------------------------------------
 

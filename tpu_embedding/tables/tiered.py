@@ -67,6 +67,7 @@ from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import grid_rows
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.tables.row_cache import CacheTooSmallError
 from tpu_embedding.tables.row_cache import RowCache
 from tpu_embedding.tables.row_files import DiskFullError
@@ -157,6 +158,9 @@ class TieredTable(TableStore):
     in the background (a coming step's ids: ``data.prefetch_rows``);
     changes no number."""
     self._rows.prefetch(np.asarray(ids))
+
+  def cache_counts(self) -> list[CacheCounts]:
+    return [self._rows.counts()]
 
   def _admit(self, ids: tf.Tensor) -> tf.Tensor:
     """Caches rows ``ids`` (distinct): their slots, once their values are

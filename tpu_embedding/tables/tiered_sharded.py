@@ -58,6 +58,7 @@ from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.multi_worker import WorkerShardedVariable
+from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.tiered import TieredTable
 from tpu_embedding.tables.tiered import _own_directory
@@ -140,6 +141,9 @@ class TieredShardedTable(RowShardedTable):
   def tier(self, block: int) -> TieredTable:
     """Local block ``block``: its rows' cache (hits, misses) and files."""
     return self._tiers[block]
+
+  def cache_counts(self) -> list[CacheCounts]:
+    return [count for tier in self._tiers for count in tier.cache_counts()]
 
   def rows_of(self, block: int) -> tuple[int, int]:
     """``(first global row, rows)`` of local block ``block``."""
