@@ -38,6 +38,8 @@ import tensorflow as tf
 
 from tpu_embedding import errors
 from tpu_embedding import memory
+from tpu_embedding.backends.local import LocalBackend
+from tpu_embedding.backends.selection import check_disk_tables
 from tpu_embedding.compat import Trackable
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
@@ -53,7 +55,8 @@ from tpu_embedding.optimizers.base import Optimizer
 from tpu_embedding.resolved import key_mapping
 from tpu_embedding.resolved import resolve
 from tpu_embedding.resolved import rows_table
-from tpu_embedding.resolved import table_name
+from tpu_embedding.sharding import IN_MEMORY
+from tpu_embedding.sharding import DiskTier
 from tpu_embedding.stacking import stack_of
 from tpu_embedding.step.activations import look_up_groups
 from tpu_embedding.structure import flatten_with_paths
@@ -61,7 +64,6 @@ from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import parameters_by_user_table
 from tpu_embedding.tables.base import row_reader
 from tpu_embedding.tables.base import variables_by_name
-from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
 from tpu_embedding.types import ActivationsNest
 from tpu_embedding.types import FeatureConfigNest
@@ -248,6 +250,7 @@ class TPUEmbeddingForServing(Trackable):
     feature_config: FeatureConfigNest,
     optimizer: Optimizer | None,
     experimental_sparsecore_restore_info: Any = None,
+    disk: DiskTier = IN_MEMORY,
   ):
     """Creates the serving object.
 
@@ -256,10 +259,16 @@ class TPUEmbeddingForServing(Trackable):
       optimizer: an optimizer whose slots should be created too (to load a
         training checkpoint completely), or None for the tables only.
       experimental_sparsecore_restore_info: accepted for compatibility.
+      disk: tables kept on a local disk behind a RAM cache
+        (``sharding.DiskTier``), as in training: a checkpoint restores
+        into their files in chunks, and ``export_for_serving`` streams
+        them from there, so tables larger than memory export. Lookups read
+        their rows from the files (cached rows from the cache).
 
     Raises:
       RuntimeError: if created under a ``TPUStrategy``.
-      ValueError: for an invalid feature config.
+      ValueError: for an invalid feature config, or a ``disk`` naming a
+        table that is not one or has a dynamic vocabulary.
     """
     del experimental_sparsecore_restore_info
     strategy = tf.distribute.get_strategy()
@@ -270,6 +279,9 @@ class TPUEmbeddingForServing(Trackable):
       raise RuntimeError("Serving on TPU is not yet supported.")
     self._feature_config = feature_config
     self._config = resolve(feature_config, optimizer)
+    check_disk_tables(disk, self._config.tables)
+    # Each table whole on the default device, or on disk.
+    self._backend = LocalBackend(disk)
     self._stores: dict[str, TableStore] = {}
     # One whole copy of each vocabulary, here (serving runs no step).
     self._dynamic = DynamicTables(self._config, LocalReplicas())
@@ -284,18 +296,15 @@ class TPUEmbeddingForServing(Trackable):
     """
     if self._built:
       return
-    whole = {0: None}  # Every table whole, on the default device.
-    memory.check_tables_fit(
-      memory.tables_here(
-        self._config.tables, None, whole, tf.distribute.get_strategy()
-      )
+    whole = {0: None}  # The tables in one process, on the default device.
+    tables = self._config.tables
+    needed = memory.tables_here(
+      tables, None, whole, tf.distribute.get_strategy()
     )
+    memory.check_tables_fit(self._backend.resident_bytes(needed, tables))
     with tf.init_scope():
       tracker = VariableTracker(self)
-      self._stores = {
-        table_name(t): WholeTable.create(t, tracker)
-        for t in self._config.tables
-      }
+      self._stores = self._backend.create_tables(tables, tracker)
       # Dynamic tables: the whole vocabulary, under the training key.
       self._dynamic.build([None], self._stores, tracker)
     self._built = True
@@ -308,7 +317,7 @@ class TPUEmbeddingForServing(Trackable):
 
   @property
   def table_stores(self) -> dict[str, TableStore]:
-    """``{table name: TableStore}`` (whole tables)."""
+    """``{table name: TableStore}`` (whole tables, or on disk)."""
     self.build()
     return self._stores
 

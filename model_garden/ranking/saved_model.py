@@ -62,6 +62,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -76,6 +81,7 @@ from model_garden.ranking.data import criteo
 from model_garden.ranking.data import criteo_schema
 from tpu_embedding import export
 from tpu_embedding.export.quantize import check_table_dtype
+from tpu_embedding.sharding import DiskTier
 
 
 def input_name(index: int) -> str:
@@ -215,24 +221,47 @@ def export_from_checkpoint(
   """
   check_table_dtype(table_dtype)  # before restoring anything
   model_config = config.task.model
-  tables = tpe.TPUEmbeddingForServing(
-    ranking_embedding.feature_config(model_config), optimizer=None
-  )
-  model = ranking_model.build_model(model_config)
-  model(ranking_model.example_inputs(model_config))
-  checkpoint_objects = tf.train.Checkpoint(embedding=tables, model=model)
-  path = export.restore_for_export(checkpoint_objects, checkpoint, tables)
-  raw = raw_preprocessing(config)
-  return export.export_for_serving(
-    export_dir,
-    tables,
-    serving_model(model, len(model_config.vocab_sizes)),
-    input_signature(model_config),
-    table_dtype=table_dtype,
-    # Recorded: the next versions are made from deltas of this run.
-    source=export.ExportSource(path, checkpoint_objects),
-    extra_signatures=None if raw is None else {RAW_SIGNATURE: raw},
-  )
+  with _export_disk(model_config) as disk:
+    tables = tpe.TPUEmbeddingForServing(
+      ranking_embedding.feature_config(model_config), optimizer=None, disk=disk
+    )
+    model = ranking_model.build_model(model_config)
+    model(ranking_model.example_inputs(model_config))
+    checkpoint_objects = tf.train.Checkpoint(embedding=tables, model=model)
+    path = export.restore_for_export(checkpoint_objects, checkpoint, tables)
+    raw = raw_preprocessing(config)
+    return export.export_for_serving(
+      export_dir,
+      tables,
+      serving_model(model, len(model_config.vocab_sizes)),
+      input_signature(model_config),
+      table_dtype=table_dtype,
+      # Recorded: the next versions are made from deltas of this run.
+      source=export.ExportSource(path, checkpoint_objects),
+      extra_signatures=None if raw is None else {RAW_SIGNATURE: raw},
+    )
+
+
+#: The cache of each table an export keeps on disk.
+_EXPORT_CACHE = 2**20
+
+
+@contextlib.contextmanager
+def _export_disk(model: definitions.ModelConfig) -> Iterator[DiskTier]:
+  """The tables training keeps on disk stay on disk while exporting (so
+  that tables larger than memory export), in files of their own in a new
+  directory under ``disk_directory``, removed afterwards. Their caches
+  are small: the export reads rows without caching them (``peek``)."""
+  names = ranking_embedding.disk_table_names(model)
+  if not names:
+    yield DiskTier()
+    return
+  os.makedirs(model.disk_directory, exist_ok=True)
+  directory = tempfile.mkdtemp(prefix="export-", dir=model.disk_directory)
+  try:
+    yield DiskTier(directory, min(model.disk_cache_bytes, _EXPORT_CACHE), names)
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def example_request(

@@ -32,9 +32,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tpu_embedding as tpe
 from model_garden import cli
 from model_garden.ranking import configs
 from model_garden.ranking import preflight
+from model_garden.ranking import saved_model
+from model_garden.ranking.configs import params_file
 from tests import processes
 from tests.model_garden.test_train import command as train_command
 from tests.model_garden.test_train import finish
@@ -86,15 +89,23 @@ def checkpoint_values(directory):
   }
 
 
-def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
+def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(
+  tmp_path, monkeypatch
+):
+  """... and exports the in-memory run's SavedModel (the export keeps the
+  table on disk too, in a directory of its own, removed afterwards)."""
   disk = tmp_path / "ssd"
+  export = ",trainer.export_saved_model=true"
   runs = {
     "disk": start(
-      command(tmp_path / "disk", disk_params(disk), "--mode=train_and_eval"),
+      command(
+        tmp_path / "disk", disk_params(disk) + export, "--mode=train_and_eval"
+      ),
       tmp_path,
     ),
     "memory": start(
-      command(tmp_path / "memory", PARAMS, "--mode=train_and_eval"), tmp_path
+      command(tmp_path / "memory", PARAMS + export, "--mode=train_and_eval"),
+      tmp_path,
     ),
   }
   results = {}
@@ -134,6 +145,36 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
   assert found, results["disk"][1][-3000:]
   assert 0 < float(found[1]) < 100 and int(found[2].replace(",", "")) > 0
   assert "Disk tables" not in results["memory"][1]
+  # The same SavedModel, its table read from the export's own files.
+  exported = {
+    name: saved_model_values(tmp_path / name / "saved_model" / str(STEPS))
+    for name in ("disk", "memory")
+  }
+  assert sorted(exported["disk"]) == sorted(exported["memory"])
+  for key, value in exported["memory"].items():
+    np.testing.assert_array_equal(exported["disk"][key], value, err_msg=key)
+  assert sorted(os.listdir(disk)) == ["embedding_table_00"]  # (removed)
+  # The export's serving tables: the disk table on disk, in its own files.
+  made = []
+
+  class Spy(tpe.TPUEmbeddingForServing):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      made.append((kwargs["disk"], self))
+
+  monkeypatch.setattr(tpe, "TPUEmbeddingForServing", Spy)
+  config = params_file.read_params(str(tmp_path / "disk"))
+  saved_model.export_from_checkpoint(
+    config, str(tmp_path / "disk"), str(tmp_path / "again")
+  )
+  ((tier, serving),) = made
+  assert tier.tables == ("embedding_table_00",)
+  assert os.path.dirname(tier.directory) == str(disk)
+  assert serving.table_stores["embedding_table_00"].cache_counts()
+  assert not os.path.exists(tier.directory)  # removed after the export
+  again = saved_model_values(tmp_path / "again")
+  for key, value in exported["memory"].items():
+    np.testing.assert_array_equal(again[key], value, err_msg=key)
   scalars = train_scalars(tmp_path / "disk")
   rate = scalars["disk/embedding_table_00/hit_rate"]
   assert rate and all(0 < r < 1 for r in rate), rate
@@ -143,6 +184,16 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(tmp_path):
   assert not any(
     k.startswith("disk/") for k in train_scalars(tmp_path / "memory")
   )
+
+
+def saved_model_values(path) -> dict[str, np.ndarray]:
+  """Every variable of a SavedModel, by checkpoint key."""
+  reader = tf.train.load_checkpoint(str(path / "variables" / "variables"))
+  return {
+    key: reader.get_tensor(key)
+    for key in reader.get_variable_to_shape_map()
+    if key != "_CHECKPOINTABLE_OBJECT_GRAPH"
+  }
 
 
 def train_scalars(model_dir) -> dict[str, list[float]]:

@@ -248,3 +248,43 @@ def test_exports_leave_the_training_cache_alone(exported):
   ]
   np.testing.assert_array_equal(rows, rows_after)
   assert (hits, misses) == (hits_after, misses_after)
+
+
+@pytest.mark.parametrize("table_dtype", ["float32", "int8"])
+def test_a_serving_embedding_on_disk_exports_a_checkpoint_as_in_memory(
+  exported, table_dtype, tmp_path
+):
+  """``TPUEmbeddingForServing(..., disk=DiskTier(...))`` (how a table
+  larger than memory exports): the checkpoint restores into its files in
+  chunks, the SavedModel holds the in-memory export's values and its
+  lookups read the trained rows."""
+  memory, model = exported["memory"], exported["model"]
+  prefix = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=memory, model=model), str(tmp_path / "ckpt")
+  )
+  served = tpe.TPUEmbeddingForServing(
+    memory.feature_config,
+    optimizer=None,
+    disk=DiskTier(str(tmp_path / "serving"), CACHE_ROWS * DIM * 4, ("big",)),
+  )
+  restored = Model()
+  export.restore_for_export(
+    tf.train.Checkpoint(embedding=served, model=restored), prefix, served
+  )
+  assert served.table_stores["big"].cache_counts()  # on disk
+  assert served.table_stores["small"].cache_counts() == []  # in memory
+  assert os.listdir(tmp_path / "serving" / "big")
+  ids = tf.constant([[0, ROWS - 1], [5, 70]], tf.int64)
+  got = served({"big": ids, "small": tf.constant([1, 8], tf.int64)})
+  want = memory({"big": ids, "small": tf.constant([1, 8], tf.int64)})
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  path = str(tmp_path / "m")
+  export.export_for_serving(
+    path, served, restored, SIGNATURE, table_dtype=table_dtype
+  )
+  disk_values = saved_values(path)
+  memory_values = saved_values(exported["paths"]["memory", table_dtype])
+  assert sorted(disk_values) == sorted(memory_values)
+  for key, value in memory_values.items():
+    np.testing.assert_array_equal(disk_values[key], value, err_msg=key)

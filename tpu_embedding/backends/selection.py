@@ -61,7 +61,7 @@ def select_backend(
   ):
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    _check_disk_tables(policy.disk, tables)
+    check_disk_tables(policy.disk, tables)
     return LocalBackend(policy.disk, planned.stacks), planned
   if isinstance(
     strategy,
@@ -69,7 +69,7 @@ def select_backend(
   ):
     planner = ShardedBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
-    _check_disk_tables(policy.disk, tables)
+    check_disk_tables(policy.disk, tables)
     _check_disk_tables_alone(policy.disk, planned, strategy)
     return ShardedBackend(strategy, _stores(planned), policy.disk), planned
   if policy.disk.tables:
@@ -94,7 +94,7 @@ def select_backend(
   )
 
 
-def _check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
+def check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
   """Refuses disk-tier names that are not tables, and tables whose rows a
   dynamic vocabulary manages (a stack of tables on disk is on disk: the
   planner never stacks them with tables in memory)."""
