@@ -244,6 +244,37 @@ def test_the_counts_of_hits_misses_reads_and_writes(tmp_path):
   assert interval.hit_rate == 0.5 and interval.rows_written == 8
 
 
+def test_a_restore_writes_each_row_once(tmp_path):
+  """A restore into a disk table writes each grid block once (the
+  restored rows, not the initial values first): the file holds about the
+  table's records, and the table equals the one saved."""
+  rows = 3 * grid_rows(DIM) + 5
+  table = tpe.TableConfig(
+    rows, DIM, name="t", initializer=tf.random_uniform_initializer(seed=2)
+  )
+
+  def embedding(disk):
+    emb = tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)},
+      tpe.SGD(0.1),
+      row_sharding_threshold=PlacementPolicy(disk=disk),
+    )
+    emb.build(per_replica_batch_size=BATCH)
+    return emb
+
+  memory = embedding(DiskTier())
+  train(memory, [{"f": tf.constant(np.arange(BATCH) * 1000)}] * 2, "dense")
+  prefix = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=memory), str(tmp_path / "ckpt")
+  )
+  disk = embedding(DiskTier(str(tmp_path / "ssd"), 2**16, ("t",)))
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=disk), prefix)
+  assert_same(values(disk), values(memory))
+  record = DIM * 4 + 8  # SGD: the parameters and the row's id
+  written = os.path.getsize(tmp_path / "ssd" / "t" / "rows.records")
+  assert rows * record <= written < 1.2 * rows * record
+
+
 def test_a_cache_too_small_for_two_steps_is_refused(tmp_path):
   emb = make_embedding(tpe.SGD(0.1), tmp_path, cache_rows=3)
   data = batches("dense", np.random.default_rng(1))

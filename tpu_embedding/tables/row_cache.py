@@ -419,11 +419,28 @@ class RowCache:
 
   def write_window(self, key: str, first: int, value: np.ndarray) -> None:
     """Writes rows from ``first`` of ``key`` (their grid blocks' other
-    rows and variables first get their initial values)."""
+    rows and variables first get their initial values). A grid block not
+    on disk yet that ``value`` covers whole is written once: ``value``'s
+    rows with the other variables' initial values (a restore writes each
+    row once, not its initial value first)."""
     self.wait()
     end = first + value.shape[0]
-    self._write_initial(np.arange(first // self._grid, -(-end // self._grid)))
-    self.files.write_range(first, {key: value})
+    for block in range(first // self._grid, -(-end // self._grid)):
+      start = block * self._grid
+      stop = min(start + self._grid, self.rows)
+      lo, hi = max(first, start), min(end, stop)
+      piece = value[lo - first : hi - first]
+      if not self._written[block] and (lo, hi) == (start, stop):
+        records = {
+          other: self._initial(other, start, stop - start)
+          for other in self.keys
+          if other != key
+        }
+        self.files.write_range(start, {key: piece, **records})
+        self._written[block] = True
+      else:
+        self._write_initial(np.array([block]))
+        self.files.write_range(lo, {key: piece})
 
   def write_rows(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
     """Writes rows ``rows`` of ``key`` (not cached; their grid blocks'

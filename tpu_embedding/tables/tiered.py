@@ -323,8 +323,8 @@ class TieredTable(TableStore):
     self.flush()
     self._rows.forget()
     self._rows.mark_changed()
-    for first, value in pieces:
-      self._rows.write_window(key, first, np.asarray(value, np.float32))
+    for first, value in _by_grid_blocks(pieces, grid_rows(self.table.dim)):
+      self._rows.write_window(key, first, value)
       del value
 
   def clear_changes(self) -> None:
@@ -386,6 +386,39 @@ class TieredTable(TableStore):
     cached = tf.gather(self._blocks[0][key], tf.maximum(slots, 0))
     rows = self._last_is(tf.where((slots >= 0)[:, None], cached, stored))
     return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
+
+
+def _by_grid_blocks(
+  pieces: Iterable[tuple[int, Any]], grid: int
+) -> Iterator[tuple[int, np.ndarray]]:
+  """``(first row, rows)`` pieces regrouped to end at grid block edges
+  (a piece that does not continue the one before starts anew), so that
+  the files get a block's rows in one write where the pieces cover it.
+
+  Example:
+    >>> rows = np.zeros([3, 1])
+    >>> pieces = [(0, rows), (3, rows), (9, rows[:1])]
+    >>> [(first, len(rows)) for first, rows in _by_grid_blocks(pieces, 4)]
+    [(0, 4), (4, 2), (9, 1)]
+  """
+  start, pending = 0, []
+  for first, value in pieces:
+    value = np.asarray(value, np.float32)
+    held = sum(len(p) for p in pending)
+    if pending and first != start + held:
+      yield start, np.concatenate(pending)
+      pending, held = [], 0
+    if not pending:
+      start = first
+    pending.append(value)
+    edge = (first + len(value)) // grid * grid
+    if edge > start:
+      joined = np.concatenate(pending)
+      yield start, joined[: edge - start]
+      rest = joined[edge - start :]
+      start, pending = edge, [rest] if len(rest) else []
+  if pending:
+    yield start, np.concatenate(pending)
 
 
 def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
