@@ -275,15 +275,18 @@ class TieredTable(TableStore):
   # --- whole values -----------------------------------------------------------
 
   def flush(self) -> None:
-    """Writes the cached rows that changed to the files."""
+    """Writes the cached rows that changed to the files, ``FLUSH_BYTES``
+    of rows at a time (a whole cache's worth would be held twice)."""
     slots, rows = self._rows.changed_slots()
-    if slots.size:
-      values = [
-        tf.gather(variable, slots).numpy()
-        for variable in self._blocks[0].values()
-      ]
-      self._rows.write_back(rows, values)
-      self._rows.mark_written(slots)
+    variables = list(self._blocks[0].values())
+    chunk = max(1, FLUSH_BYTES // (4 * self.table.dim * len(variables)))
+    for at in range(0, slots.size, chunk):
+      part = slots[at : at + chunk]
+      values = [tf.gather(variable, part).numpy() for variable in variables]
+      self._rows.write_back(rows[at : at + chunk], values)
+      self._rows.mark_written(part)
+      del values
+    self._rows.wait()
 
   def read(self, key: str = "parameters") -> tf.Tensor:
     """The whole value of ``key`` (the files, the cache's changed rows and
@@ -388,6 +391,10 @@ class TieredTable(TableStore):
     return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
 
 
+#: The most bytes of changed rows a flush copies from the cache at once.
+FLUSH_BYTES = 32 * 2**20
+
+
 def _by_grid_blocks(
   pieces: Iterable[tuple[int, Any]], grid: int
 ) -> Iterator[tuple[int, np.ndarray]]:
@@ -406,19 +413,24 @@ def _by_grid_blocks(
     value = np.asarray(value, np.float32)
     held = sum(len(p) for p in pending)
     if pending and first != start + held:
-      yield start, np.concatenate(pending)
+      yield start, _joined(pending)
       pending, held = [], 0
     if not pending:
       start = first
     pending.append(value)
     edge = (first + len(value)) // grid * grid
     if edge > start:
-      joined = np.concatenate(pending)
+      joined = _joined(pending)
       yield start, joined[: edge - start]
       rest = joined[edge - start :]
       start, pending = edge, [rest] if len(rest) else []
   if pending:
-    yield start, np.concatenate(pending)
+    yield start, _joined(pending)
+
+
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+  """The rows of ``pieces`` in one array (a lone piece itself: no copy)."""
+  return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def _on_host(function: Any, inputs: list[Any], dtype: tf.DType) -> Any:
