@@ -408,9 +408,9 @@ def _by_grid_blocks(
     >>> [(first, len(rows)) for first, rows in _by_grid_blocks(pieces, 4)]
     [(0, 4), (4, 2), (9, 1)]
   """
-  start, pending = 0, []
-  for first, value in pieces:
-    value = np.asarray(value, np.float32)
+  start, pending = 0, list[np.ndarray]()
+  for first, piece in pieces:
+    value = np.asarray(piece, np.float32)
     held = sum(len(p) for p in pending)
     if pending and first != start + held:
       yield start, _joined(pending)
