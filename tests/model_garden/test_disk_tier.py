@@ -186,6 +186,37 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(
   )
 
 
+def run_disk_and_memory(tmp_path, disk, params, flags) -> str:
+  """Runs the trainer twice at once, table 0 on ``disk`` and in memory
+  (``PARAMS`` and ``params``, ``flags``); returns the disk run's output."""
+  runs = {
+    "disk": start(
+      command(tmp_path / "disk", disk_params(disk) + params, *flags), tmp_path
+    ),
+    "memory": start(
+      command(tmp_path / "memory", PARAMS + params, *flags), tmp_path
+    ),
+  }
+  results = {name: finish(process) for name, process in runs.items()}
+  for name, (rc, stdout, stderr) in results.items():
+    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
+  return "".join(results["disk"][1:])
+
+
+def assert_same_checkpoints(tmp_path, steps):
+  """The ``disk`` run's last checkpoint (of step ``steps``) holds the
+  ``memory`` run's keys and values, table 0 as its full value."""
+  got_path, got = checkpoint_values(tmp_path / "disk")
+  want_path, want = checkpoint_values(tmp_path / "memory")
+  assert got_path.endswith(f"ckpt-{steps}"), got_path
+  assert want_path.endswith(f"ckpt-{steps}"), want_path
+  assert set(got) == set(want)
+  key = "embedding/embedding_table_00/.ATTRIBUTES/VARIABLE_VALUE"
+  assert got[key].shape == (VOCAB_SIZES[0], DIM)  # full values
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
 def saved_model_values(path) -> dict[str, np.ndarray]:
   """Every variable of a SavedModel, by checkpoint key."""
   reader = tf.train.load_checkpoint(str(path / "variables" / "variables"))
@@ -214,32 +245,12 @@ def test_two_mirrored_replicas_train_to_the_in_memory_checkpoint(tmp_path):
   disk = tmp_path / "ssd"
   flags = ("--mode=train", "--strategy=mirrored", "--num_replicas=2")
   sharded = ",task.model.size_threshold=1000"
-  runs = {
-    "disk": start(
-      command(tmp_path / "disk", disk_params(disk) + sharded, *flags),
-      tmp_path,
-    ),
-    "memory": start(
-      command(tmp_path / "memory", PARAMS + sharded, *flags), tmp_path
-    ),
-  }
-  results = {name: finish(process) for name, process in runs.items()}
-  for name, (rc, stdout, stderr) in results.items():
-    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
-  output = "".join(results["disk"][1:])
+  output = run_disk_and_memory(tmp_path, disk, sharded, flags)
   assert f"1 row-sharded, 1 on disk in {disk})" in output, output[-4000:]
   assert "MirroredStrategy with 2 replica(s)" in output
   table = disk / "embedding_table_00"
   assert sorted(os.listdir(table)) == ["block0", "block1"]
-  got_path, got = checkpoint_values(tmp_path / "disk")
-  want_path, want = checkpoint_values(tmp_path / "memory")
-  assert got_path.endswith(f"ckpt-{STEPS}"), got_path
-  assert want_path.endswith(f"ckpt-{STEPS}"), want_path
-  assert set(got) == set(want)
-  key = "embedding/embedding_table_00/.ATTRIBUTES/VARIABLE_VALUE"
-  assert got[key].shape == (VOCAB_SIZES[0], DIM)  # full values
-  for name, value in want.items():
-    np.testing.assert_array_equal(got[name], value, err_msg=name)
+  assert_same_checkpoints(tmp_path, STEPS)
 
 
 def test_two_workers_train_to_the_in_memory_checkpoint(tmp_path):
@@ -256,18 +267,7 @@ def test_two_workers_train_to_the_in_memory_checkpoint(tmp_path):
     "--max_restarts=0",
   )
   few = f",task.model.size_threshold=1000,trainer.train_steps={MWMS_STEPS}"
-  runs = {
-    "disk": start(
-      command(tmp_path / "disk", disk_params(disk) + few, *flags), tmp_path
-    ),
-    "memory": start(
-      command(tmp_path / "memory", PARAMS + few, *flags), tmp_path
-    ),
-  }
-  results = {name: finish(process) for name, process in runs.items()}
-  for name, (rc, stdout, stderr) in results.items():
-    assert rc == 0, f"{name} failed ({rc}):\n{(stdout + stderr)[-4000:]}"
-  output = "".join(results["disk"][1:])
+  output = run_disk_and_memory(tmp_path, disk, few, flags)
   assert f"1 row-sharded, 1 on disk in {disk / 'worker0'})" in output, output[
     -4000:
   ]
@@ -277,15 +277,7 @@ def test_two_workers_train_to_the_in_memory_checkpoint(tmp_path):
     "worker0/embedding_table_00/block0",
     "worker1/embedding_table_00/block1",
   ]
-  got_path, got = checkpoint_values(tmp_path / "disk")
-  want_path, want = checkpoint_values(tmp_path / "memory")
-  assert got_path.endswith(f"ckpt-{MWMS_STEPS}"), got_path
-  assert want_path.endswith(f"ckpt-{MWMS_STEPS}"), want_path
-  assert set(got) == set(want)
-  key = "embedding/embedding_table_00/.ATTRIBUTES/VARIABLE_VALUE"
-  assert got[key].shape == (VOCAB_SIZES[0], DIM)  # full values
-  for name, value in want.items():
-    np.testing.assert_array_equal(got[name], value, err_msg=name)
+  assert_same_checkpoints(tmp_path, MWMS_STEPS)
 
 
 #: Holds ``argv[1]``'s lock (a table's directory) until its stdin closes.
