@@ -250,6 +250,7 @@ class TPUEmbeddingForServing(Trackable):
     feature_config: FeatureConfigNest,
     optimizer: Optimizer | None,
     experimental_sparsecore_restore_info: Any = None,
+    *,
     disk: DiskTier = IN_MEMORY,
   ):
     """Creates the serving object.
