@@ -41,6 +41,7 @@ the median is printed with the range and the spread (range / median).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import shutil
@@ -64,6 +65,7 @@ import tensorflow as tf  # noqa: E402
 
 import tpu_embedding as tpe  # noqa: E402
 from tpu_embedding import data  # noqa: E402
+from tpu_embedding.tables.row_cache import CacheCounts  # noqa: E402
 
 
 def skewed_ids(
@@ -729,12 +731,10 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
     full = all(c.misses >= c.size for c in caches)
     if step + 1 >= args.disk_warmup and full:
       break
-  before = _counts(caches)
+  before = _counts(embedding)
   on_disk = _timed("on disk", disk_step, batches, args, embedding)
   seconds = timed * args.batch_size / on_disk.median
-  hits, misses, reads, writes = (
-    a - b for a, b in zip(_counts(caches), before, strict=True)
-  )
+  hits, misses, reads, writes = dataclasses.astuple(_counts(embedding) - before)
   steps = timed
   ideal = sum(
     _disk.ideal_misses(args.dist, args.rows, args.batch_size * hot, args.zipf,
@@ -761,14 +761,9 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   return [memory, on_disk]
 
 
-def _counts(caches) -> tuple[int, int, int, int]:
-  """Hits, misses, rows read and rows written of all ``caches``."""
-  return (
-    sum(c.hits for c in caches),
-    sum(c.misses for c in caches),
-    sum(c.reads for c in caches),
-    sum(c.writes for c in caches),
-  )
+def _counts(embedding) -> CacheCounts:
+  """What every disk table's cache counted, together."""
+  return sum(embedding.disk_tier_counts().values(), CacheCounts())
 
 
 def _timed(

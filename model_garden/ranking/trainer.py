@@ -87,6 +87,13 @@ def _write_scalars(
   writer.flush()
 
 
+def _counts_since(
+  counts: dict[str, Any], before: dict[str, Any]
+) -> dict[str, Any]:
+  """Each disk table's ``CacheCounts`` since ``before`` (its counts then)."""
+  return {name: total - before[name] for name, total in counts.items()}
+
+
 def _fetch(result: Any) -> Any:
   """A step's result as numpy values (waits for a RemoteValue)."""
   if isinstance(result, _Packed):
@@ -198,7 +205,10 @@ class Trainer:
     self._writers: dict[str, Any] = {}
     self._next_batches: tuple[int, Any, Any] | None = None
     # When the disk tables' counts were last read, and what they were.
-    self._disk_mark = (time.perf_counter(), self._disk_tier_counts())
+    self._disk_mark = (
+      time.perf_counter(),
+      self.task.embedding.disk_tier_counts(),
+    )
     self.restored = self.restore()
     self._saved_step = self.step if self.restored else None
     # Every worker saves into model_dir: under MultiWorkerMirroredStrategy
@@ -327,7 +337,7 @@ class Trainer:
     loss = None
     pending: list[Any] = []
     loop_start = time.perf_counter()
-    disk_before = self._disk_tier_counts()
+    disk_before = self.task.embedding.disk_tier_counts()
     for step in range(start + 1, target + 1):
       if self._is_ps:
         pending.append(self._schedule(step_fn, iterator))
@@ -450,19 +460,15 @@ class Trainer:
       )
     _write_scalars(writer, values, step)
 
-  def _disk_tier_counts(self) -> dict[str, Any]:
-    return self.task.embedding.disk_tier_counts()
-
   def _disk_tier_scalars(self) -> dict[str, float]:
     """Each disk table's hit rate, rows read and written per second since
     the last call (``disk/<table>/...``; none without disk tables)."""
-    now, counts = time.perf_counter(), self._disk_tier_counts()
     then, before = self._disk_mark
+    now, counts = time.perf_counter(), self.task.embedding.disk_tier_counts()
     self._disk_mark = (now, counts)
     seconds = max(now - then, 1e-9)
     values = {}
-    for name, total in counts.items():
-      interval = total - before[name] if name in before else total
+    for name, interval in _counts_since(counts, before).items():
       values[f"disk/{name}/hit_rate"] = interval.hit_rate
       values[f"disk/{name}/rows_read_per_second"] = interval.rows_read / seconds
       values[f"disk/{name}/rows_written_per_second"] = (
@@ -473,13 +479,9 @@ class Trainer:
   def _log_disk_tiers(self, before: dict[str, Any], seconds: float) -> None:
     """One line: the disk tables' hit rates and rows read and written per
     second over a ``train`` call (nothing without disk tables)."""
-    counts = self._disk_tier_counts()
-    if not counts:
+    run = _counts_since(self.task.embedding.disk_tier_counts(), before)
+    if not run:
       return
-    run = {
-      name: total - before[name] if name in before else total
-      for name, total in counts.items()
-    }
     reads = sum(c.rows_read for c in run.values()) / max(seconds, 1e-9)
     writes = sum(c.rows_written for c in run.values()) / max(seconds, 1e-9)
     rates = ", ".join(f"{n} {c.hit_rate:.1%}" for n, c in sorted(run.items()))

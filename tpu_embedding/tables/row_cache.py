@@ -49,6 +49,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import operator
 from collections.abc import Callable
 from collections.abc import Sequence
 
@@ -128,17 +129,13 @@ class CacheCounts:
 
   def __add__(self, other: CacheCounts) -> CacheCounts:
     return CacheCounts(
-      *(a + b for a, b in zip(_fields(self), _fields(other), strict=True))
+      *map(operator.add, dataclasses.astuple(self), dataclasses.astuple(other))
     )
 
   def __sub__(self, other: CacheCounts) -> CacheCounts:
     return CacheCounts(
-      *(a - b for a, b in zip(_fields(self), _fields(other), strict=True))
+      *map(operator.sub, dataclasses.astuple(self), dataclasses.astuple(other))
     )
-
-
-def _fields(counts: CacheCounts) -> tuple[int, ...]:
-  return dataclasses.astuple(counts)
 
 
 class CacheTooSmallError(ValueError):
