@@ -214,13 +214,16 @@ def test_benchmark_disk_storage_against_memory_and_the_io_floor(tmp_path):
   _check_measurements(_json(tmp_path / "d.json"), ["in memory", "on disk"], 2)
 
 
-def _membench_json(tmp_path, dim):
+def _membench_json(tmp_path, dim, huge_pages=False):
   """Made-up membench rates: on its 1 GiB table 10M gathers and 2M Adagrad
-  updates a second, on a 1 MiB one 40M gathers and 20M scatter-adds."""
+  updates a second, on a 1 MiB one 40M gathers and 20M scatter-adds; with
+  ``huge_pages``, also the same on huge pages at 1.5x those."""
   big, small = (1 << 30) // (4 * dim), (1 << 20) // (4 * dim)
+  pages = {"4k": 1.0, "thp": 1.5} if huge_pages else {"4k": 1.0}
   rates = [
-    {"impl": "c", "pages": "4k", "threads": 2, "dim": dim, "dist": dist,
-     "rows": rows, "bench": bench, "mrows": mrows, **extra}
+    {"impl": "c", "pages": kind, "threads": 2, "dim": dim, "dist": dist,
+     "rows": rows, "bench": bench, "mrows": mrows * factor, **extra}
+    for kind, factor in pages.items()
     for dist in ("uniform", "zipf")
     for rows, bench, mrows, extra in (
       (big, "gather", 10.0, {}), (big, "opt", 2.0, {"op": "adagrad"}),
@@ -252,6 +255,16 @@ def test_benchmark_sweeps_floor_and_plot(tmp_path):
   assert [r["label"] for r in figures["rows"]] == ["100 rows", "400 rows"]
   assert [round(r["floor"]) for r in figures["dists"]][0] == round(floor)
   assert all(r["ours"] > 0 and r["keras"] > 0 for r in figures["dists"])
+
+
+def test_the_floor_takes_huge_page_rates_where_membench_measured_them(
+  tmp_path,
+):
+  floor = _load("benchmark.py")._floor
+  both = floor.rates(str(_membench_json(tmp_path, 4, huge_pages=True)), 4, "zipf")
+  assert both == floor.Rates(15e6, 3e6, 60e6, 30e6, pages="thp")
+  small = floor.rates(str(_membench_json(tmp_path, 4)), 4, "zipf")
+  assert small == floor.Rates(10e6, 2e6, 40e6, 20e6, pages="4k")
 
 
 def test_benchmark_multi_hot_mlperf_floor(tmp_path):

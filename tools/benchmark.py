@@ -533,9 +533,11 @@ def measure_setting(args, label: str, key: str | None = None) -> dict:
       args.dim,
       args.dist,
     )
+    pages = _floor.rates(args.membench, args.dim, "uniform").pages
     print(
-      f"  {label:<24} memory floor {result['floor']:,.0f} examples/s: "
-      f"tpu_embedding at {ours.median / result['floor']:.0%} of it",
+      f"  {label:<24} memory floor {result['floor']:,.0f} examples/s "
+      f"({pages} page rates): tpu_embedding at "
+      f"{ours.median / result['floor']:.0%} of it",
       flush=True,
     )
   gc.collect()
