@@ -261,7 +261,8 @@ def test_the_floor_takes_huge_page_rates_where_membench_measured_them(
   tmp_path,
 ):
   floor = _load("benchmark.py")._floor
-  both = floor.rates(str(_membench_json(tmp_path, 4, huge_pages=True)), 4, "zipf")
+  huge = _membench_json(tmp_path, 4, huge_pages=True)
+  both = floor.rates(str(huge), 4, "zipf")
   assert both == floor.Rates(15e6, 3e6, 60e6, 30e6, pages="thp")
   small = floor.rates(str(_membench_json(tmp_path, 4)), 4, "zipf")
   assert small == floor.Rates(10e6, 2e6, 40e6, 20e6, pages="4k")
