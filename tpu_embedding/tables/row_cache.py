@@ -26,10 +26,11 @@ the file (all variables), so grid blocks no step asked for are never
 written.
 
 A coming step's rows can be read early (``prefetch``, from any thread,
-any time): the pages of those not cached are asked of the kernel, which
-reads them into its page cache while the current step runs, so that the
-step's ``load`` finds them in memory. It only warms pages: the map, the
-file and every number stay as they are.
+any time): those not cached are read from the file in the background
+into RAM (``row_staging.RowStaging``) while the current step runs, so
+that the step's ``load`` takes them from there. The map, the file and
+every number stay as they are: a row written to the file after it was
+read ahead is read again.
 
 Example:
   >>> import tempfile
@@ -46,7 +47,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import operator
@@ -56,6 +56,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpu_embedding.tables.row_files import RowFiles
+from tpu_embedding.tables.row_staging import RowStaging
 
 #: Steps between requests to drop the file's clean pages from the page
 #: cache (the cache of rows is the table's memory, not the kernel's; the
@@ -178,8 +179,8 @@ class RowCache:
     self._dropped: concurrent.futures.Future[None] | None = None
     self._in_flight: list[_WriteBack] = []
     self._grid, self._initial = grid, initial
-    # The rows of the last steps prefetched (warmed again after a drop).
-    self._coming: collections.deque[np.ndarray] = collections.deque(maxlen=2)
+    # Rows of coming steps read ahead (prefetch).
+    self.staging = RowStaging(self.files)
     self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
     # Each row's slot + 1 (0: not cached): zeros, so that pages of rows
     # never asked for take no memory.
@@ -307,7 +308,8 @@ class RowCache:
 
   def load(self, rows: np.ndarray) -> list[np.ndarray]:
     """The stored values of ``rows``, one array per key (those of rows
-    whose write-back is in flight taken from it, the latest if several)."""
+    whose write-back is in flight taken from it, the latest if several;
+    those read ahead and not written since, from RAM)."""
     self._wait([])
     self._write_initial(np.unique(rows // self._grid))
     self.reads += rows.size
@@ -317,29 +319,38 @@ class RowCache:
       place = np.minimum(np.searchsorted(written, rows), written.size - 1)
       found = written[place] == rows
       source[found], at[found] = number, place[found]
-    values = [np.empty([rows.size, self.dim], np.float32) for _ in self.keys]
-    for value, read in zip(
-      values, self.files.read(rows[source < 0]), strict=True
-    ):
-      value[source < 0] = read
+    stored = np.flatnonzero(source < 0)
+    staged, values = self.staging.take(rows[stored])
+    read = self.files.read(rows[stored[~staged]])
+    for value, piece in zip(values, read, strict=True):
+      value[~staged] = piece
+    if stored.size < rows.size:  # (rows of write-backs in flight)
+      whole = [np.empty([rows.size, self.dim], np.float32) for _ in self.keys]
+      for value, part in zip(whole, values, strict=True):
+        value[stored] = part
+      values = whole
     for number, (_, pending, _) in enumerate(self._in_flight):
       mine = source == number
       for value, held in zip(values, pending, strict=True):
         value[mine] = held[at[mine]]
     if self.step % DROP_EVERY == 0 and self._drop_done():
-      self._dropped = self._dropper.submit(self._drop)
+      self._dropped = self._dropper.submit(self.files.drop_cache)
     return values
 
   def prefetch(self, rows: np.ndarray) -> None:
-    """Warms the page cache with the stored values of the rows of
-    ``rows`` (a coming step's ids) not cached now: the kernel reads their
-    pages in the background. Changes nothing else (any thread may call
-    it); ids out of range and grid blocks never written are skipped."""
+    """Reads ahead the stored values of the rows of ``rows`` (a coming
+    step's ids) not cached now, in the background. Changes nothing else
+    (any thread may call it); ids out of range, grid blocks never written
+    and rows whose write-back is in flight (``load`` takes them from it)
+    are skipped."""
     rows = np.unique(np.asarray(rows, np.int64))
     rows = rows[(rows >= 0) & (rows < self.rows)]
     kept = (self._slot_of_row[rows] == 0) & self._written[rows // self._grid]
-    self._coming.append(rows[kept])
-    self.files.will_need(rows[kept])
+    rows = rows[kept]
+    with self.staging.lock:  # (a write-back starting now marks them stale)
+      for written, _, _ in self._in_flight:
+        rows = rows[~np.isin(rows, written, assume_unique=True)]
+      self.staging.read_ahead(rows)
 
   def _drop_done(self) -> bool:
     """Whether no drop runs (raising the last one's failure)."""
@@ -348,13 +359,6 @@ class RowCache:
     if self._dropped is not None:
       self._dropped.result()
     return True
-
-  def _drop(self) -> None:
-    """Drops the file's clean pages, then warms again those of the rows
-    prefetched and not cached yet (a coming step's)."""
-    self.files.drop_cache()
-    for rows in list(self._coming):
-      self.files.will_need(rows[self._slot_of_row[rows] == 0])
 
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
     """Writes ``values`` (one array per key) of ``rows`` to the file, in
@@ -366,8 +370,10 @@ class RowCache:
     order = np.argsort(rows)
     rows = np.asarray(rows)[order]
     values = [np.asarray(v)[order] for v in values]
-    done = self._writer.submit(self.files.write, rows, values)
-    self._in_flight.append((rows, values, done))
+    with self.staging.lock:
+      done = self._writer.submit(self.files.write, rows, values)
+      self._in_flight.append((rows, values, done))
+      self.staging.invalidate(rows)
     self.writes += rows.size
     self._wait(self._in_flight[:-IN_FLIGHT])
 
@@ -421,6 +427,7 @@ class RowCache:
     rows with the other variables' initial values (a restore writes each
     row once, not its initial value first)."""
     self.wait()
+    self.staging.invalidate()
     end = first + value.shape[0]
     for block in range(first // self._grid, -(-end // self._grid)):
       start = block * self._grid
@@ -444,6 +451,7 @@ class RowCache:
     other rows and variables first get their initial values)."""
     records = self.stored(rows)  # (the other keys' values are kept)
     records[self.keys.index(key)] = value
+    self.staging.invalidate(rows)
     self.files.write(rows, records)
     self.mark_changed(rows)
 

@@ -45,9 +45,11 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
+import functools
 import mmap
 import os
 import threading
@@ -82,6 +84,21 @@ PASS_BYTES = 8 * 2**20
 
 #: A row id's bytes in its segment's list of ids.
 _ID_BYTES = 8
+
+#: Threads that read a step's records, shared by every table: as many
+#: reads in flight (each waits on the disk, the GIL released).
+READERS = 32
+
+#: The fewest runs of records one reader takes (fewer: not worth a thread).
+RUNS_PER_READER = 4
+
+
+@functools.cache
+def _readers() -> concurrent.futures.ThreadPoolExecutor:
+  """The readers, started on the first read (not on import)."""
+  return concurrent.futures.ThreadPoolExecutor(
+    READERS, thread_name_prefix="tpe-row-reads"
+  )
 
 
 class DiskFullError(OSError):
@@ -119,6 +136,8 @@ class RowFiles:
     self._segment_bytes = SEGMENT_RECORDS * (_ID_BYTES + self._value_bytes)
     path = os.path.join(directory, "rows.records")
     self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Rows are read at random: no read-ahead around them.
+    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
     # Each row's record + 1 (0: never written): zeros, whose pages take
     # no memory until rows are written; 4 bytes a row (the file's records
     # stay below 2**31 for tables below 2**29 rows).
@@ -182,22 +201,34 @@ class RowFiles:
     self._advise(offsets, sizes, os.POSIX_FADV_WILLNEED)
 
   def _read_records(self, at: np.ndarray, records: np.ndarray) -> None:
-    """Reads record ``at[i]`` into ``records[i]``: every page asked for
-    first, then runs of consecutive records one call each."""
+    """Reads record ``at[i]`` into ``records[i]``: runs of consecutive
+    records one call each, from ``READERS`` threads at once (their pages
+    leave the page cache with the table's periodic drop)."""
     order, offsets, sizes = self._runs(at)
     if not order.size:
       return
-    self._advise(offsets, sizes, os.POSIX_FADV_WILLNEED)
     in_order = bool((np.diff(order) == 1).all())  # (a window: no copy)
     staged = records if in_order else np.empty_like(records)
     view = memoryview(staged.data).cast("B")
-    done = 0
-    for offset, size in zip(offsets, sizes, strict=True):
-      self._io(offset, view[done : done + size], reading=True)
-      done += size
-    self._advise(offsets, sizes, os.POSIX_FADV_DONTNEED)
+    starts = np.cumsum([0, *sizes[:-1]], dtype=np.int64).tolist()
+    runs = list(zip(offsets, sizes, starts, strict=True))
+    share = max(RUNS_PER_READER, -(-len(runs) // READERS))
+    parts = [runs[i : i + share] for i in range(0, len(runs), share)]
+    if len(parts) == 1:
+      self._read_runs(view, runs)
+    else:
+      reads = [_readers().submit(self._read_runs, view, p) for p in parts]
+      for read in reads:
+        read.result()
     if not in_order:
       records[order] = staged
+
+  def _read_runs(
+    self, view: memoryview, runs: Sequence[tuple[int, int, int]]
+  ) -> None:
+    """Reads each ``(file offset, size, offset in view)`` run."""
+    for offset, size, start in runs:
+      self._io(offset, view[start : start + size], reading=True)
 
   def _runs(self, at: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
     """``(order, offsets, sizes)``: records ``at`` sorted (``order``), as
