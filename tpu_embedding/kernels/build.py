@@ -60,6 +60,7 @@ SOURCES = (
   "segment_sum.cc",
   "vocabulary_step.cc",
   "mark_rows.cc",
+  "read_records.cc",
 )
 
 #: Sources compiled once per level: their loops are arithmetic on rows.

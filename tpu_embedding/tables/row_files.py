@@ -19,14 +19,14 @@ segment is reused (a log-structured store's cleaner: it reads and writes
 in sequence). The file thus stays below ``SPACE`` times the rows written,
 plus three segments and the largest write.
 
-Reads: every page the asked records touch is first asked of the kernel at
-once (``POSIX_FADV_WILLNEED``, which returns before the disk answers), so
-the disk serves them with many in flight from one thread; then records
-consecutive in the file are read in one ``pread``. Pages read are dropped
-once read (the rows are in the RAM cache then), appended ones once on
-disk, so the page cache holds little of the file. ``will_need`` asks for
-a coming step's records early. A full disk is a one-line
-``DiskFullError`` naming the directory. One thread may write while
+Reads: records consecutive in the file are read in one ``pread``, every
+run of a read in flight at once (``kernels.read_records``: a pool of
+threads in C++, or the kernel's own read-ahead where the kernel library
+is not built); the file is read at random (``POSIX_FADV_RANDOM``: no
+read-ahead around a record). Appended pages are dropped once on disk, and
+the table drops the file's clean pages every few steps
+(``drop_cache``), so the page cache holds little of the file. A full disk
+is a one-line ``DiskFullError`` naming the directory. One thread may write while
 another reads (a lock orders their use of ``where``).
 
 Example:
@@ -45,11 +45,9 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
-import functools
 import mmap
 import os
 import threading
@@ -58,6 +56,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from tpu_embedding.kernels import read_records
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -84,21 +84,6 @@ PASS_BYTES = 8 * 2**20
 
 #: A row id's bytes in its segment's list of ids.
 _ID_BYTES = 8
-
-#: Threads that read a step's records, shared by every table: as many
-#: reads in flight (each waits on the disk, the GIL released).
-READERS = 32
-
-#: The fewest runs of records one reader takes (fewer: not worth a thread).
-RUNS_PER_READER = 4
-
-
-@functools.cache
-def _readers() -> concurrent.futures.ThreadPoolExecutor:
-  """The readers, started on the first read (not on import)."""
-  return concurrent.futures.ThreadPoolExecutor(
-    READERS, thread_name_prefix="tpe-row-reads"
-  )
 
 
 class DiskFullError(OSError):
@@ -191,44 +176,18 @@ class RowFiles:
     ends = range(first, first + count, step)
     return [(start, min(start + step, first + count)) for start in ends]
 
-  def will_need(self, rows: np.ndarray) -> None:
-    """Asks the kernel to bring the records of ``rows`` into its page
-    cache (in the background: it returns before the disk answers; rows
-    never written are skipped)."""
-    at = self._where[np.asarray(rows, np.int64).reshape([-1])] - 1
-    at = at.astype(np.int64)
-    _, offsets, sizes = self._runs(at[at >= 0])
-    self._advise(offsets, sizes, os.POSIX_FADV_WILLNEED)
-
   def _read_records(self, at: np.ndarray, records: np.ndarray) -> None:
     """Reads record ``at[i]`` into ``records[i]``: runs of consecutive
-    records one call each, from ``READERS`` threads at once (their pages
-    leave the page cache with the table's periodic drop)."""
+    records one read each, all in flight at once (``read_records``; their
+    pages leave the page cache with the table's periodic drop)."""
     order, offsets, sizes = self._runs(at)
     if not order.size:
       return
     in_order = bool((np.diff(order) == 1).all())  # (a window: no copy)
     staged = records if in_order else np.empty_like(records)
-    view = memoryview(staged.data).cast("B")
-    starts = np.cumsum([0, *sizes[:-1]], dtype=np.int64).tolist()
-    runs = list(zip(offsets, sizes, starts, strict=True))
-    share = max(RUNS_PER_READER, -(-len(runs) // READERS))
-    parts = [runs[i : i + share] for i in range(0, len(runs), share)]
-    if len(parts) == 1:
-      self._read_runs(view, runs)
-    else:
-      reads = [_readers().submit(self._read_runs, view, p) for p in parts]
-      for read in reads:
-        read.result()
+    read_records.read_runs(self._fd, offsets, sizes, staged)
     if not in_order:
       records[order] = staged
-
-  def _read_runs(
-    self, view: memoryview, runs: Sequence[tuple[int, int, int]]
-  ) -> None:
-    """Reads each ``(file offset, size, offset in view)`` run."""
-    for offset, size, start in runs:
-      self._io(offset, view[start : start + size], reading=True)
 
   def _runs(self, at: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
     """``(order, offsets, sizes)``: records ``at`` sorted (``order``), as

@@ -1,0 +1,146 @@
+// TpeReadRecords: reads runs of a disk-tiered table's file into one buffer
+// with many reads in flight (tables/row_files.py). Called through ctypes,
+// which releases Python's GIL for the call: the reads wait on the disk
+// with none of Python's per-call work between them. A fixed pool of
+// threads, started on the first call, serves every call; the calling
+// thread reads too.
+//
+// Returns 0, or the errno of the first read that failed (EIO for a read
+// past the end of the file).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace {
+
+// Threads reading beside the caller: reads in flight, with the caller's.
+constexpr int kReaders = 31;
+
+struct Job {
+  int fd;
+  int64_t runs;
+  const int64_t* offsets;  // in the file
+  const int64_t* sizes;    // bytes
+  const int64_t* starts;   // in dest
+  char* dest;
+  std::atomic<int64_t> next{0};
+  // Guarded by mu.
+  int64_t finished = 0;
+  int active = 0;
+  int error = 0;
+  std::mutex mu;
+  std::condition_variable done;
+};
+
+// The readers' queue of calls. Never destroyed: the detached readers wait
+// on it until the process ends (a destructor at exit would wait for them).
+struct Queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job*> jobs;  // guarded by mu
+};
+
+Queue& Shared() {
+  static Queue* queue = new Queue;
+  return *queue;
+}
+
+std::once_flag started;
+
+int ReadRun(const Job& job, int64_t i) {
+  int64_t done = 0;
+  while (done < job.sizes[i]) {
+    ssize_t n = pread(job.fd, job.dest + job.starts[i] + done,
+                      job.sizes[i] - done, job.offsets[i] + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    done += n;
+  }
+  return 0;
+}
+
+// Reads runs of `job` until none is left; `job->active` counted this
+// thread in before.
+void Work(Job* job) {
+  int64_t mine = 0;
+  int error = 0;
+  for (;;) {
+    int64_t i = job->next.fetch_add(1);
+    if (i >= job->runs) break;
+    int e = ReadRun(*job, i);
+    if (e != 0 && error == 0) error = e;
+    ++mine;
+  }
+  std::lock_guard<std::mutex> lock(job->mu);
+  job->finished += mine;
+  if (error != 0 && job->error == 0) job->error = error;
+  if (--job->active == 0 && job->finished == job->runs) job->done.notify_all();
+}
+
+void Reader() {
+  Queue& queue = Shared();
+  for (;;) {
+    Job* job;
+    {
+      std::unique_lock<std::mutex> lock(queue.mu);
+      queue.cv.wait(lock, [&] { return !queue.jobs.empty(); });
+      job = queue.jobs.front();
+      if (job->next.load() >= job->runs) {
+        queue.jobs.pop_front();  // (its caller waits for its last reads)
+        continue;
+      }
+      std::lock_guard<std::mutex> job_lock(job->mu);
+      ++job->active;  // (while queued: its caller has not left)
+    }
+    Work(job);
+  }
+}
+
+}  // namespace
+
+extern "C" int TpeReadRecords(int fd, int64_t runs, const int64_t* offsets,
+                              const int64_t* sizes, const int64_t* starts,
+                              char* dest) {
+  if (runs <= 0) return 0;
+  Queue& queue = Shared();
+  std::call_once(started, [] {
+    for (int i = 0; i < kReaders; ++i) std::thread(Reader).detach();
+  });
+  Job job;
+  job.fd = fd;
+  job.runs = runs;
+  job.offsets = offsets;
+  job.sizes = sizes;
+  job.starts = starts;
+  job.dest = dest;
+  job.active = 1;  // this thread
+  if (runs > 1) {
+    {
+      std::lock_guard<std::mutex> lock(queue.mu);
+      queue.jobs.push_back(&job);
+    }
+    if (runs - 1 >= kReaders) {
+      queue.cv.notify_all();
+    } else {
+      for (int64_t i = 1; i < runs; ++i) queue.cv.notify_one();
+    }
+  }
+  Work(&job);
+  {
+    std::lock_guard<std::mutex> lock(queue.mu);
+    auto at = std::find(queue.jobs.begin(), queue.jobs.end(), &job);
+    if (at != queue.jobs.end()) queue.jobs.erase(at);
+  }
+  std::unique_lock<std::mutex> lock(job.mu);
+  job.done.wait(lock,
+                [&] { return job.active == 0 && job.finished == job.runs; });
+  return job.error;
+}

@@ -1,0 +1,109 @@
+"""Reads runs of a file into one buffer, many reads in flight.
+
+A disk-tiered table's step misses rows scattered over its file
+(``tables/row_files.py``): hundreds of small random reads, each worth
+little on its own, that the disk serves best with many in flight. With
+the kernel library, ``read_runs`` hands them all to ``TpeReadRecords``
+(``read_records.cc``) in one call: a pool of threads issues them while
+Python's GIL is released, so the step's other host work runs meanwhile.
+Without it (``TPU_EMBEDDING_KERNELS=0``, no compiler at install), the
+pages of every run are asked of the kernel at once
+(``POSIX_FADV_WILLNEED``, which returns before the disk answers), then
+read in order from this thread. Both read the same bytes.
+
+Example:
+  >>> import os, tempfile
+  >>> import numpy as np
+  >>> path = os.path.join(tempfile.mkdtemp(), "f")
+  >>> with open(path, "wb") as f:
+  ...   _ = f.write(bytes(range(16)))
+  >>> fd = os.open(path, os.O_RDONLY)
+  >>> dest = np.zeros(5, np.uint8)
+  >>> read_runs(fd, [12, 2], [2, 3], dest)  # bytes 12-13, then 2-4
+  >>> dest.tolist()
+  [12, 13, 2, 3, 4]
+  >>> os.close(fd)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tpu_embedding import kernels
+from tpu_embedding.kernels import library
+
+
+@functools.cache
+def _kernel() -> Callable[..., int] | None:
+  """``TpeReadRecords`` of the loaded kernel library, or None."""
+  if kernels.load() is None:
+    return None
+  path = library.choose().path
+  function = getattr(ctypes.CDLL(path), "TpeReadRecords", None)
+  if function is None:  # (a library built before it: the fallback)
+    return None
+  pointer = ctypes.c_void_p
+  function.argtypes = [ctypes.c_int, ctypes.c_int64, *[pointer] * 4]
+  function.restype = ctypes.c_int
+  result: Callable[..., int] = function
+  return result
+
+
+def read_runs(
+  fd: int, offsets: Sequence[int], sizes: Sequence[int], dest: np.ndarray
+) -> None:
+  """Reads ``sizes[i]`` bytes at ``offsets[i]`` of ``fd`` into ``dest``
+  (contiguous, writable), one run after another.
+
+  Raises:
+    OSError: the first read's failure (``EIO`` past the end of the file).
+  """
+  if not len(offsets):
+    return
+  offsets = np.ascontiguousarray(offsets, np.int64)
+  sizes = np.ascontiguousarray(sizes, np.int64)
+  starts = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+  if int(sizes.sum()) > dest.nbytes:
+    raise ValueError(f"{int(sizes.sum())} bytes do not fit {dest.nbytes}")
+  kernel = _kernel()
+  if kernel is None:
+    _read_in_python(fd, offsets, sizes, starts, dest)
+    return
+  arrays = (offsets, sizes, starts, dest)
+  failed = kernel(fd, offsets.size, *(_address(a) for a in arrays))
+  if failed:
+    raise OSError(failed, f"reading a table's file: {os.strerror(failed)}")
+
+
+def _address(array: np.ndarray) -> Any:
+  return array.ctypes.data_as(ctypes.c_void_p)
+
+
+def _read_in_python(
+  fd: int,
+  offsets: np.ndarray,
+  sizes: np.ndarray,
+  starts: np.ndarray,
+  dest: np.ndarray,
+) -> None:
+  """The same reads, every page asked for first, then in order."""
+  columns = (offsets.tolist(), sizes.tolist(), starts.tolist())
+  runs = list(zip(*columns, strict=True))
+  for offset, size, _ in runs:
+    os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+  view = memoryview(dest.reshape(-1).view(np.uint8))
+  for offset, size, start in runs:
+    done = 0
+    while done < size:
+      n = os.preadv(fd, [view[start + done : start + size]], offset + done)
+      if n == 0:
+        raise OSError(errno.EIO, "reading a table's file: past its end")
+      done += n
