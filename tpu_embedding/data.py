@@ -132,11 +132,11 @@ def prefetch_rows(
 
   Each batch passes through unchanged and a batch ahead: on its way, its
   ids go to their tables (``TableStore.prefetch_rows``), and a table kept
-  on disk (``sharding.DiskTier``) has the kernel read the pages of those
-  of its rows that its RAM cache does not hold, so that the step that
-  looks them up finds them in memory (as FBGEMM prefetches batch i + 1
-  during batch i). Only the page cache is warmed: no number changes;
-  tables in memory do nothing.
+  on disk (``sharding.DiskTier``) reads those of its rows that its RAM
+  cache does not hold into RAM, in the background, so that the step that
+  looks them up takes them from there (as FBGEMM prefetches batch i + 1
+  during batch i). No number changes (a row written after it was read
+  ahead is read again); tables in memory do nothing.
 
   Args:
     dataset: batches of the features nest ``embedding.enqueue`` takes.

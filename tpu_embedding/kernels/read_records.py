@@ -68,17 +68,17 @@ def read_runs(
   """
   if not len(offsets):
     return
-  offsets = np.ascontiguousarray(offsets, np.int64)
-  sizes = np.ascontiguousarray(sizes, np.int64)
-  starts = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
-  if int(sizes.sum()) > dest.nbytes:
-    raise ValueError(f"{int(sizes.sum())} bytes do not fit {dest.nbytes}")
+  at = np.ascontiguousarray(offsets, np.int64)
+  lengths = np.ascontiguousarray(sizes, np.int64)
+  starts = np.concatenate([[0], np.cumsum(lengths[:-1])]).astype(np.int64)
+  if int(lengths.sum()) > dest.nbytes:
+    raise ValueError(f"{int(lengths.sum())} bytes do not fit {dest.nbytes}")
   kernel = _kernel()
   if kernel is None:
-    _read_in_python(fd, offsets, sizes, starts, dest)
+    _read_in_python(fd, at, lengths, starts, dest)
     return
-  arrays = (offsets, sizes, starts, dest)
-  failed = kernel(fd, offsets.size, *(_address(a) for a in arrays))
+  arrays = (at, lengths, starts, dest)
+  failed = kernel(fd, at.size, *(_address(a) for a in arrays))
   if failed:
     raise OSError(failed, f"reading a table's file: {os.strerror(failed)}")
 
@@ -99,7 +99,7 @@ def _read_in_python(
   runs = list(zip(*columns, strict=True))
   for offset, size, _ in runs:
     os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
-  view = memoryview(dest.reshape(-1).view(np.uint8))
+  view = dest.reshape(-1).view(np.uint8).data
   for offset, size, start in runs:
     done = 0
     while done < size:

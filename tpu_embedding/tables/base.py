@@ -439,7 +439,7 @@ class TableStore(metaclass=abc.ABCMeta):
 
   def prefetch_rows(self, ids: Any) -> None:
     """Readies rows ``ids`` (host values) of a coming step: nothing for a
-    layout in memory (a disk tier reads their pages early)."""
+    layout in memory (a disk tier reads them ahead into RAM)."""
     del ids
 
   def cache_counts(self) -> list[CacheCounts]:

@@ -154,9 +154,8 @@ class TieredTable(TableStore):
     return 0, self._rows.size  # The cache's slots.
 
   def prefetch_rows(self, ids: Any) -> None:
-    """Has the pages of rows ``ids`` not cached read into the page cache,
-    in the background (a coming step's ids: ``data.prefetch_rows``);
-    changes no number."""
+    """Reads rows ``ids`` not cached ahead into RAM, in the background (a
+    coming step's ids: ``data.prefetch_rows``); changes no number."""
     self._rows.prefetch(np.asarray(ids))
 
   def cache_counts(self) -> list[CacheCounts]:
