@@ -132,17 +132,9 @@ def rates(path: str, dim: int, dist: str) -> Rates:
   )
 
 
-def floor(
-  path: str,
-  batch: int,
-  unique_rows: float,
-  occurrences: int,
-  dim: int,
-  dist: str,
-) -> float:
+def floor(r: Rates, batch: int, unique_rows: float, occurrences: int) -> float:
   """The floor in examples/s for ``unique_rows`` distinct rows and
-  ``occurrences`` ids a step."""
-  r = rates(path, dim, "uniform" if dist == "uniform" else "zipf")
+  ``occurrences`` ids a step, at rates ``r`` (``rates``)."""
   seconds = (
     unique_rows / r.gather
     + unique_rows / r.adagrad

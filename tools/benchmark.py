@@ -525,18 +525,18 @@ def measure_setting(args, label: str, key: str | None = None) -> dict:
       flush=True,
     )
   if args.membench:
+    rates = _floor.rates(
+      args.membench, args.dim, "uniform" if args.dist == "uniform" else "zipf"
+    )
     result["floor"] = _floor.floor(
-      args.membench,
+      rates,
       args.batch_size,
       _unique_rows(batches, args),
       args.batch_size * sum(hotness(args)),
-      args.dim,
-      args.dist,
     )
-    pages = _floor.rates(args.membench, args.dim, "uniform").pages
     print(
       f"  {label:<24} memory floor {result['floor']:,.0f} examples/s "
-      f"({pages} page rates): tpu_embedding at "
+      f"({rates.pages} page rates): tpu_embedding at "
       f"{ours.median / result['floor']:.0%} of it",
       flush=True,
     )
