@@ -26,8 +26,8 @@ is not built); the file is read at random (``POSIX_FADV_RANDOM``: no
 read-ahead around a record). Appended pages are dropped once on disk, and
 the table drops the file's clean pages every few steps
 (``drop_cache``), so the page cache holds little of the file. A full disk
-is a one-line ``DiskFullError`` naming the directory. One thread may write while
-another reads (a lock orders their use of ``where``).
+is a one-line ``DiskFullError`` naming the directory. One thread may
+write while another reads (a lock orders their use of ``where``).
 
 Example:
   >>> import tempfile
@@ -250,10 +250,10 @@ class RowFiles:
     for segment, index, count in chunks:
       base = segment * self._segment_bytes
       ids = rows[done : done + count]
-      self._io(base + index * _ID_BYTES, memoryview(ids.data).cast("B"), False)
+      self._write(base + index * _ID_BYTES, memoryview(ids.data).cast("B"))
       values = np.ascontiguousarray(records[done : done + count])
       offset = self._value_offset(segment, index)
-      self._io(offset, memoryview(values.data).cast("B"), False)
+      self._write(offset, memoryview(values.data).cast("B"))
       written.append((base, self._segment_bytes))
       done += count
     at = np.concatenate(
@@ -314,11 +314,13 @@ class RowFiles:
     """Appends the live records of ``segment`` again."""
     base = segment * self._segment_bytes
     ids = np.empty(SEGMENT_RECORDS, np.int64)
-    self._io(base, memoryview(ids.data).cast("B"), reading=True)
+    read_records.read_runs(self._fd, [base], [ids.nbytes], ids)
     records = self._records(SEGMENT_RECORDS)
     offset = self._value_offset(segment, 0)
-    self._io(offset, memoryview(records.data).cast("B"), reading=True)
-    self._advise([base], [self._segment_bytes], os.POSIX_FADV_DONTNEED)
+    read_records.read_runs(self._fd, [offset], [records.nbytes], records)
+    os.posix_fadvise(
+      self._fd, base, self._segment_bytes, os.POSIX_FADV_DONTNEED
+    )
     at = segment * SEGMENT_RECORDS + np.arange(SEGMENT_RECORDS)
     valid = (ids >= 0) & (ids < self.rows)
     live = valid & (self._where[np.where(valid, ids, 0)] == at + 1)
@@ -353,22 +355,14 @@ class RowFiles:
   def _records(self, count: int) -> np.ndarray:
     return np.empty([count, len(self.keys), self.dim], np.float32)
 
-  def _advise(
-    self, offsets: Sequence[int], sizes: Sequence[int], advice: int
-  ) -> None:
-    for offset, size in zip(offsets, sizes, strict=True):
-      os.posix_fadvise(self._fd, offset, size, advice)
-
-  def _io(self, offset: int, view: memoryview, reading: bool) -> None:
+  def _write(self, offset: int, view: memoryview) -> None:
+    """Writes ``view`` at ``offset`` (reads: ``read_records``)."""
     done = 0
     try:
       while done < view.nbytes:
-        if reading:
-          n = os.preadv(self._fd, [view[done:]], offset + done)
-        else:
-          n = os.pwritev(self._fd, [view[done:]], offset + done)
+        n = os.pwritev(self._fd, [view[done:]], offset + done)
         if n == 0:
-          raise OSError(errno.EIO, "short read")
+          raise OSError(errno.EIO, "short write")
         done += n
     except OSError as error:
       if error.errno in (errno.ENOSPC, errno.EDQUOT):
