@@ -32,6 +32,7 @@ from tpu_embedding.optimizers import SGD
 from tpu_embedding.optimizers import Adagrad
 from tpu_embedding.optimizers import AdagradMomentum
 from tpu_embedding.optimizers import Adam
+from tpu_embedding.row_storage import RowStorage
 from tpu_embedding.serving import TPUEmbeddingForServing
 from tpu_embedding.serving import serving_embedding_lookup
 from tpu_embedding.vocabularies import DynamicVocabulary
@@ -53,6 +54,7 @@ __all__ = [
   "FeatureConfig",
   "QuantizationConfig",
   "RowIdInitializer",
+  "RowStorage",
   "SGD",
   "TPUEmbedding",
   "TPUEmbeddingForServing",

@@ -232,6 +232,17 @@ def restore_shape(restore: Any) -> tf.TensorShape | None:
   return restore.checkpoint_position.value_shape()
 
 
+def restore_dtype(restore: Any) -> tf.DType | None:
+  """The saved dtype of a pending restore-on-create value; None where the
+  checkpoint does not say."""
+  position = restore.checkpoint_position
+  for attribute in position.object_proto.attributes:
+    if attribute.name == "VARIABLE_VALUE":
+      dtype = position._checkpoint.dtype_map.get(attribute.checkpoint_key)  # noqa: SLF001
+      return None if dtype is None else tf.as_dtype(dtype)
+  return None
+
+
 def in_xla_context() -> bool:
   """Whether the function being traced will be compiled by XLA."""
   return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from tpu_embedding.initializers import TruncatedNormal
 from tpu_embedding.keys.vocabulary import DynamicVocabulary
 from tpu_embedding.optimizers import saving as optimizer_saving
 from tpu_embedding.optimizers.base import Optimizer
+from tpu_embedding.row_storage import FLOAT32
+from tpu_embedding.row_storage import RowStorage
 
 COMBINERS = ("mean", "sum", "sqrtn")
 
@@ -64,6 +67,7 @@ class TableConfigDict(TypedDict):
   quantization_config: QuantizationConfigDict | None
   dtype: str
   vocabulary: dict[str, Any] | None
+  storage: dict[str, Any]
 
 
 class FeatureFieldsDict(TypedDict):
@@ -195,6 +199,7 @@ class TableConfig:
     dtype: tf.DType = tf.float32,
     *,
     vocabulary: DynamicVocabulary | None = None,
+    storage: RowStorage = FLOAT32,
   ):
     """Creates a table configuration.
 
@@ -214,6 +219,11 @@ class TableConfig:
         None (ids are rows), or a ``DynamicVocabulary``: the
         table takes raw keys and gives them its ``vocabulary_size`` rows
         as they come (``tpu_embedding/keys/vocabulary.py``).
+      storage: (keyword only; not in TensorFlow's ``TableConfig``) the
+        stored types of the rows and of the optimizer slots, and the
+        rounding of updates (``RowStorage``; float32 by default): e.g.
+        ``RowStorage("bfloat16")`` keeps the rows in half the bytes, with
+        float32 lookups and update math.
 
     Raises:
       ValueError: if an argument is invalid; the message names it, gives the
@@ -281,6 +291,11 @@ class TableConfig:
           f"({vocabulary.capacity}) differs from vocabulary_size "
           f"({vocabulary_size}); give one, or equal values."
         )
+    if not isinstance(storage, RowStorage):
+      raise ValueError(
+        f"Argument `storage` of TableConfig {name!r} must be a "
+        f"tpu_embedding.RowStorage. Received: {type(storage)}"
+      )
     self.vocabulary_size = vocabulary_size
     self.dim = dim
     self.initializer: Initializer = (
@@ -293,6 +308,7 @@ class TableConfig:
     self.layout = layout
     self.dtype = tf.as_dtype(dtype)
     self.vocabulary = vocabulary
+    self.storage = storage
 
   def replace(self, **changes: Any) -> TableConfig:
     """Returns a shallow copy with ``changes`` applied; self is unchanged."""
@@ -344,6 +360,7 @@ quantization_config=None)
         **self.vocabulary.get_config(),
         "key_dtype": self.vocabulary.key_dtype.name,
       },
+      "storage": dataclasses.asdict(self.storage),
     }
 
   @classmethod
@@ -367,6 +384,7 @@ quantization_config=None)
       vocabulary=None
       if vocabulary is None
       else DynamicVocabulary(**vocabulary),
+      storage=RowStorage(**config.get("storage", {})),
     )
 
   def __repr__(self) -> str:
@@ -381,7 +399,8 @@ quantization_config=None)
       f"optimizer={self.optimizer!r}, combiner={self.combiner!r}, "
       f"name={self.name!r}, "
       f"quantization_config={self.quantization_config!r}"
-      + (f", vocabulary={self.vocabulary!r})" if self.vocabulary else ")")
+      + (f", vocabulary={self.vocabulary!r}" if self.vocabulary else "")
+      + (f", storage={self.storage!r})" if self.storage != FLOAT32 else ")")
     )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_embedding import errors
+from tpu_embedding import row_storage
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import TableConfig
 from tpu_embedding.keys import IdentityMapping
@@ -76,6 +77,8 @@ class ResolvedTable(TableConfig):
       quantization_config=table.quantization_config,
       layout=table.layout,
       dtype=table.dtype,
+      vocabulary=None,
+      storage=table.storage,
     )
     self.key_mapping = key_mapping
 
@@ -189,6 +192,7 @@ def resolve(
       raise ValueError(
         errors.UNSUPPORTED_OPTIMIZER.format(type=type(table_optimizer))
       )
+    row_storage.check_table(name, user_table.storage, table_optimizer)
     tables.append(
       ResolvedTable(user_table, name, table_optimizer, key_mapping(user_table))
     )

@@ -117,6 +117,7 @@ def stack_of(tables: Sequence[TableConfig], index: int) -> TableStack:
     combiner="sum",
     name=_stack_name([table_name(t) for t in tables], index),
     quantization_config=first.quantization_config,
+    storage=first.storage,
   )
   return TableStack(tuple(tables), tuple(offsets), config)
 
@@ -140,6 +141,7 @@ def _signature(table: TableConfig, placement: PlacementOf) -> tuple | None:
     optimizer,
     placement(table),
     table.quantization_config,
+    table.storage,
   )
 
 
@@ -164,6 +166,8 @@ def _incompatibility(
     return f"it is {placement(table)}, not {placement(first)}"
   if table.quantization_config != first.quantization_config:
     return "its quantization_config differs"
+  if table.storage != first.storage:
+    return f"its storage {table.storage!r} differs from {first.storage!r}"
   return None
 
 

@@ -40,15 +40,16 @@ class VariableTracker:
     initializer: Any,
     getter: Callable[..., Any],
     trainable: bool,
+    dtype: tf.DType = tf.float32,
   ) -> Any:
-    self.checked_restore(name, shape)
+    self.checked_restore(name, shape, dtype)
     # Trackable's restore-on-create entry point, as TensorFlow's own
     # TPUEmbedding classes use it.
     # pylint: disable=protected-access
     return self._owner._add_variable_with_custom_getter(
       name=name,
       shape=shape,
-      dtype=tf.float32,
+      dtype=dtype,
       initializer=initializer,
       getter=getter,
       trainable=trainable,
@@ -68,10 +69,22 @@ class VariableTracker:
     if restore:
       self._owner._handle_deferred_dependencies(name=name, trackable=variable)
 
-  def checked_restore(self, name: str, shape: tuple[int, int]) -> Any:
+  def checked_restore(
+    self, name: str, shape: tuple[int, int], dtype: tf.DType = tf.float32
+  ) -> Any:
     """``pending_restore(name)``, refused where the checkpoint restored
-    before build holds another shape than ``shape``."""
+    before build holds another shape than ``shape``, or another type than
+    ``dtype`` (a table's ``RowStorage``)."""
     pending = self.pending_restore(name)
+    saved_dtype = None if pending is None else compat.restore_dtype(pending)
+    if saved_dtype is not None and saved_dtype != dtype:
+      table, _, slot = name.partition("/")
+      raise ValueError(
+        f"Table '{table}': the checkpoint restored into this embedding "
+        f"holds its {slot or 'parameters'} as {saved_dtype.name}, but its "
+        f"TableConfig stores them as {dtype.name} (RowStorage): restore "
+        "into tables stored as the checkpoint's."
+      )
     saved = None if pending is None else compat.restore_shape(pending)
     if saved is not None and tuple(saved) != tuple(shape):
       table, _, slot = name.partition("/")
@@ -129,16 +142,18 @@ class PartlyTracked(VariableTracker):
   def _skips(self, name: str) -> bool:
     return name.split("/")[0] in self._untracked
 
-  def create(self, name, shape, initializer, getter, trainable):
+  def create(
+    self, name, shape, initializer, getter, trainable, dtype=tf.float32
+  ):
     if self._skips(name):
       return getter(
         name=name,
         shape=shape,
-        dtype=tf.float32,
+        dtype=dtype,
         initializer=initializer,
         trainable=trainable,
       )
-    return super().create(name, shape, initializer, getter, trainable)
+    return super().create(name, shape, initializer, getter, trainable, dtype)
 
   def register(self, name: str, variable: Any, restore: bool = False) -> None:
     if not self._skips(name):

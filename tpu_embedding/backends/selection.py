@@ -62,6 +62,7 @@ def select_backend(
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
+    check_row_storage(tables, policy.disk, strategy)
     return LocalBackend(policy.disk, planned.stacks), planned
   if isinstance(
     strategy,
@@ -71,6 +72,7 @@ def select_backend(
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
     _check_disk_tables_alone(policy.disk, planned, strategy)
+    check_row_storage(tables, policy.disk, strategy)
     return ShardedBackend(strategy, _stores(planned), policy.disk), planned
   if policy.disk.tables:
     raise ValueError(
@@ -82,6 +84,7 @@ def select_backend(
       "keep them in memory (row-sharded) there."
     )
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    check_row_storage(tables, policy.disk, strategy)
     planner = ParameterServerBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     return ParameterServerBackend(_stores(planned)), planned
@@ -110,6 +113,37 @@ def check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
       raise ValueError(
         f"DiskTier names table {name!r}, which is not a table (tables: "
         f"{sorted(names)})."
+      )
+
+
+def check_row_storage(
+  tables: Sequence[TableConfig],
+  disk: DiskTier,
+  strategy: tf.distribute.Strategy,
+) -> None:
+  """Refuses 16-bit tables (``RowStorage``) where this version does not
+  train them yet: on disk, with a dynamic vocabulary, on several workers
+  or parameter servers (one device and MirroredStrategy do)."""
+  for table in tables:
+    storage = table.storage
+    if storage.is_float32:
+      continue
+    name = table_name(table)
+    where = None
+    if disk.holds(name):
+      where = "on disk (DiskTier)"
+    elif not key_mapping(table).inputs_are_rows:
+      where = "with a DynamicVocabulary"
+    elif isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or (
+      isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    ):
+      where = f"under {strategy_name(strategy)}"
+    if where is not None:
+      raise ValueError(
+        f"Table {name!r} is stored as {storage.dtype} with "
+        f"{storage.slots} slots (RowStorage), which this version trains "
+        f"on one device and under MirroredStrategy, not {where}; keep it "
+        "float32 there (RowStorage() or no storage argument)."
       )
 
 

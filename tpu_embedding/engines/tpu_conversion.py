@@ -288,8 +288,17 @@ class _Translator:
     if id(table) not in self._tables:
       # ``vocabulary``, ``key_mapping`` (a resolved table's): TensorFlow's
       # tables have neither (ids are rows).
-      _check_attributes(table, (*TABLE_ARGS, "vocabulary", "key_mapping"))
+      # ``storage``: float32 only (TensorFlow's TPU tables are).
+      _check_attributes(
+        table, (*TABLE_ARGS, "vocabulary", "key_mapping", "storage")
+      )
       key_mapping(table).check_on_tpu(table.name)
+      if not table.storage.is_float32:
+        raise ValueError(
+          f"Table {table.name!r} is stored as {table.storage.dtype} "
+          f"(RowStorage): TensorFlow's TPU embedding keeps float32 tables; "
+          "drop the storage argument under TPUStrategy."
+        )
       kwargs = {arg: getattr(table, arg) for arg in TABLE_ARGS}
       kwargs["optimizer"] = self.optimizer(table.optimizer)
       if table.quantization_config is not None:

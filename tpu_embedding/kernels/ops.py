@@ -64,6 +64,7 @@ from tpu_embedding.kernels.unique import Ids
 from tpu_embedding.kernels.unique import unique_with_kernel
 from tpu_embedding.kernels.unique import unique_with_tensorflow
 from tpu_embedding.kernels.vocabulary_step import vocabulary_step
+from tpu_embedding.row_storage import decode
 
 
 class StepOps:
@@ -88,8 +89,9 @@ class StepOps:
     return unique_with_tensorflow(ids, offsets)
 
   def gather_rows(self, variable: Any, ids: tf.Tensor) -> tf.Tensor:
-    """``tf.gather(variable, ids)`` for a ``[rows, dim]`` table variable."""
-    return tf.gather(variable, ids)
+    """``tf.gather(variable, ids)`` for a ``[rows, dim]`` table variable,
+    as float32 whatever its stored type (``row_storage.RowStorage``)."""
+    return decode(tf.gather(variable, ids))
 
   def gather_pieces(
     self, pieces: list[tf.Tensor], index: tf.Tensor
@@ -220,7 +222,9 @@ class KernelOps(StepOps):
     return unique_with_kernel(self.module, ids, offsets)
 
   def gather_rows(self, variable: Any, ids: tf.Tensor) -> tf.Tensor:
-    return gather_rows_with_kernel(self.module, variable, ids, self.spread)
+    return decode(
+      gather_rows_with_kernel(self.module, variable, ids, self.spread)
+    )
 
   def gather_pieces(
     self, pieces: list[tf.Tensor], index: tf.Tensor

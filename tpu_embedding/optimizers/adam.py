@@ -57,6 +57,11 @@ class Adam(Optimizer):
 
   SLOT_NAMES = ("momenta", "velocities")
   Slots = AdamSlots
+  SLOTS_IN_16_BITS = ()
+  SLOTS_IN_16_BITS_WHY = (
+    "its velocities average squared gradients (often below float16's 6e-8) "
+    "and a 16-bit momentum's rounding biases every step"
+  )
 
   def __init__(
     self,

@@ -130,6 +130,15 @@ class Optimizer(metaclass=abc.ABCMeta):
   #: Read by ``fused_rule`` on the class that sets it only.
   FUSED_RULE: ClassVar[str | None] = None
 
+  #: The 16-bit types this rule's slots may be stored in
+  #: (``RowStorage.slots``), and why not others: slots summing squared
+  #: gradients need bfloat16's range (float16 underflows below 6e-8).
+  SLOTS_IN_16_BITS: ClassVar[tuple[str, ...]] = ("bfloat16",)
+  SLOTS_IN_16_BITS_WHY: ClassVar[str] = (
+    "its slots sum squared gradients, which float16's range (6e-8 to "
+    "65504) loses"
+  )
+
   def __init__(
     self,
     learning_rate: LearningRate,

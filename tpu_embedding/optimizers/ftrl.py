@@ -60,6 +60,10 @@ class FTRL(Optimizer):
   """
 
   SLOT_NAMES = ("accumulators", "linears")
+  SLOTS_IN_16_BITS = ()
+  SLOTS_IN_16_BITS_WHY = (
+    "its linears accumulate differences of large terms, which 16 bits cancel"
+  )
   Slots = FtrlSlots
 
   def __init__(

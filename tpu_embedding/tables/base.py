@@ -70,7 +70,9 @@ from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.lookup import occurrence_rows
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import decode
 from tpu_embedding.tables.changed_rows import ChangedRows
+from tpu_embedding.tables.rounding import BlockRounding
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tables.updates import apply_rows
@@ -108,6 +110,12 @@ def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
       optimizer.SLOT_NAMES, optimizer.slot_initializers(), strict=True
     )
   ]
+
+
+def stored_dtype(table: TableConfig, index: int) -> tf.DType:
+  """The stored type of a table's variable ``index`` in ``variable_specs``
+  order (0: the parameters; ``i + 1``: slot ``i``): its ``RowStorage``'s."""
+  return table.storage.stored_dtype(index)
 
 
 def _no_default_slots(name: str, initializer: Any) -> Any:
@@ -202,6 +210,15 @@ class TableStore(metaclass=abc.ABCMeta):
       ChangedRows(
         getattr(block["parameters"], "device", None),
         self.block_rows(index)[1],
+      )
+      for index, block in enumerate(blocks)
+    ]
+    # How each block rounds its updates to the stored types.
+    self._rounding = [
+      BlockRounding(
+        table,
+        self.block_rows(index)[0],
+        getattr(block["parameters"], "device", None),
       )
       for index, block in enumerate(blocks)
     ]
@@ -331,7 +348,9 @@ class TableStore(metaclass=abc.ABCMeta):
     written. Returns the writes."""
     writes = [
       tf.raw_ops.ResourceScatterUpdate(
-        resource=self._blocks[block][key].handle, indices=rows, updates=value
+        resource=self._blocks[block][key].handle,
+        indices=rows,
+        updates=tf.cast(value, self._blocks[block][key].dtype),
       )
       for key, value in values.items()
     ]
@@ -341,8 +360,9 @@ class TableStore(metaclass=abc.ABCMeta):
     """The whole ``[vocabulary_size, dim]`` value of ``key``.
 
     (Under MultiWorkerMirroredStrategy a collective every worker joins.)
+    Float32, whatever the stored type (``RowStorage``).
     """
-    return tf.convert_to_tensor(self._variables[key])
+    return decode(tf.convert_to_tensor(self._variables[key]))
 
   def assign(self, value: Any, key: str = "parameters") -> Any:
     """Writes a whole ``[vocabulary_size, dim]`` value of ``key``.
@@ -352,8 +372,9 @@ class TableStore(metaclass=abc.ABCMeta):
     assigns = []
     for block in range(len(self._blocks)):
       first, rows = self.block_rows(block)
+      variable = self._blocks[block][key]
       assigns.append(
-        self._blocks[block][key].assign(value[first : first + rows])
+        variable.assign(tf.cast(value[first : first + rows], variable.dtype))
       )
       assigns.append(self._changes[block].mark_all())
     return tf.group([a for a in assigns if a is not None])
@@ -391,9 +412,12 @@ class TableStore(metaclass=abc.ABCMeta):
     variables = self.blocks[block]
     size = self.block_rows(block)[1]
     optimizer, changes = self.table.optimizer, self._changes[block]
+    rounding = self._rounding[block]
 
     def write() -> list[Any]:
-      writes = apply_rows(self.table, variables, rows, grads, size, index, ops)
+      writes = apply_rows(
+        self.table, variables, rows, grads, size, index, ops, rounding
+      )
       # The rows written: every row, for an optimizer changing all of them.
       if optimizer is not None and optimizer.updates_all_rows:
         return [*writes, changes.mark_all()]
@@ -461,8 +485,10 @@ class TableStore(metaclass=abc.ABCMeta):
       variable = self._blocks[block][key]
       with tf.device(variable.device):
         parts.append(
-          tf.raw_ops.ResourceGather(
-            resource=variable.handle, indices=mine, dtype=variable.dtype
+          decode(
+            tf.raw_ops.ResourceGather(
+              resource=variable.handle, indices=mine, dtype=variable.dtype
+            )
           )
         )
     return tf.concat(parts, 0)

@@ -96,7 +96,10 @@ class RowValues(metaclass=abc.ABCMeta):
   def fill(self, variable: tf.Variable, first: int) -> None:
     """Writes rows ``[first, first + rows)`` into ``variable`` in place."""
     count = int(variable.shape[0])
-    for offset, part in self.pieces(first, count, variable.dtype):
+    # Generated in float32 and rounded to nearest: a 16-bit table starts
+    # from its float32 twin's values.
+    for offset, part in self.pieces(first, count, tf.float32):
+      part = tf.cast(part, variable.dtype)
       # A scatter writes in place (a strided-slice assign copies the whole
       # variable once).
       tf.raw_ops.ResourceScatterUpdate(

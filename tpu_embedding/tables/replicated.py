@@ -30,6 +30,7 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
@@ -89,7 +90,9 @@ class ReplicatedTable(TableStore):
     updates run as ``guard`` says."""
     shape = (table.vocabulary_size, table.dim)
     blocks: list[Block] = [{} for _ in devices]
-    for key, initializer, trainable in variable_specs(table):
+    for index, (key, initializer, trainable) in enumerate(
+      variable_specs(table)
+    ):
       name = checkpoint_name(table_name(table), key)
       values = row_values(initializer, shape, name)
       for local, device in enumerate(devices):
@@ -102,6 +105,7 @@ class ReplicatedTable(TableStore):
             table.vocabulary_size,
             f"{name}/replica_{local}",
             trainable,
+            stored_dtype(table, index),
           )
     for block in blocks:
       user_slots(table, block)

@@ -48,6 +48,7 @@ from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
@@ -85,9 +86,10 @@ def create_blocks(
   full_shape = (table.vocabulary_size, table.dim)
   blocks: list[Block] = [{} for _ in devices]
   restored: dict[str, Any] = {}
-  for key, initializer, trainable in variable_specs(table):
+  for index, (key, initializer, trainable) in enumerate(variable_specs(table)):
     name = checkpoint_name(table_name(table), key)
-    restore = tracker.pending_restore(name)
+    dtype = stored_dtype(table, index)
+    restore = tracker.checked_restore(name, full_shape, dtype)
     values = row_values(initializer, full_shape, name)
     made = []
     for local, device in enumerate(devices):
@@ -97,10 +99,12 @@ def create_blocks(
       # A plain per-device variable, even inside a strategy scope.
       with tf.device(device):
         if restore is None:
-          variable = create_variable(values, start, rows, part, trainable)
+          variable = create_variable(
+            values, start, rows, part, trainable, dtype
+          )
         else:  # Zeros, for the checkpoint's rows read below.
           variable = compat.ResourceVariable(
-            tf.zeros([rows, table.dim]), name=part, trainable=trainable
+            tf.zeros([rows, table.dim], dtype), name=part, trainable=trainable
           )
       blocks[local][key] = variable
       made.append((variable, start))

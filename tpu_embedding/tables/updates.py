@@ -30,6 +30,8 @@ from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import summed_gradients
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
+from tpu_embedding.row_storage import decode
+from tpu_embedding.tables.rounding import BlockRounding
 
 
 def apply_rows(
@@ -40,6 +42,7 @@ def apply_rows(
   num_rows: int,
   index: tf.Tensor | None = None,
   ops: StepOps = TENSORFLOW_OPS,
+  rounding: BlockRounding | None = None,
 ) -> list[Any]:
   """Applies ``table.optimizer`` to rows ``ids`` of one block of variables.
 
@@ -57,6 +60,10 @@ def apply_rows(
       in occurrence order starting from zero (``unsorted_segment_sum``).
     ops: the step's row ops (``kernels/ops.py``): with the kernels', the
       fused update applies per-occurrence gradients where it can.
+    rounding: how the block writes float32 results into its stored types
+      (``rounding.BlockRounding``); None: the table's, for a block
+      starting at row 0 (rows are read as float32 and the rule runs in
+      float32 whatever they are stored in).
 
   Returns:
     The write operations (in a graph; None entries when eager).
@@ -67,7 +74,9 @@ def apply_rows(
       f"Table '{table.name}' has no optimizer: pass one to "
       "TPUEmbedding(optimizer=...) or to its TableConfig."
     )
-  if index is not None:
+  if rounding is None:
+    rounding = BlockRounding(table, 0, None)
+  if index is not None and table.storage.is_float32:
     fused = ops.fused_apply(table, block, ids, grads, index)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
@@ -76,21 +85,25 @@ def apply_rows(
   names = optimizer.SLOT_NAMES
   if optimizer.updates_all_rows:
     dense_grads = tf.math.unsorted_segment_sum(summed, ids, num_rows)
-    slots = optimizer.Slots(*(block[n].read_value() for n in names))
+    slots = optimizer.Slots(*(decode(block[n].read_value()) for n in names))
     params, slots = optimizer.apply(
-      block["parameters"].read_value(), slots, dense_grads, lr
+      decode(block["parameters"].read_value()), slots, dense_grads, lr
     )
-    writes = [block["parameters"].assign(params, read_value=False)]
-    for name, value in zip(names, slots, strict=True):
+    every_row = tf.range(num_rows, dtype=tf.int64)
+    writes = []
+    for name, value in zip(
+      ("parameters", *names), (params, *slots), strict=True
+    ):
+      value = rounding.encode(name, value, every_row)
       writes.append(block[name].assign(value, read_value=False))
-    return writes
-  slots = optimizer.Slots(*(tf.gather(block[n], ids) for n in names))
-  params = tf.gather(block["parameters"], ids)
+    return [*writes, rounding.advance()]
+  slots = optimizer.Slots(*(decode(tf.gather(block[n], ids)) for n in names))
+  params = decode(tf.gather(block["parameters"], ids))
   params, slots = optimizer.apply(params, slots, summed, lr)
-  writes = [_scatter(block["parameters"], ids, params)]
-  for name, value in zip(names, slots, strict=True):
-    writes.append(_scatter(block[name], ids, value))
-  return writes
+  writes = []
+  for name, value in zip(("parameters", *names), (params, *slots), strict=True):
+    writes.append(_scatter(block[name], ids, rounding.encode(name, value, ids)))
+  return [*writes, rounding.advance()]
 
 
 def _scatter(variable: Any, ids: tf.Tensor, rows: tf.Tensor) -> Any:

@@ -37,6 +37,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
+from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.initial_values import RowWiseInitializer
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
@@ -106,7 +107,9 @@ class WholeTable(TableStore):
     getter = functools.partial(plain_variable_getter, device=device)
 
     initial = RowWiseInitializer(table.initializer, shape, table_name(table))
-    parameters = tracker.create(table_name(table), shape, initial, getter, True)
+    parameters = tracker.create(
+      table_name(table), shape, initial, getter, True, stored_dtype(table, 0)
+    )
     initial.fill_in_place(parameters)
     variables = {"parameters": parameters}
     optimizer = table.optimizer
@@ -115,7 +118,9 @@ class WholeTable(TableStore):
       def slot_creator(slot: str, initializer: Initializer) -> tf.Variable:
         name = checkpoint_name(table_name(table), slot)
         initial = RowWiseInitializer(initializer, shape, name)
-        variable = tracker.create(name, shape, initial, getter, False)
+        variable = tracker.create(
+          name, shape, initial, getter, False, stored_dtype(table, 1)
+        )
         initial.fill_in_place(variable)
         return variable
 

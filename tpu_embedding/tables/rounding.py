@@ -1,0 +1,75 @@
+"""How one row block writes float32 update results into its stored types.
+
+A block of a table stored in 16 bits (``RowStorage``) counts the updates
+it has applied; the count is the ``step`` of its stochastic rounding, so
+each update draws afresh and a run repeats bit for bit. Rows are numbered
+globally (the block's first row plus the row within it): a row gets the
+same draw in every layout. A float32 table's block rounds nothing and
+keeps no count.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import tpu_embedding as tpe
+  >>> table = tpe.TableConfig(8, 2, name="t",
+  ...                         storage=tpe.RowStorage("bfloat16"))
+  >>> rounding = BlockRounding(table, first_row=4, device=None)
+  >>> rounding.encode("parameters", tf.ones([1, 2]), tf.constant([0])).dtype
+  tf.bfloat16
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from tpu_embedding import compat
+from tpu_embedding.config import TableConfig
+from tpu_embedding.resolved import table_name
+
+
+class BlockRounding:
+  """The rounding of one row block's writes, and its update count.
+
+  Args:
+    table: the (resolved) table; its ``storage`` says the stored types.
+    first_row: the block's first global row.
+    device: the block's device (where its count lives); None: the
+      current one.
+  """
+
+  def __init__(self, table: TableConfig, first_row: int, device: str | None):
+    self._storage = table.storage
+    self._table = table_name(table) if table.name else "<unnamed>"
+    optimizer = table.optimizer
+    slots = () if optimizer is None else tuple(optimizer.SLOT_NAMES)
+    self._streams = {"parameters": 0} | {
+      name: i + 1 for i, name in enumerate(slots)
+    }
+    self._first_row = first_row
+    self._count: Any = None
+    if not self._storage.is_float32:
+      with tf.device(device):
+        self._count = compat.ResourceVariable(
+          tf.constant(0, tf.int64), trainable=False, name="update_count"
+        )
+
+  def encode(self, key: str, values: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """Float32 ``values`` of block rows ``rows``, in ``key``'s stored type
+    (rounded as the storage says; the count read here is this update's)."""
+    if self._count is None:
+      return values
+    stream = self._streams.get(key, len(self._streams))
+    return self._storage.encode(
+      values,
+      key=stream,
+      rows=tf.cast(rows, tf.int64) + self._first_row,
+      step=self._count.read_value(),
+      table=self._table,
+    )
+
+  def advance(self) -> Any:
+    """Counts one update (after its writes); None where nothing rounds."""
+    if self._count is None:
+      return None
+    return self._count.assign_add(1, read_value=False)
