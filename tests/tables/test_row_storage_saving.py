@@ -1,0 +1,212 @@
+"""16-bit tables (``RowStorage``): their configs, checkpoints, exports and
+refusals, as a user meets them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tpu_embedding as tpe
+from tests.conftest import mirrored_strategy
+from tpu_embedding.engines.tpu_conversion import to_tf_table
+from tpu_embedding.export.saved_model import export_for_serving
+from tpu_embedding.sharding import DiskTier
+from tpu_embedding.sharding import PlacementPolicy
+
+ROWS, DIM = 30, 4
+BFLOAT16 = tpe.RowStorage("bfloat16", slots="bfloat16", seed=3)
+
+
+def make(storage=BFLOAT16, strategy=None, optimizer=None, threshold=0):
+  strategy = strategy or tf.distribute.get_strategy()
+  with strategy.scope():
+    table = tpe.TableConfig(
+      ROWS,
+      DIM,
+      name="t",
+      initializer=tf.random_uniform_initializer(-1, 1, seed=2),
+      storage=storage,
+    )
+    return tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)},
+      optimizer or tpe.Adagrad(0.5),
+      row_sharding_threshold=threshold,
+    )
+
+
+def train(emb, steps=3, strategy=None):
+  strategy = strategy or tf.distribute.get_strategy()
+  replicas = strategy.num_replicas_in_sync
+
+  @tf.function
+  def step(ids):
+    emb.enqueue({"f": ids}, training=True)
+
+    def fn():
+      with tf.GradientTape() as tape:
+        activations = emb.dequeue()
+        tape.watch(activations)
+        loss = tf.reduce_sum(activations["f"] ** 2)
+      emb.apply_gradients(tape.gradient(loss, activations))
+
+    strategy.run(fn)
+
+  for i in range(steps):
+    ids = (np.arange(8 * replicas) * 7 + i) % ROWS
+    if replicas == 1:
+      step(tf.constant(ids, tf.int64))
+    else:
+      step(
+        strategy.experimental_distribute_values_from_function(
+          lambda ctx, ids=ids: tf.constant(
+            ids[ctx.replica_id_in_sync_group * 8 :][:8], tf.int64
+          )
+        )
+      )
+
+
+def values(emb):
+  return {
+    key: np.asarray(tf.convert_to_tensor(v))
+    for key, v in emb.variables["t"].items()
+  }
+
+
+def test_storage_is_part_of_the_table_config():
+  table = tpe.TableConfig(ROWS, DIM, name="t", storage=BFLOAT16)
+  data = json.loads(json.dumps(table.get_config()))
+  again = tpe.TableConfig.from_config(data)
+  assert again.storage == BFLOAT16
+  assert "storage=RowStorage(dtype='bfloat16'" in repr(again)
+  assert "storage" not in repr(tpe.TableConfig(ROWS, DIM))
+  # A config saved before storage existed loads as float32.
+  del data["storage"]
+  assert tpe.TableConfig.from_config(data).storage == tpe.RowStorage()
+  with pytest.raises(ValueError, match="must be a tpu_embedding.RowStorage"):
+    tpe.TableConfig(ROWS, DIM, storage="bfloat16")
+
+
+@pytest.mark.parametrize("when", ["before_build", "after_build"])
+def test_a_checkpoint_holds_the_stored_types_and_restores_them(when, tmp_path):
+  emb = make()
+  train(emb)
+  want = values(emb)
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  assert dtypes["embedding/t/.ATTRIBUTES/VARIABLE_VALUE"] == tf.bfloat16
+  restored = make()
+  checkpoint = tf.train.Checkpoint(embedding=restored)
+  if when == "before_build":
+    checkpoint.restore(path).expect_partial()
+    restored.build()
+  else:
+    restored.build()
+    checkpoint.restore(path).expect_partial()
+  got = values(restored)
+  for key, value in want.items():
+    assert got[key].dtype == value.dtype, key
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_sharded_checkpoint_restores_on_one_device(tmp_path):
+  strategy = mirrored_strategy(2)
+  emb = make(strategy=strategy)
+  train(emb, strategy=strategy)
+  assert emb.sharding_plan.placements["t"].kind == "row_sharded"
+  want = values(emb)
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=emb), str(tmp_path / "c")
+  )
+  one = make()
+  tf.train.Checkpoint(embedding=one).restore(path).expect_partial()
+  one.build()
+  for key, value in values(one).items():
+    np.testing.assert_array_equal(value, want[key], err_msg=key)
+  # And back into two replicas' blocks, built first.
+  again = make(strategy=strategy)
+  again.build()
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=again), path)
+  for key, value in values(again).items():
+    np.testing.assert_array_equal(value, want[key], err_msg=key)
+
+
+def test_a_checkpoint_of_another_stored_type_is_refused_in_one_line(
+  tmp_path,
+):
+  emb = make()
+  emb.build()
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  other = make(tpe.RowStorage("float16"))
+  tf.train.Checkpoint(embedding=other).restore(path).expect_partial()
+  with pytest.raises(ValueError) as raised:
+    other.build()
+  message = str(raised.value)
+  assert message == (
+    "Table 't': the checkpoint restored into this embedding holds its "
+    "parameters as bfloat16, but its TableConfig stores them as float16 "
+    "(RowStorage): restore into tables stored as the checkpoint's."
+  )
+
+
+@pytest.mark.parametrize("table_dtype", ["float32", "bfloat16"])
+def test_an_export_serves_the_trained_values_exactly(table_dtype, tmp_path):
+  emb = make()
+  train(emb)
+  export_for_serving(
+    str(tmp_path / "model"),
+    emb,
+    None,
+    {"f": tf.TensorSpec([None], tf.int64)},
+    table_dtype=table_dtype,
+  )
+  served = tf.saved_model.load(str(tmp_path / "model"))
+  ids = tf.constant(np.arange(ROWS), tf.int64)
+  got = served.signatures["serving_default"](f=ids)
+  (activations,) = got.values()
+  want = tf.cast(values(emb)["parameters"], tf.float32).numpy()
+  np.testing.assert_array_equal(activations.numpy(), want)
+
+
+def test_bad_combinations_are_refused_naming_the_table(tmp_path):
+  cases = [
+    (
+      lambda: make(tpe.RowStorage("float16", slots="float16")).build(),
+      "Table 't': Adagrad slots cannot be stored as float16",
+    ),
+    (
+      lambda: make(
+        tpe.RowStorage("bfloat16", slots="bfloat16"), optimizer=tpe.Adam(0.1)
+      ).build(),
+      "Table 't': Adam slots cannot be stored as bfloat16",
+    ),
+    (
+      lambda: to_tf_table(tpe.TableConfig(4, 2, name="t", storage=BFLOAT16)),
+      "Table 't' is stored as bfloat16 .RowStorage.: TensorFlow's TPU",
+    ),
+  ]
+  for call, message in cases:
+    with pytest.raises(ValueError, match=message):
+      call()
+  table = tpe.TableConfig(
+    10, 2, name="d", storage=BFLOAT16, vocabulary=tpe.DynamicVocabulary()
+  )
+  with pytest.raises(ValueError, match="not with a DynamicVocabulary"):
+    tpe.TPUEmbedding(tpe.FeatureConfig(table), tpe.Adagrad(0.1)).build(4)
+  policy = PlacementPolicy(disk=DiskTier(str(tmp_path), 2**20, ("t",)))
+  table = tpe.TableConfig(10, 2, name="t", storage=BFLOAT16)
+  with pytest.raises(ValueError, match="not on disk .DiskTier.; keep it"):
+    tpe.TPUEmbedding(
+      tpe.FeatureConfig(table), tpe.Adagrad(0.1), row_sharding_threshold=policy
+    ).build(4)
+
+
+def test_a_float16_value_past_65504_stops_the_step_naming_the_table():
+  emb = make(tpe.RowStorage("float16"), optimizer=tpe.SGD(1e5))
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match="a float16 parameters value exceeds 65504",
+  ):
+    train(emb, steps=1)
