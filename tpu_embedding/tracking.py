@@ -19,6 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import rows
 
 
 class VariableTracker:
@@ -42,7 +43,26 @@ class VariableTracker:
     trainable: bool,
     dtype: tf.DType = tf.float32,
   ) -> Any:
-    self.checked_restore(name, shape, dtype)
+    """A variable ``getter`` makes, tracked as ``name``: from the
+    checkpoint restored before it existed, if any (read by TensorFlow, or
+    part by part where a 16-bit type is saved or asked for: TensorFlow
+    reads no type into another, nor float16 slices), else from
+    ``initializer``."""
+    pending = self.checked_restore(name, shape)
+    saved = None if pending is None else compat.restore_dtype(pending)
+    if pending is not None and (saved, dtype) != (tf.float32, tf.float32):
+      variable = getter(
+        name=name,
+        shape=shape,
+        dtype=dtype,
+        initializer=tf.zeros_initializer(),
+        trainable=trainable,
+      )
+      save_path, key = compat.restore_source(pending)
+      rows.restore_rows(variable, rows.SavedRows(save_path), key)
+      self.mark_restored(variable, pending)
+      self.register(name, variable)
+      return variable
     # Trackable's restore-on-create entry point, as TensorFlow's own
     # TPUEmbedding classes use it.
     # pylint: disable=protected-access
@@ -69,22 +89,10 @@ class VariableTracker:
     if restore:
       self._owner._handle_deferred_dependencies(name=name, trackable=variable)
 
-  def checked_restore(
-    self, name: str, shape: tuple[int, int], dtype: tf.DType = tf.float32
-  ) -> Any:
+  def checked_restore(self, name: str, shape: tuple[int, int]) -> Any:
     """``pending_restore(name)``, refused where the checkpoint restored
-    before build holds another shape than ``shape``, or another type than
-    ``dtype`` (a table's ``RowStorage``)."""
+    before build holds another shape than ``shape``."""
     pending = self.pending_restore(name)
-    saved_dtype = None if pending is None else compat.restore_dtype(pending)
-    if saved_dtype is not None and saved_dtype != dtype:
-      table, _, slot = name.partition("/")
-      raise ValueError(
-        f"Table '{table}': the checkpoint restored into this embedding "
-        f"holds its {slot or 'parameters'} as {saved_dtype.name}, but its "
-        f"TableConfig stores them as {dtype.name} (RowStorage): restore "
-        "into tables stored as the checkpoint's."
-      )
     saved = None if pending is None else compat.restore_shape(pending)
     if saved is not None and tuple(saved) != tuple(shape):
       table, _, slot = name.partition("/")

@@ -31,7 +31,14 @@ from tests.distributed import mwms_training
 
 PHASES = pathlib.Path(__file__).parents[1] / "distributed" / "mwms_phases.py"
 LAUNCHES = (
-  ("training", "dynamic", "pipelining", "chunks:save", "resume:full"),
+  (
+    "training",
+    "dynamic",
+    "pipelining",
+    "row_storage",
+    "chunks:save",
+    "resume:full",
+  ),
   ("resume:kill",),
   ("resume:resumed", "chunks:restore"),
 )
@@ -91,6 +98,14 @@ def test_killed_job_resumes_bit_identical_from_sliced_checkpoints(runs):
   assert sorted(want) == ["momenta", "parameters", "velocities"]
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_two_workers_train_16_bit_tables_as_float32_steps_rounded(runs):
+  """Each step: the float32 step, every row rounded at its global id
+  (mwms_row_storage.py asserts it); the checkpoint restores on one
+  device with the stored types."""
+  for out in phase(runs, "row_storage"):
+    assert out.rstrip().endswith("OK"), out
 
 
 def test_two_workers_train_dynamic_tables_like_one_device(runs):

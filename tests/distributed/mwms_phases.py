@@ -11,6 +11,7 @@ says and prints "OK" last:
 * ``training``: ``mwms_training.py`` (checkpoints under ``DIR/training``);
 * ``dynamic``: ``mwms_dynamic.py`` (``DIR/dynamic``);
 * ``pipelining``: ``mwms_pipelining.py``;
+* ``row_storage``: ``mwms_row_storage.py`` (``DIR/row_storage``);
 * ``chunks:save``, ``chunks:restore``: ``mwms_checkpoint_chunks.py``
   (``DIR/chunks``; the restore in a later launch, of fresh workers);
 * ``resume:full`` (``DIR/a``, whole values to ``DIR/full.npz``),
@@ -35,6 +36,7 @@ import mwms_checkpoint_chunks  # noqa: E402 (this directory)
 import mwms_dynamic  # noqa: E402
 import mwms_pipelining  # noqa: E402
 import mwms_resume  # noqa: E402
+import mwms_row_storage  # noqa: E402
 import mwms_training  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -47,6 +49,7 @@ def phases(directory: str) -> dict:
     "training": lambda s: mwms_training.main(path("training"), s),
     "dynamic": lambda s: mwms_dynamic.main(path("dynamic"), s),
     "pipelining": lambda s: mwms_pipelining.main(s),
+    "row_storage": lambda s: mwms_row_storage.main(path("row_storage"), s),
     "chunks:save": lambda s: mwms_checkpoint_chunks.main("save", chunks, s),
     "chunks:restore": lambda s: mwms_checkpoint_chunks.main(
       "restore", chunks, s
@@ -65,7 +68,7 @@ def main(directory: str, names: list[str]) -> None:
   calls = phases(directory)
   unknown = sorted(set(names) - set(calls))
   assert not unknown, f"unknown phases {unknown}; one of {sorted(calls)}"
-  for sub in ("training", "dynamic", "chunks"):
+  for sub in ("training", "dynamic", "chunks", "row_storage"):
     os.makedirs(os.path.join(directory, sub), exist_ok=True)
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   for name in names:

@@ -20,6 +20,12 @@ ROWS, DIM = 30, 4
 BFLOAT16 = tpe.RowStorage("bfloat16", slots="bfloat16", seed=3)
 
 
+def storage_of(dtype: str) -> tpe.RowStorage:
+  """Parameters in ``dtype``; slots in bfloat16 where 16 bits (Adagrad's
+  take no float16)."""
+  return tpe.RowStorage(dtype, "float32" if dtype == "float32" else "bfloat16")
+
+
 def make(storage=BFLOAT16, strategy=None, optimizer=None, threshold=0):
   strategy = strategy or tf.distribute.get_strategy()
   with strategy.scope():
@@ -133,22 +139,50 @@ def test_a_sharded_checkpoint_restores_on_one_device(tmp_path):
     np.testing.assert_array_equal(value, want[key], err_msg=key)
 
 
-def test_a_checkpoint_of_another_stored_type_is_refused_in_one_line(
-  tmp_path,
+@pytest.mark.parametrize("when", ["before_build", "after_build"])
+@pytest.mark.parametrize(
+  "saved, restored, replicas",
+  [
+    ("float32", "bfloat16", 1),
+    ("bfloat16", "float32", 1),
+    ("float16", "bfloat16", 1),
+    ("float32", "float16", 2),
+    ("bfloat16", "float32", 2),
+    ("bfloat16", "float16", "2_replicated"),
+  ],
+)
+def test_a_checkpoint_restores_into_another_stored_type(
+  saved, restored, replicas, when, tmp_path
 ):
-  emb = make()
-  emb.build()
+  """Values cast to the new type (round to nearest: exact to float32),
+  on one device and into two replicas' blocks and copies; before build
+  (restore-on-create) or after (``tpe.checkpoints.restore``)."""
+  emb = make(storage_of(saved))
+  train(emb)
   path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
-  other = make(tpe.RowStorage("float16"))
-  tf.train.Checkpoint(embedding=other).restore(path).expect_partial()
-  with pytest.raises(ValueError) as raised:
+  want = values(emb)
+  copies = replicas == "2_replicated"
+  strategy = mirrored_strategy(2) if replicas != 1 else None
+  threshold = 1000 if copies else 20
+  other = make(storage_of(restored), strategy, threshold=threshold)
+  checkpoint = tf.train.Checkpoint(embedding=other)
+  if when == "before_build":
+    checkpoint.restore(path).expect_partial()
     other.build()
-  message = str(raised.value)
-  assert message == (
-    "Table 't': the checkpoint restored into this embedding holds its "
-    "parameters as bfloat16, but its TableConfig stores them as float16 "
-    "(RowStorage): restore into tables stored as the checkpoint's."
-  )
+  else:
+    other.build()
+    tpe.checkpoints.restore(checkpoint, path)
+  if replicas != 1:
+    kind = other.sharding_plan.placements["t"].kind
+    assert kind == ("replicated" if copies else "row_sharded"), kind
+  got = values(other)
+  for key, value in want.items():
+    stored = getattr(
+      storage_of(restored), "dtype" if key == "parameters" else "slots"
+    )
+    assert got[key].dtype == tf.as_dtype(stored).as_numpy_dtype, key
+    expected = tf.cast(tf.cast(value, tf.float32), stored).numpy()
+    np.testing.assert_array_equal(got[key], expected, err_msg=key)
 
 
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16"])

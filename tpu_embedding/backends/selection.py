@@ -122,8 +122,9 @@ def check_row_storage(
   strategy: tf.distribute.Strategy,
 ) -> None:
   """Refuses 16-bit tables (``RowStorage``) where this version does not
-  train them yet: on disk, with a dynamic vocabulary, on several workers
-  or parameter servers (one device and MirroredStrategy do)."""
+  train them yet: on disk, with a dynamic vocabulary, on parameter
+  servers (one device, MirroredStrategy and MultiWorkerMirroredStrategy
+  do)."""
   for table in tables:
     storage = table.storage
     if storage.is_float32:
@@ -134,15 +135,16 @@ def check_row_storage(
       where = "on disk (DiskTier)"
     elif not key_mapping(table).inputs_are_rows:
       where = "with a DynamicVocabulary"
-    elif isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or (
-      isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    elif isinstance(
+      strategy, tf.distribute.experimental.ParameterServerStrategy
     ):
       where = f"under {strategy_name(strategy)}"
     if where is not None:
       raise ValueError(
         f"Table {name!r} is stored as {storage.dtype} with "
         f"{storage.slots} slots (RowStorage), which this version trains "
-        f"on one device and under MirroredStrategy, not {where}; keep it "
+        "on one device, under MirroredStrategy and "
+        f"MultiWorkerMirroredStrategy, not {where}; keep it "
         "float32 there (RowStorage() or no storage argument)."
       )
 

@@ -172,27 +172,32 @@ def restore(
     for (_, variable), old in zip(tables, previous, strict=True):
       compat.set_update_uid(variable, old if uid is None else uid)
   for key, variable in tables:
-    variable.restore_rows(saved, key, chunk_bytes)
+    rows.restore_rows(variable, saved, key, chunk_bytes)
   if save_path:
     delta_saves.apply_deltas(checkpoint, save_path, deltas)
   return status
 
 
-def _held(
-  checkpoint: Any, saved: rows.SavedRows
-) -> list[tuple[str, rows.RowBlocks]]:
-  """``(key, variable)`` of the row-sharded tables' variables that
-  ``saved`` holds (``restore`` reads them)."""
+def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:
+  """``(key, variable)`` of the variables ``restore`` reads itself: the
+  row-sharded tables' that ``saved`` holds, and variables ``saved`` holds
+  in another type (a table's ``RowStorage`` other than the saving run's:
+  TensorFlow reads no type into another)."""
+  descendants = tf.train.TrackableView(checkpoint).descendants()
   variables = [
     obj
-    for obj in tf.train.TrackableView(checkpoint).descendants()
-    if isinstance(obj, rows.RowBlocks)
+    for obj in descendants
+    if isinstance(obj, (rows.RowBlocks, tf.Variable)) and len(obj.shape) == 2
   ]
   if not variables:
     return []
-  keys = [key for (key,) in checkpoint_keys(checkpoint, variables)]
+  keys = [key[0] for key in checkpoint_keys(checkpoint, variables)]
   return [
     (key, variable)
     for key, variable in zip(keys, variables, strict=True)
     if saved.holds(key)
+    and (
+      isinstance(variable, rows.RowBlocks)
+      or saved.saved_dtype(key) not in (None, variable.dtype)
+    )
   ]

@@ -125,6 +125,13 @@ class SavedRows:
       return None
     return index
 
+  def saved_dtype(self, key: str) -> tf.DType | None:
+    """The type ``key`` is saved in (None where this does not read the
+    index: ``read_rows`` then reads the type asked for)."""
+    index = self._index
+    entry = None if index is None else index.entry(key.encode())
+    return None if entry is None else tf.as_dtype(entry.dtype)
+
   def holds(self, key: str) -> bool:
     """Whether the checkpoint holds ``key`` (True where its index cannot
     be read here: ``read_rows`` then says what is wrong)."""
@@ -172,7 +179,9 @@ class SavedRows:
     for piece in sorted(pieces, key=lambda p: p.first):
       low, high = max(start, piece.first), min(end, piece.first + piece.rows)
       whole = (low, high) == (piece.first, piece.first + piece.rows)
-      if whole and piece.rows <= whole_rows:
+      # (TensorFlow reads no float16 slice: ``Dtype half not supported``.)
+      by_tensorflow = not piece.spec or dtype != tf.float16
+      if whole and piece.rows <= whole_rows and by_tensorflow:
         yield low, read_tensors(self.prefix, [key], [dtype], [piece.spec])[0]
         continue
       for first in range(low, high, range_rows):
@@ -252,6 +261,17 @@ class RowBlocks(abc.ABC):
     restore_blocks(self.row_blocks(), saved, key, self.shape, chunk_bytes)
 
 
+def restore_rows(
+  variable: Any, saved: SavedRows, key: str, chunk_bytes: int | None = None
+) -> None:
+  """Reads checkpoint ``key`` into ``variable``, part by part: this
+  process's row blocks (``RowBlocks``), or a plain variable as one block."""
+  if isinstance(variable, RowBlocks):
+    variable.restore_rows(saved, key, chunk_bytes)
+  else:
+    restore_blocks([(variable, 0)], saved, key, variable.shape, chunk_bytes)
+
+
 def restore_blocks(
   blocks: Sequence[tuple[tf.Variable, int]],
   saved: SavedRows,
@@ -262,7 +282,9 @@ def restore_blocks(
   """Reads each block's rows of checkpoint ``key`` into it, part by part.
 
   Each part is read alone (``SavedRows.read_rows``) and scattered into its
-  rows in place, so the restore holds one part beside the blocks.
+  rows in place, so the restore holds one part beside the blocks. A part
+  saved in another float type than its block's is cast to it (round to
+  nearest: a table's ``RowStorage`` may differ from the saving run's).
 
   Args:
     blocks: ``(variable, its first row)`` per block.
@@ -280,9 +302,8 @@ def restore_blocks(
   }
   for variable, start in blocks:
     count = int(variable.shape[0])
-    pieces = saved.read_rows(
-      key, full_shape, start, count, variable.dtype, **sizes
-    )
+    dtype = saved.saved_dtype(key) or variable.dtype
+    pieces = saved.read_rows(key, full_shape, start, count, dtype, **sizes)
     for first, value in pieces:
       with tf.device(variable.device):
         tf.raw_ops.ResourceScatterUpdate(
@@ -290,6 +311,6 @@ def restore_blocks(
           indices=tf.range(
             first - start, first - start + value.shape[0], dtype=tf.int64
           ),
-          updates=value,
+          updates=tf.cast(value, variable.dtype),
         )
       del value

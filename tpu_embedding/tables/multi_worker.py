@@ -86,7 +86,8 @@ class WorkerShardedVariable(
 
     def padded(context: tf.distribute.ReplicaContext) -> tf.Tensor:
       local = context.replica_id_in_sync_group - self._first
-      value = self._shards[local].read_value()
+      # Gathered as float32 (exact for a 16-bit table: RowStorage).
+      value = tf.cast(self._shards[local].read_value(), tf.float32)
       return tf.pad(value, [[0, width - tf.shape(value)[0]], [0, 0]])
 
     stacked = self._strategy.gather(
@@ -97,14 +98,16 @@ class WorkerShardedVariable(
       stacked[r * width : r * width + size]
       for r, size in enumerate(self._placement.shard_sizes)
     ]
-    return tf.concat(blocks, axis=0)
+    return tf.cast(tf.concat(blocks, axis=0), self.dtype)
 
   def assign(self, value: Any) -> Any:
     """Writes this worker's rows of a whole ``value``."""
     assigns = []
     for local, shard in enumerate(self._shards):
       start, rows = self._rows(local)
-      assigns.append(shard.assign(value[start : start + rows]))
+      assigns.append(
+        shard.assign(tf.cast(value[start : start + rows], shard.dtype))
+      )
     return tf.group(assigns)
 
   def _rows(self, local: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.gradients import summed_gradients
@@ -40,8 +41,13 @@ from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tracking import VariableTracker
 
 
-class ReplicatedVariable(WholeValueVariable):
-  """Identical copies of one variable, one per replica, saved once."""
+class ReplicatedVariable(WholeValueVariable, saved_rows.RowBlocks):
+  """Identical copies of one variable, one per replica, saved once.
+
+  A restore reads each copy's rows part by part (``rows.RowBlocks``: each
+  copy a block of every row), in the copies' type whatever the saved one
+  (``RowStorage``).
+  """
 
   def __init__(self, copies: list[tf.Variable]):
     self.copies = copies
@@ -59,7 +65,11 @@ class ReplicatedVariable(WholeValueVariable):
 
   def assign(self, value: Any) -> Any:
     """Writes the whole value into every copy."""
+    value = tf.cast(value, self.dtype)
     return tf.group([copy.assign(value) for copy in self.copies])
+
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    return [(copy, 0) for copy in self.copies]
 
 
 class ReplicatedTable(TableStore):

@@ -89,7 +89,7 @@ def create_blocks(
   for index, (key, initializer, trainable) in enumerate(variable_specs(table)):
     name = checkpoint_name(table_name(table), key)
     dtype = stored_dtype(table, index)
-    restore = tracker.checked_restore(name, full_shape, dtype)
+    restore = tracker.checked_restore(name, full_shape)
     values = row_values(initializer, full_shape, name)
     made = []
     for local, device in enumerate(devices):
