@@ -85,6 +85,19 @@ def define_flags() -> None:
     "export", True, "Write the serving SavedModel to <model_dir>/saved_model."
   )
   flags.DEFINE_enum(
+    "table_dtype",
+    "float32",
+    ["float32", "bfloat16", "float16"],
+    "ranking: the type the tables store their rows in (tpe.RowStorage; "
+    "lookups and updates compute in float32).",
+  )
+  flags.DEFINE_enum(
+    "rounding",
+    "stochastic",
+    ["stochastic", "nearest"],
+    "ranking: how 16-bit tables round each update (seeded by --seed).",
+  )
+  flags.DEFINE_enum(
     "progress_bar",
     "auto",
     ["auto", "on", "off"],
@@ -135,6 +148,16 @@ def main(argv: list[str]) -> None:
     )
     if v is not None
   }
+  if task == "ranking":
+    import tpu_embedding as tpe  # noqa: PLC0415
+
+    overrides["storage"] = tpe.RowStorage(
+      FLAGS.table_dtype, rounding=FLAGS.rounding, seed=FLAGS.seed or 0
+    )
+  elif FLAGS["table_dtype"].present or FLAGS["rounding"].present:
+    raise app.UsageError(
+      "--table_dtype and --rounding apply to --task ranking only."
+    )
   config = dataclasses.replace(config, **overrides)
   try:
     splits = data.load_splits(

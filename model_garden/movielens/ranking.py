@@ -42,6 +42,7 @@ from model_garden.movielens import data
 from model_garden.movielens import run_dir
 from tpu_embedding import export as tpe_export
 from tpu_embedding.layers import TPUEmbedding
+from tpu_embedding.row_storage import FLOAT32
 
 #: The id features, in the order the head concatenates their activations.
 FEATURES = ("user_id", "movie_id")
@@ -63,6 +64,9 @@ class RankingConfig:
       per-epoch shuffling.
     split_seed: seed of the 80/20 split.
     test_fraction: share of the ratings held out.
+    storage: how both tables store their rows (``tpe.RowStorage``:
+      float32 by default; bfloat16 or float16 rows keep float32 math and
+      Adam's float32 slots).
   """
 
   embedding_dim: int = 32
@@ -74,6 +78,7 @@ class RankingConfig:
   seed: int = 0
   split_seed: int = 0
   test_fraction: float = 0.2
+  storage: tpe.RowStorage = FLOAT32
 
 
 class RankingModel(keras.Model):
@@ -107,6 +112,7 @@ class RankingModel(keras.Model):
     embedding_dim: int = 32,
     mlp_units: tuple[int, ...] = (256, 64),
     embedding_optimizer: Any = "adam",
+    storage: tpe.RowStorage = FLOAT32,
     **kwargs: Any,
   ):
     """Creates the tables and the head.
@@ -118,14 +124,21 @@ class RankingModel(keras.Model):
       mlp_units: hidden layers of the head, ReLU; a linear ``Dense(1)``
         follows.
       embedding_optimizer: the tables' optimizer (see ``RankingConfig``).
+      storage: how the tables store their rows (``RankingConfig``).
       **kwargs: ``keras.Model`` arguments (``name``).
     """
     super().__init__(**kwargs)
     user_table = tpe.TableConfig(
-      vocabulary_size=num_users, dim=embedding_dim, name="user_table"
+      vocabulary_size=num_users,
+      dim=embedding_dim,
+      name="user_table",
+      storage=storage,
     )
     movie_table = tpe.TableConfig(
-      vocabulary_size=num_movies, dim=embedding_dim, name="movie_table"
+      vocabulary_size=num_movies,
+      dim=embedding_dim,
+      name="movie_table",
+      storage=storage,
     )
     self.feature_config = {
       "user_id": tpe.FeatureConfig(user_table, name="user"),
@@ -193,6 +206,7 @@ def build_model(
     config.embedding_dim,
     config.mlp_units,
     config.embedding_optimizer,
+    config.storage,
     name="movielens_ranking",
   )
   model.compile(

@@ -77,6 +77,12 @@ def feature_config(
       ),
       name=table_name(i),
       vocabulary=_vocabulary(config),
+      storage=tpe.RowStorage(
+        config.table_dtype,
+        config.slot_dtype,
+        config.rounding,
+        seed=0 if seed is None else seed,
+      ),
     )
     features[str(i)] = tpe.FeatureConfig(
       table=table,

@@ -24,6 +24,9 @@ import dataclasses
 
 #: The interactions a ``ModelConfig`` may name.
 INTERACTIONS = ("dot", "cross", "multi_layer_dcn")
+#: ``ModelConfig.table_dtype`` and ``slot_dtype`` values.
+_ROW_TYPES = ("float32", "bfloat16", "float16")
+
 #: ``ModelConfig.vocabulary`` values.
 VOCABULARIES = ("fixed", "dynamic")
 #: Embedding optimizers by Keras name (``optimizers.embedding_optimizer``).
@@ -260,6 +263,19 @@ class ModelConfig:
   their slots), on each replica under ``mirrored`` (each replica's block
   of the table has a cache this size); it must hold twice the distinct
   ids of a step that fall in the block."""
+
+  table_dtype: str = "float32"
+  """Ours: the type every table's rows are stored in: ``"float32"``,
+  ``"bfloat16"`` or ``"float16"`` (``tpu_embedding.RowStorage``: lookups
+  and update math stay float32; half the bytes)."""
+
+  slot_dtype: str = "float32"
+  """Ours: the type of the tables' optimizer slots (``"bfloat16"`` for
+  Adagrad; Adam and FTRL need ``"float32"``)."""
+
+  rounding: str = "stochastic"
+  """Ours: how 16-bit tables round each update: ``"stochastic"``
+  (unbiased, seeded by ``task.seed`` where set) or ``"nearest"``."""
 
   use_partial_tpu_embedding: bool = True
   """Model Garden's partial TPU embedding: False puts every table in the
@@ -584,6 +600,14 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
       f"{model.interaction!r}.",
     ),
     (bool(model.vocab_sizes), "task.model.vocab_sizes is empty."),
+    (
+      model.table_dtype in _ROW_TYPES
+      and model.slot_dtype in _ROW_TYPES
+      and model.rounding in ("stochastic", "nearest"),
+      f"task.model.table_dtype and slot_dtype must be one of {_ROW_TYPES} "
+      "and rounding 'stochastic' or 'nearest'; got "
+      f"{model.table_dtype!r}, {model.slot_dtype!r}, {model.rounding!r}.",
+    ),
     (
       model.vocabulary in VOCABULARIES,
       f"task.model.vocabulary must be one of {VOCABULARIES}, got "
