@@ -176,16 +176,29 @@ STACKING = {
 }
 
 
-def make_embedding(args, disk=None):
-  """The tables (kept on ``disk``, a ``DiskTier``, if given: unstacked)."""
+def row_storage(table_dtype: str, rounding: str = "stochastic"):
+  """The tables' ``RowStorage``: Adagrad's accumulators in bfloat16 beside
+  16-bit rows (float16 slots are refused for Adagrad), float32 beside
+  float32 ones."""
+  slots = "float32" if table_dtype == "float32" else "bfloat16"
+  return tpe.RowStorage(table_dtype, slots, rounding)
+
+
+def make_embedding(args, disk=None, storage=None, optimizer=None):
+  """The tables (kept on ``disk``, a ``DiskTier``, if given: unstacked),
+  stored as ``storage`` (default: float32), trained by ``optimizer``
+  (default: Adagrad)."""
+  storage = storage or tpe.RowStorage()
   tables = [
-    tpe.TableConfig(args.rows, args.dim, combiner="sum", name=f"t{t}")
+    tpe.TableConfig(
+      args.rows, args.dim, combiner="sum", name=f"t{t}", storage=storage
+    )
     for t in range(args.tables)
   ]
   config = {f"f{t}": tpe.FeatureConfig(tables[t]) for t in range(args.tables)}
   embedding = tpe.TPUEmbedding(
     config,
-    tpe.Adagrad(learning_rate=0.05),
+    optimizer or tpe.Adagrad(learning_rate=0.05),
     table_stacking=None
     if disk is not None
     else STACKING[args.table_stacking](tables),
@@ -199,6 +212,11 @@ def make_embedding(args, disk=None):
 
 def tpu_embedding_step(args, head, embedding=None):
   embedding = embedding or make_embedding(args)
+  return embedding_step(args, head, embedding)
+
+
+def embedding_step(args, head, embedding):
+  """The timed step on ``embedding``: lookup, head loss, update."""
 
   @tf.function
   def step(features):
@@ -404,6 +422,20 @@ def build_parser() -> argparse.ArgumentParser:
     default=None,
     help="Draw examples/s (ours, Keras, the floor) across the sweeps to "
     "this PNG.",
+  )
+  parser.add_argument(
+    "--table_dtype",
+    choices=["float32", "bfloat16", "float16"],
+    default="float32",
+    help="bfloat16 or float16: time the tables stored in 16 bits "
+    "(RowStorage, Adagrad's slots in bfloat16) against float32 ones, in "
+    "turn within each repeat, with peak memory and the floors of each.",
+  )
+  parser.add_argument(
+    "--rounding",
+    choices=["stochastic", "nearest"],
+    default="stochastic",
+    help="--table_dtype: how the 16-bit tables round each update.",
   )
   parser.add_argument(
     "--storage",
@@ -650,6 +682,8 @@ def main(argv: list[str] | None = None) -> None:
     results += _record(found)
   if args.storage == "disk":
     results += disk_setting(args)
+  elif args.table_dtype != "float32":
+    results += precision_pair(args)
   elif args.sweep == "none":
     base = measure_setting(args, describe_ids(args))
     results += _record([base])
@@ -799,6 +833,75 @@ def _timed(
   measured = _timing.repeat(name, "examples/s", once, args.repeats)
   print(f"  {name:<10}: {measured.describe()}", flush=True)
   return measured
+
+
+def precision_pair(args) -> list[_timing.Measurement]:
+  """The step on 16-bit tables against float32 ones, in turn each repeat.
+
+  The 16-bit tables are built first, so the peak resident memory after
+  their steps (``/proc/self/status`` VmHWM) is theirs alone; then the
+  float32 tables'. Each repeat times both, one after the other (the
+  ratio per repeat compares like with like on a drifting machine).
+  """
+  batches, head = make_batches(args), _head(args)
+  low_storage = row_storage(args.table_dtype, args.rounding)
+  name = f"{args.table_dtype} ({args.rounding})"
+  phases = {}
+  steps = {}
+  for label, storage in ((name, low_storage), ("float32", tpe.RowStorage())):
+    gc.collect()
+    before = proc_memory.resident()
+    proc_memory.reset_peak()
+    embedding = make_embedding(args, storage=storage)
+    steps[label] = embedding_step(args, head, embedding)
+    _timing.examples_per_second(steps[label], batches, args)
+    phases[label] = (proc_memory.peak() - before, embedding)
+    state = sum(
+      sum(store.bytes_per_device().values())
+      for store in embedding.table_stores.values()
+    )
+    print(
+      f"  {label:<22} tables and slots {state / 2**20:,.0f} MiB; peak "
+      f"resident growth {phases[label][0] / 2**20:,.0f} MiB",
+      flush=True,
+    )
+  rates: dict[str, list[float]] = {label: [] for label in steps}
+  for _ in range(args.repeats):
+    for label, step in steps.items():
+      rates[label].append(_timing.examples_per_second(step, batches, args))
+  low, full = (
+    _timing.Measurement(f"tpu_embedding[{label}]", "examples/s", rates[label])
+    for label in steps
+  )
+  ratio = _timing.per_repeat_ratio(
+    f"{args.table_dtype}/float32", low.values, full.values
+  )
+  print(f"  {name:<22} {low.describe()}")
+  print(f"  {'float32':<22} {full.describe()}")
+  print(f"  {args.table_dtype} / float32: {ratio.describe('{:.2f}')}x "
+        "(per repeat)")  # fmt: skip
+  growth = phases[name][0] / max(phases["float32"][0], 1)
+  print(f"  peak resident growth {args.table_dtype} / float32: {growth:.2f}")
+  if args.membench:
+    unique = _unique_rows(batches, args)
+    occurrences = args.batch_size * sum(hotness(args))
+    dist = "uniform" if args.dist == "uniform" else "zipf"
+    for label, measured, dim in (
+      (name, low, args.dim // 2),  # 2-byte values: a float32 row half as wide
+      ("float32", full, args.dim),
+    ):
+      try:
+        rates_at = _floor.rates(args.membench, dim, dist)
+      except (KeyError, ValueError) as error:
+        print(f"  {label:<22} no floor: membench has no dim {dim} ({error})")
+        continue
+      floor = _floor.floor(rates_at, args.batch_size, unique, occurrences)
+      print(
+        f"  {label:<22} floor {floor:,.0f} examples/s ({rates_at.pages} page "
+        f"rates, rows of {dim * 4} bytes): at {measured.median / floor:.0%}",
+        flush=True,
+      )
+  return [low, full, ratio]
 
 
 def replica_scaling(args, counts: list[int]) -> list[_timing.Measurement]:

@@ -244,6 +244,9 @@ class TablePlacement:
     stack: the stack holding the table (``stacking.py``), or None. A
       stacked table's sizes and offsets are its own rows' share of the
       stack's blocks.
+    parameter_bytes: bytes of one stored parameter value (4; 2 for a
+      16-bit ``RowStorage``).
+    slot_bytes: bytes of one stored slot value.
   """
 
   table: str
@@ -253,6 +256,8 @@ class TablePlacement:
   dim: int
   num_slots: int
   stack: str | None = None
+  parameter_bytes: int = _FLOAT_BYTES
+  slot_bytes: int = _FLOAT_BYTES
 
   @property
   def sharded(self) -> bool:
@@ -264,7 +269,9 @@ class TablePlacement:
 
   def bytes_per_replica(self) -> list[int]:
     """Parameter plus slot bytes held by each replica."""
-    per_row = self.dim * _FLOAT_BYTES * (1 + self.num_slots)
+    per_row = self.dim * (
+      self.parameter_bytes + self.num_slots * self.slot_bytes
+    )
     return [size * per_row for size in self.shard_sizes]
 
 
@@ -338,8 +345,16 @@ def placement(table: TableConfig, kind: str, num_shards: int) -> TablePlacement:
     sizes = (table.vocabulary_size,) * num_shards
     offsets = (0,) * num_shards
   num_slots = len(table.optimizer.SLOT_NAMES) if table.optimizer else 0
+  storage = table.storage
   return TablePlacement(
-    table_name(table), kind, sizes, offsets, table.dim, num_slots
+    table_name(table),
+    kind,
+    sizes,
+    offsets,
+    table.dim,
+    num_slots,
+    parameter_bytes=storage.parameter_dtype.size,
+    slot_bytes=storage.slot_dtype.size,
   )
 
 

@@ -67,7 +67,7 @@ SOURCES = (
 VECTOR_SOURCES = ("fused_update.cc", "segment_sum.cc")
 
 #: Headers the sources include (part of the tuned library's cache key).
-HEADERS = ("piece_rows.h", "spread.h")
+HEADERS = ("piece_rows.h", "row_types.h", "spread.h")
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so

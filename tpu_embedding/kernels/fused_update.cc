@@ -23,11 +23,22 @@
 // ahead; large updates are split over the CPU worker threads into
 // contiguous ranges of distinct rows. Every input is checked before any
 // variable is written.
+//
+// Variables stored in 16 bits (bfloat16 or float16: a table's RowStorage)
+// are read as float32, updated with the same float32 operations, and
+// written back rounded as tpu_embedding/row_storage.py rounds (to nearest,
+// or stochastically with the draws of (seed, variable, step, first_row +
+// row, column): row_types.h). A float16 result beyond +-65504 (or NaN)
+// fails the op naming the table, before any row is written: float16
+// updates are computed whole first, then written.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <string>
+#include <type_traits>
 #include <unordered_set>
 #include <vector>
 
@@ -40,6 +51,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "piece_rows.h"
+#include "row_types.h"
 #include "spread.h"
 
 namespace tensorflow {
@@ -170,6 +182,175 @@ __attribute__((noinline)) void UpdateRows(const Occurrences& in,
   }
 }
 
+// How 16-bit variables are written back (RowStorage).
+struct Rounding {
+  bool stochastic;
+  int64_t seed, step, first_row;
+};
+
+// Stored row -> float32 buffer.
+template <typename T>
+__attribute__((always_inline)) inline void Load(const T* __restrict from,
+                                                float* __restrict to,
+                                                int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) to[d] = row_types::ToFloat(from[d]);
+}
+
+// bfloat16 is float32's upper half: a shift (vectorized).
+template <>
+__attribute__((always_inline)) inline void Load(
+    const bfloat16* __restrict from, float* __restrict to, int64_t dim) {
+  const uint16_t* __restrict bits = reinterpret_cast<const uint16_t*>(from);
+  uint32_t* __restrict words = reinterpret_cast<uint32_t*>(to);
+  for (int64_t d = 0; d < dim; ++d) words[d] = uint32_t{bits[d]} << 16;
+}
+
+// float32 buffer -> stored row `row` of variable `stream` (0: the
+// parameters, 1: the accumulators), rounded.
+template <typename T>
+__attribute__((always_inline)) inline void Store(
+    const float* __restrict from, T* __restrict to, int64_t dim,
+    const Rounding& rounding, int stream, int64_t row) {
+  if (!rounding.stochastic) {
+    for (int64_t d = 0; d < dim; ++d) to[d] = row_types::Nearest<T>(from[d]);
+    return;
+  }
+  const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
+                                        rounding.first_row + row);
+  for (int64_t d = 0; d < dim; ++d) {
+    const uint32_t bits = row_types::Mix32(h ^ static_cast<uint32_t>(d));
+    to[d] = row_types::Stochastic(from[d], bits, static_cast<const T*>(nullptr));
+  }
+}
+
+// bfloat16 in integer operations only (vectorized): the draws as
+// row_types::Stochastic takes them; to nearest as Eigen's conversion
+// (ties to even; a NaN becomes Eigen's quiet NaN of its sign).
+template <>
+__attribute__((always_inline)) inline void Store(
+    const float* __restrict from, bfloat16* __restrict to, int64_t dim,
+    const Rounding& rounding, int stream, int64_t row) {
+  const uint32_t* __restrict words = reinterpret_cast<const uint32_t*>(from);
+  uint16_t* __restrict out = reinterpret_cast<uint16_t*>(to);
+  if (!rounding.stochastic) {
+    for (int64_t d = 0; d < dim; ++d) {
+      const uint32_t w = words[d];
+      const bool nan = (w & 0x7FFFFFFFu) > 0x7F800000u;
+      const uint32_t rounded = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;
+      const uint32_t quiet = (w >> 31) != 0 ? 0xFFC0u : 0x7FC0u;
+      out[d] = static_cast<uint16_t>(nan ? quiet : rounded);
+    }
+    return;
+  }
+  const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
+                                        rounding.first_row + row);
+  for (int64_t d = 0; d < dim; ++d) {
+    const uint32_t draw = row_types::Mix32(h ^ static_cast<uint32_t>(d)) >> 16;
+    const uint32_t w = words[d];
+    const uint32_t add = (w >> 31) == 0 ? 0xFFFFu - draw : draw;
+    out[d] = static_cast<uint16_t>((w + add) >> 16);
+  }
+}
+
+// Whether any of x[0:n] lies beyond float16's range (or is NaN).
+inline bool BeyondFloat16(const float* x, int64_t n) {
+  bool beyond = false;
+  for (int64_t i = 0; i < n; ++i) {
+    beyond |= !(std::fabs(x[i]) <= row_types::kFloat16Max);
+  }
+  return beyond;
+}
+
+// UpdateRows for variables stored as P (parameters) and S (accumulators),
+// at least one of them 16-bit: each distinct row is read into float32
+// buffers, updated as UpdateRows does, and written back rounded; with
+// `staged` (float16: checked before anything is written) its results go
+// to staged[u] (parameters, then accumulators) instead, and `*beyond` is
+// set where one lies beyond float16's range.
+template <int kDim, typename P, typename S>
+__attribute__((noinline)) void UpdateTypedRows(
+    const Occurrences& in, const RowUpdate& update, P* params, S* accum,
+    int64_t given_dim, int64_t begin, int64_t end, const Rounding& rounding,
+    float* staged, std::atomic<bool>* beyond) {
+  const int64_t dim = kDim > 0 ? kDim : given_dim;
+  const int64_t width = accum == nullptr ? dim : 2 * dim;
+  std::vector<float> buffer(3 * dim);
+  float* __restrict sum = buffer.data();
+  float* __restrict w = sum + dim;
+  float* __restrict a = w + dim;
+  const std::vector<const float*>& grad_rows = *in.grad_rows;
+  // As many bytes in flight as float32 rows: rows of 2-byte values
+  // prefetched twice as many rows ahead (the update is bound by the
+  // memory's latency, not its bandwidth).
+  constexpr int64_t kAhead = kAheadRows * sizeof(float) / sizeof(P);
+  for (int64_t u = begin; u < end; ++u) {
+    if (u + kAhead < end) {
+      const int64_t ahead = in.row_ids[u + kAhead] * dim;
+      Prefetch(reinterpret_cast<const float*>(params + ahead), dim * sizeof(P));
+      if (accum != nullptr) {
+        Prefetch(reinterpret_cast<const float*>(accum + ahead), dim * sizeof(S));
+      }
+    }
+    std::fill(sum, sum + dim, 0.0f);
+    for (int32_t k = in.start[u]; k < in.start[u + 1]; ++k) {
+      const int32_t i = in.order[k];
+      AddRow(grad_rows[i], in.scales == nullptr ? nullptr : in.scales + i,
+             dim, sum);
+    }
+    const int64_t row = in.row_ids[u];
+    const int64_t offset = row * dim;
+    Load(params + offset, w, dim);
+    if (accum != nullptr) Load(accum + offset, a, dim);
+    update.Apply(w, accum == nullptr ? nullptr : a, sum, dim);
+    if (staged != nullptr) {
+      float* to = staged + u * width;
+      std::memcpy(to, w, dim * sizeof(float));
+      if (accum != nullptr) std::memcpy(to + dim, a, dim * sizeof(float));
+      if (BeyondFloat16(to, width)) beyond->store(true);
+      continue;
+    }
+    Store(w, params + offset, dim, rounding, 0, row);
+    if (accum != nullptr) Store(a, accum + offset, dim, rounding, 1, row);
+  }
+}
+
+// Writes staged results (UpdateTypedRows with `staged`) into the rows.
+template <typename P, typename S>
+void StoreStaged(const float* staged, const int64_t* row_ids, P* params,
+                 S* accum, int64_t dim, int64_t begin, int64_t end,
+                 const Rounding& rounding) {
+  const int64_t width = accum == nullptr ? dim : 2 * dim;
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t row = row_ids[u];
+    const float* from = staged + u * width;
+    Store(from, params + row * dim, dim, rounding, 0, row);
+    if (accum != nullptr) {
+      Store(from + dim, accum + row * dim, dim, rounding, 1, row);
+    }
+  }
+}
+
+template <typename P, typename S>
+void UpdateTypedRowsOfWidth(const Occurrences& in, const RowUpdate& update,
+                            P* params, S* accum, int64_t dim, int64_t begin,
+                            int64_t end, const Rounding& rounding,
+                            float* staged, std::atomic<bool>* beyond) {
+  switch (dim) {
+    case 32:
+      return UpdateTypedRows<32>(in, update, params, accum, dim, begin, end,
+                                 rounding, staged, beyond);
+    case 64:
+      return UpdateTypedRows<64>(in, update, params, accum, dim, begin, end,
+                                 rounding, staged, beyond);
+    case 128:
+      return UpdateTypedRows<128>(in, update, params, accum, dim, begin, end,
+                                  rounding, staged, beyond);
+    default:
+      return UpdateTypedRows<0>(in, update, params, accum, dim, begin, end,
+                                rounding, staged, beyond);
+  }
+}
+
 // UpdateRows for this row width.
 void UpdateRowsOfWidth(const Occurrences& in, const RowUpdate& update,
                        float* params, float* accum, int64_t dim,
@@ -214,6 +395,7 @@ REGISTER_OP("TpeFusedSparseApply")
     .Input("positions: num_positions * int32")
     .Input("scales: num_scales * float")
     .Input("lr: float")
+    .Input("rounding_step: int64")
     .Attr("num_variables: int >= 1")
     .Attr("num_pieces: int >= 1")
     .Attr("num_positions: int >= 0 = 0")
@@ -226,6 +408,10 @@ REGISTER_OP("TpeFusedSparseApply")
     .Attr("clip_weight_min: float")
     .Attr("clip_weight_max: float")
     .Attr("spread: bool = true")
+    .Attr("stochastic: bool = false")
+    .Attr("seed: int = 0")
+    .Attr("first_row: int = 0")
+    .Attr("table: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
@@ -260,6 +446,10 @@ class FusedSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_min", &clip_wmin_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clip_weight_max", &clip_wmax_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("spread", &spread_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic", &stochastic_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_row", &first_row_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table", &table_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -276,6 +466,10 @@ class FusedSparseApplyOp : public OpKernel {
                                         index.shape().DebugString()));
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(lr_tensor.shape()),
                 errors::InvalidArgument("lr must be a scalar"));
+    const Tensor& step_tensor = ctx->input(num_variables_ + 3 + num_pieces_ +
+                                           num_positions_ + num_scales_);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_tensor.shape()),
+                errors::InvalidArgument("rounding_step must be a scalar"));
     // The gradient rows: the concatenation of the pieces' rows, or with
     // positions, per group of pieces (one per positions tensor, e.g. one
     // per sending replica) the rows at its positions, groups in order.
@@ -364,11 +558,15 @@ class FusedSparseApplyOp : public OpKernel {
     int64_t num_rows = -1;
     for (int v = 0; v < num_variables_; ++v) {
       Tensor* t = vars[v]->tensor();
-      OP_REQUIRES(ctx, vars[v]->is_initialized && t->dtype() == DT_FLOAT &&
+      const DataType type = t->dtype();
+      OP_REQUIRES(ctx, vars[v]->is_initialized &&
+                           (type == DT_FLOAT || type == DT_BFLOAT16 ||
+                            type == DT_HALF) &&
                            t->dims() == 2 && t->dim_size(1) == dim,
                   errors::InvalidArgument(
-                      "variable ", v, " must be an initialized float32 [rows, ",
-                      dim, "] variable, got ", t->shape().DebugString()));
+                      "variable ", v, " must be an initialized float32, "
+                      "bfloat16 or float16 [rows, ", dim, "] variable, got ",
+                      DataTypeString(type), " ", t->shape().DebugString()));
       if (v == 0) num_rows = t->dim_size(0);
       OP_REQUIRES(ctx, t->dim_size(0) == num_rows,
                   errors::InvalidArgument("variables differ in rows: ",
@@ -410,19 +608,22 @@ class FusedSparseApplyOp : public OpKernel {
       if (v->copy_on_read_mode.load()) continue;
       if (!v->tensor()->RefCountIsOne()) {
         Tensor copy;
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, v->tensor()->shape(), &copy));
-        std::memcpy(copy.flat<float>().data(), v->tensor()->flat<float>().data(),
-                    v->tensor()->TotalBytes());
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(v->tensor()->dtype(),
+                                               v->tensor()->shape(), &copy));
+        std::memcpy(copy.data(), v->tensor()->data(), v->tensor()->TotalBytes());
         *v->tensor() = copy;
       }
       v->copy_on_read_mode.store(true);
     }
 
     for (Var* v : order) {
-      AdviseHugePages(v->tensor()->flat<float>().data(), v->tensor()->TotalBytes());
+      AdviseHugePages(v->tensor()->data(), v->tensor()->TotalBytes());
     }
-    float* params = vars[0]->tensor()->flat<float>().data();
-    float* accum = adagrad_ ? vars[1]->tensor()->flat<float>().data() : nullptr;
+    const DataType param_type = vars[0]->tensor()->dtype();
+    const DataType accum_type =
+        adagrad_ ? vars[1]->tensor()->dtype() : DT_FLOAT;
+    void* params = vars[0]->tensor()->data();
+    void* accum = adagrad_ ? vars[1]->tensor()->data() : nullptr;
     const float lr = lr_tensor.scalar<float>()();
     const float decay = decay_by_lr_ ? decay_ * lr : decay_;
     const bool has_decay = decay_ != 0.0f;
@@ -453,15 +654,102 @@ class FusedSparseApplyOp : public OpKernel {
       }
       return low;
     };
-    ForRows(ctx, spread_ && shards > 1, shards, kShardCost,
-            [&](int64_t begin, int64_t end) {
-              for (int64_t shard = begin; shard < end; ++shard) {
-                UpdateRowsOfWidth(occurrences, update, params, accum, dim,
-                                  first_row_of(shard), first_row_of(shard + 1));
-              }
-            });
+    auto for_shards = [&](auto&& update_range) {
+      ForRows(ctx, spread_ && shards > 1, shards, kShardCost,
+              [&](int64_t begin, int64_t end) {
+                for (int64_t shard = begin; shard < end; ++shard) {
+                  update_range(first_row_of(shard), first_row_of(shard + 1));
+                }
+              });
+    };
+    if (param_type == DT_FLOAT && accum_type == DT_FLOAT) {
+      float* p = static_cast<float*>(params);
+      float* a = static_cast<float*>(accum);
+      for_shards([&](int64_t begin, int64_t end) {
+        UpdateRowsOfWidth(occurrences, update, p, a, dim, begin, end);
+      });
+    } else {
+      const Rounding rounding{stochastic_, seed_,
+                              step_tensor.scalar<int64_t>()(), first_row_};
+      OP_REQUIRES_OK(ctx, UpdateTyped(ctx, param_type, accum_type, params,
+                                      accum, occurrences, update, dim,
+                                      num_unique, rounding, for_shards));
+    }
     ReleaseIfLarge(&start_buffer);
     ReleaseIfLarge(&grouped_buffer);
+  }
+
+  // The update of 16-bit variables (P, S the stored types): float16 ones
+  // are computed whole into a staging buffer, checked, then written.
+  template <typename P, typename S, typename Shards>
+  Status UpdateTypedAs(P* params, S* accum, const Occurrences& occurrences,
+                       const RowUpdate& update, int64_t dim,
+                       int64_t num_unique, const Rounding& rounding,
+                       Shards& for_shards) {
+    constexpr bool kHalf = std::is_same<P, Eigen::half>::value ||
+                           std::is_same<S, Eigen::half>::value;
+    if (!kHalf) {
+      for_shards([&](int64_t begin, int64_t end) {
+        UpdateTypedRowsOfWidth(occurrences, update, params, accum, dim, begin,
+                               end, rounding, nullptr, nullptr);
+      });
+      return absl::OkStatus();
+    }
+    const int64_t width = accum == nullptr ? dim : 2 * dim;
+    thread_local std::vector<float> staged_buffer;
+    float* staged = Reuse(&staged_buffer, std::max<int64_t>(1, num_unique * width));
+    std::atomic<bool> beyond(false);
+    for_shards([&](int64_t begin, int64_t end) {
+      UpdateTypedRowsOfWidth(occurrences, update, params, accum, dim, begin,
+                             end, rounding, staged, &beyond);
+    });
+    if (beyond.load()) {
+      ReleaseIfLarge(&staged_buffer);
+      return errors::InvalidArgument(
+          "Table '", table_, "': a float16 parameters or slot value exceeds "
+          "65504, the largest float16 (or is NaN); store it as bfloat16 or "
+          "float32 (RowStorage).");
+    }
+    for_shards([&](int64_t begin, int64_t end) {
+      StoreStaged(staged, occurrences.row_ids, params, accum, dim, begin, end,
+                  rounding);
+    });
+    ReleaseIfLarge(&staged_buffer);
+    return absl::OkStatus();
+  }
+
+  template <typename Shards>
+  Status UpdateTyped(OpKernelContext* ctx, DataType param_type,
+                     DataType accum_type, void* params, void* accum,
+                     const Occurrences& occurrences, const RowUpdate& update,
+                     int64_t dim, int64_t num_unique, const Rounding& rounding,
+                     Shards& for_shards) {
+    auto with_accum = [&](auto* p) -> Status {
+      if (accum == nullptr) {
+        return UpdateTypedAs(p, static_cast<float*>(nullptr), occurrences,
+                             update, dim, num_unique, rounding, for_shards);
+      }
+      switch (accum_type) {
+        case DT_BFLOAT16:
+          return UpdateTypedAs(p, static_cast<bfloat16*>(accum), occurrences,
+                               update, dim, num_unique, rounding, for_shards);
+        case DT_HALF:
+          return UpdateTypedAs(p, static_cast<Eigen::half*>(accum),
+                               occurrences, update, dim, num_unique, rounding,
+                               for_shards);
+        default:
+          return UpdateTypedAs(p, static_cast<float*>(accum), occurrences,
+                               update, dim, num_unique, rounding, for_shards);
+      }
+    };
+    switch (param_type) {
+      case DT_BFLOAT16:
+        return with_accum(static_cast<bfloat16*>(params));
+      case DT_HALF:
+        return with_accum(static_cast<Eigen::half*>(params));
+      default:
+        return with_accum(static_cast<float*>(params));
+    }
   }
 
  private:
@@ -473,6 +761,9 @@ class FusedSparseApplyOp : public OpKernel {
   float clip_gmin_, clip_gmax_, decay_, clip_wmin_, clip_wmax_;
   bool decay_by_lr_;
   bool spread_;
+  bool stochastic_;
+  int64_t seed_, first_row_;
+  std::string table_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TpeFusedSparseApply").Device(DEVICE_CPU),

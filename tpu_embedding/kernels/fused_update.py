@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
+from tpu_embedding.tables.rounding import BlockRounding
 
 #: The rules the kernel implements (an optimizer's ``fused_rule``).
 RULES = ("sgd", "adagrad")
@@ -52,6 +53,7 @@ def fused_apply(
   grads: RowGradients,
   index: tf.Tensor,
   spread: bool,
+  rounding: BlockRounding | None = None,
 ) -> list[Any] | None:
   """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
 
@@ -66,6 +68,9 @@ def fused_apply(
       gathered or multiplied first).
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
     spread: spread the rows over the CPU threads (``ops.KernelOps``).
+    rounding: how the block writes its variables back: float32 as they
+      are, 16-bit rounded (``tables/rounding.BlockRounding``; None: the
+      table's, for a block starting at row 0).
 
   Returns:
     The kernel op in a list (``[None]`` when eager), or None when the
@@ -79,6 +84,9 @@ def fused_apply(
   variables = [block[name] for name in names]
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
+  if rounding is None:
+    rounding = BlockRounding(table, 0, None)
+  storage = rounding.storage
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
@@ -95,5 +103,11 @@ def fused_apply(
     clip_weight_min=_bound(optimizer.clip_weight_min, -math.inf),
     clip_weight_max=_bound(optimizer.clip_weight_max, math.inf),
     spread=spread,
+    rounding_step=rounding.step(),
+    stochastic=storage.rounding == "stochastic",
+    seed=storage.seed,
+    first_row=rounding.first_row,
+    table=rounding.table,
   )
-  return [op]
+  with tf.control_dependencies([op] if op is not None else []):
+    return [op, rounding.advance()]  # (counted once the op succeeded)

@@ -1,5 +1,7 @@
 // TpeGatherRows: rows of a float32 [rows, dim] resource variable at int64
-// ids, into a new [n, dim] tensor: what tf.gather(variable, ids) returns.
+// ids, into a new [n, dim] tensor: what tf.gather(variable, ids) returns;
+// of a bfloat16 or float16 variable (a table's RowStorage), the rows as
+// float32 (exact): tf.cast(tf.gather(variable, ids), tf.float32).
 // TpeGatherPieces: rows of the concatenation of float32 [rows_k, dim]
 // tensors at int32 positions, read where they are: what
 // tf.gather(tf.concat(pieces, 0), index) returns, without the concat.
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -17,6 +20,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "piece_rows.h"
+#include "row_types.h"
 #include "spread.h"
 
 namespace tensorflow {
@@ -63,6 +67,36 @@ void CopyRows(OpKernelContext* ctx, bool spread,
   ForRows(ctx, spread, n, std::max<int64_t>(1, 4 * dim), work);
 }
 
+// out[i] = float32(table[id[i]]) for 16-bit rows, as CopyRows.
+template <typename T>
+void ConvertRows(OpKernelContext* ctx, bool spread, const T* table,
+                 const int64_t* id, int64_t n, int64_t dim, float* out) {
+  const int64_t row_bytes = dim * sizeof(T);
+  // As many bytes in flight as float32 rows (twice the rows ahead).
+  constexpr int64_t kAheadIds = kAhead * sizeof(float) / sizeof(T);
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAheadIds < end) {
+        const char* ahead = reinterpret_cast<const char*>(table + id[i + kAheadIds] * dim);
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+          __builtin_prefetch(ahead + b, 0, 0);
+        }
+      }
+      const T* row = table + id[i] * dim;
+      float* to = out + i * dim;
+      if constexpr (std::is_same<T, bfloat16>::value) {
+        // float32's upper half: a shift (vectorized).
+        const uint16_t* __restrict bits = reinterpret_cast<const uint16_t*>(row);
+        uint32_t* __restrict words = reinterpret_cast<uint32_t*>(to);
+        for (int64_t d = 0; d < dim; ++d) words[d] = uint32_t{bits[d]} << 16;
+      } else {
+        for (int64_t d = 0; d < dim; ++d) to[d] = row_types::ToFloat(row[d]);
+      }
+    }
+  };
+  ForRows(ctx, spread, n, std::max<int64_t>(1, 4 * dim), work);
+}
+
 class GatherRowsOp : public OpKernel {
  public:
   explicit GatherRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -78,11 +112,14 @@ class GatherRowsOp : public OpKernel {
                                         ids.shape().DebugString()));
     tf_shared_lock lock(*var->mu());
     const Tensor& params = *var->tensor();
-    OP_REQUIRES(ctx, var->is_initialized && params.dtype() == DT_FLOAT &&
-                         params.dims() == 2,
+    const DataType type = params.dtype();
+    OP_REQUIRES(ctx, var->is_initialized && params.dims() == 2 &&
+                         (type == DT_FLOAT || type == DT_BFLOAT16 ||
+                          type == DT_HALF),
                 errors::InvalidArgument(
-                    "the variable must be an initialized float32 [rows, dim] "
-                    "variable, got ", params.shape().DebugString()));
+                    "the variable must be an initialized float32, bfloat16 "
+                    "or float16 [rows, dim] variable, got ",
+                    DataTypeString(type), " ", params.shape().DebugString()));
     const int64_t num_rows = params.dim_size(0);
     const int64_t dim = params.dim_size(1);
     const int64_t n = ids.dim_size(0);
@@ -95,6 +132,15 @@ class GatherRowsOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &out));
     if (n == 0 || dim == 0) return;
+    float* to = out->flat<float>().data();
+    if (type == DT_BFLOAT16) {
+      return ConvertRows(ctx, spread_, params.flat<bfloat16>().data(), id, n,
+                         dim, to);
+    }
+    if (type == DT_HALF) {
+      return ConvertRows(ctx, spread_, params.flat<Eigen::half>().data(), id,
+                         n, dim, to);
+    }
     const float* table = params.flat<float>().data();
     std::vector<const float*> rows(n);
     for (int64_t i = 0; i < n; ++i) rows[i] = table + id[i] * dim;

@@ -45,7 +45,7 @@ def gather_rows_with_kernel(
     ids.dtype != tf.int64
     or ids.shape.rank != 1
     or not isinstance(variable, compat.BaseResourceVariable)
-    or variable.dtype != tf.float32
+    or variable.dtype not in (tf.float32, tf.bfloat16, tf.float16)
     or variable.shape.rank != 2
   ):
     return tf.gather(variable, ids)

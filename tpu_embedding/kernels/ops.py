@@ -38,6 +38,7 @@ import functools
 import os
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 
@@ -65,6 +66,9 @@ from tpu_embedding.kernels.unique import unique_with_kernel
 from tpu_embedding.kernels.unique import unique_with_tensorflow
 from tpu_embedding.kernels.vocabulary_step import vocabulary_step
 from tpu_embedding.row_storage import decode
+
+if TYPE_CHECKING:
+  from tpu_embedding.tables.rounding import BlockRounding
 
 
 class StepOps:
@@ -151,10 +155,12 @@ class StepOps:
     ids: tf.Tensor,
     grads: RowGradients,
     index: tf.Tensor,
+    rounding: BlockRounding | None = None,
   ) -> list[Any] | None:
     """The fused sparse update's ops, or None: the TensorFlow path of
-    ``tables/updates.apply_rows`` then runs (``fused_update.py``)."""
-    del table, block, ids, grads, index
+    ``tables/updates.apply_rows`` then runs (``fused_update.py``);
+    ``rounding``: how the block writes 16-bit rows (``RowStorage``)."""
+    del table, block, ids, grads, index, rounding
     return None
 
   def mark_rows(self, flags: Any, rows: tf.Tensor) -> Any:
@@ -276,9 +282,10 @@ class KernelOps(StepOps):
     ids: tf.Tensor,
     grads: RowGradients,
     index: tf.Tensor,
+    rounding: BlockRounding | None = None,
   ) -> list[Any] | None:
     return fused_apply(
-      self.module, table, block, ids, grads, index, self.spread
+      self.module, table, block, ids, grads, index, self.spread, rounding
     )
 
   def mark_rows(self, flags: Any, rows: tf.Tensor) -> Any:

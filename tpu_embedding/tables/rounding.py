@@ -26,6 +26,7 @@ import tensorflow as tf
 from tpu_embedding import compat
 from tpu_embedding.config import TableConfig
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import RowStorage
 
 
 class BlockRounding:
@@ -67,6 +68,27 @@ class BlockRounding:
       step=self._count.read_value(),
       table=self._table,
     )
+
+  @property
+  def storage(self) -> RowStorage:
+    """The table's ``RowStorage``."""
+    return self._storage
+
+  @property
+  def first_row(self) -> int:
+    """The block's first global row (its rows draw by global id)."""
+    return self._first_row
+
+  @property
+  def table(self) -> str:
+    """The table's name (what a float16 overflow names)."""
+    return self._table
+
+  def step(self) -> tf.Tensor:
+    """This update's count (scalar int64): the draws' step."""
+    if self._count is None:
+      return tf.constant(0, tf.int64)
+    return self._count.read_value()
 
   def advance(self) -> Any:
     """Counts one update (after its writes); None where nothing rounds."""

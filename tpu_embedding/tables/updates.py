@@ -76,8 +76,8 @@ def apply_rows(
     )
   if rounding is None:
     rounding = BlockRounding(table, 0, None)
-  if index is not None and table.storage.is_float32:
-    fused = ops.fused_apply(table, block, ids, grads, index)
+  if index is not None:
+    fused = ops.fused_apply(table, block, ids, grads, index, rounding)
     if fused is not None:  # One kernel: sum and update (same numbers).
       return fused
   summed = summed_gradients(ids, grads, index)
@@ -90,20 +90,33 @@ def apply_rows(
       decode(block["parameters"].read_value()), slots, dense_grads, lr
     )
     every_row = tf.range(num_rows, dtype=tf.int64)
-    writes = []
-    for name, value in zip(
-      ("parameters", *names), (params, *slots), strict=True
-    ):
-      value = rounding.encode(name, value, every_row)
-      writes.append(block[name].assign(value, read_value=False))
-    return [*writes, rounding.advance()]
+    keys = ("parameters", *names)
+    stored = [
+      rounding.encode(key, value, every_row)
+      for key, value in zip(keys, (params, *slots), strict=True)
+    ]
+    # Written only once every value is encoded: a float16 range check
+    # refuses the update before any variable changes.
+    with tf.control_dependencies(stored):
+      writes = [
+        block[key].assign(value, read_value=False)
+        for key, value in zip(keys, stored, strict=True)
+      ]
+      return [*writes, rounding.advance()]
   slots = optimizer.Slots(*(decode(tf.gather(block[n], ids)) for n in names))
   params = decode(tf.gather(block["parameters"], ids))
   params, slots = optimizer.apply(params, slots, summed, lr)
-  writes = []
-  for name, value in zip(("parameters", *names), (params, *slots), strict=True):
-    writes.append(_scatter(block[name], ids, rounding.encode(name, value, ids)))
-  return [*writes, rounding.advance()]
+  keys = ("parameters", *names)
+  stored = [
+    rounding.encode(key, value, ids)
+    for key, value in zip(keys, (params, *slots), strict=True)
+  ]
+  with tf.control_dependencies(stored):  # (as above)
+    writes = [
+      _scatter(block[key], ids, value)
+      for key, value in zip(keys, stored, strict=True)
+    ]
+    return [*writes, rounding.advance()]
 
 
 def _scatter(variable: Any, ids: tf.Tensor, rows: tf.Tensor) -> Any:
