@@ -192,6 +192,31 @@ def test_benchmark_prints_repeats_and_spread_and_writes_json(tmp_path):
   )
 
 
+def test_benchmark_times_16_bit_tables_against_float32_in_turn(tmp_path):
+  out = run_tool(
+    "benchmark.py",
+    "--table_dtype=bfloat16", "--tables=2", "--rows=500", "--dim=8",
+    "--batch_size=64", "--steps=2", "--warmup=1", "--repeats=2",
+    f"--json={tmp_path / 'b.json'}",
+  ).stdout  # fmt: skip
+  # Tables and slots in half the bytes: 2 tables x 500 x 8 x (2 + 2).
+  assert re.search(r"bfloat16 \(stochastic\) +tables and slots 0 MiB", out)
+  assert re.search(
+    r"bfloat16 / float32: [\d.]+ x \(median of 2; .*\(per repeat\)", out
+  ), out
+  assert re.search(r"peak resident growth bfloat16 / float32: [\d.]+", out)
+  result = _json(tmp_path / "b.json")
+  _check_measurements(
+    result,
+    [
+      "tpu_embedding[bfloat16 (stochastic)]",
+      "tpu_embedding[float32]",
+      "bfloat16/float32",
+    ],
+    2,
+  )
+
+
 def test_benchmark_disk_storage_against_memory_and_the_io_floor(tmp_path):
   out = run_tool(
     "benchmark.py",

@@ -878,7 +878,7 @@ def precision_pair(args) -> list[_timing.Measurement]:
   )
   print(f"  {name:<22} {low.describe()}")
   print(f"  {'float32':<22} {full.describe()}")
-  print(f"  {args.table_dtype} / float32: {ratio.describe('{:.2f}')}x "
+  print(f"  {args.table_dtype} / float32: {ratio.describe('{:.2f}')} "
         "(per repeat)")  # fmt: skip
   growth = phases[name][0] / max(phases["float32"][0], 1)
   print(f"  peak resident growth {args.table_dtype} / float32: {growth:.2f}")

@@ -540,3 +540,61 @@ def test_kernels_serve_training_steps_and_never_lookups_for_serving():
     return emb.embedding_lookup(ids)
 
   assert not {t for t in op_types(serve, ids) if t.startswith("Tpe")}
+
+
+def _crafted_values(rng, dtype: str) -> np.ndarray:
+  """Values across a 16-bit type's range, both signs: subnormals (float16),
+  zeros, ties, values already held, values next to powers of two."""
+  top = 6e4 if dtype == "float16" else 1e30
+  magnitudes = np.concatenate(
+    [
+      np.exp(rng.uniform(np.log(1e-8), np.log(top), 200)),
+      [0.0, 2.0**-24, 3 * 2.0**-25, 2.0**-14, 2.0**-14 * 0.999, 65504.0],
+      [1.0 + 2.0**-11, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-9, 0.999999, 1.5],
+    ]
+  )
+  signs = rng.choice([-1.0, 1.0], magnitudes.size)
+  values = (magnitudes * signs).astype(np.float32)
+  values = values[: values.size // 16 * 16]
+  return values.reshape(-1, 16)
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_rows_round_as_the_oracle_in_the_kernel_and_tensorflow(
+  dtype, rounding, rng
+):
+  """SGD(1) from zero rows with gradients -x writes round(x): the fused
+  kernel and the TensorFlow path give the numpy oracle's bits
+  (tests/low_precision_oracle.py), rows numbered from the block's first
+  row (here 1000) and drawn at its update count (here 3)."""
+  from tests import low_precision_oracle as low  # noqa: PLC0415
+  from tpu_embedding.tables.rounding import BlockRounding  # noqa: PLC0415
+
+  values = _crafted_values(rng, dtype)
+  rows, dim = values.shape
+  storage = tpe.RowStorage(dtype, rounding=rounding, seed=11)
+  table = resolve(
+    tpe.FeatureConfig(tpe.TableConfig(rows, dim, name="t", storage=storage)),
+    tpe.SGD(1.0),
+  ).tables[0]
+  ids = tf.constant(rng.permutation(rows), tf.int64)
+  grads = PickedRows.dense(tf.constant(-values[ids.numpy()]))
+  index = tf.range(rows, dtype=tf.int32)
+  rows_at = np.arange(rows, dtype=np.int64) + 1000
+  if rounding == "nearest":
+    want = low.nearest_round(values, dtype)
+  else:
+    bits = low.random_bits(11, 0, 3, rows_at, dim)
+    want = low.stochastic_round(values, bits, dtype)
+  for ops in (KERNEL_OPS, updates.TENSORFLOW_OPS):
+    block = {"parameters": tf.Variable(tf.zeros([rows, dim], dtype))}
+    rounding_of_block = BlockRounding(table, 1000, None)
+    for _ in range(3):  # update count 3 at the update below
+      rounding_of_block.advance()
+    updates.apply_rows(
+      table, block, ids, grads, rows, index, ops, rounding_of_block
+    )
+    got = tf.cast(block["parameters"], tf.float64).numpy()
+    np.testing.assert_array_equal(got, want, err_msg=repr(ops))
+    assert int(rounding_of_block.step()) == 4

@@ -64,7 +64,7 @@ SOURCES = (
 )
 
 #: Sources compiled once per level: their loops are arithmetic on rows.
-VECTOR_SOURCES = ("fused_update.cc", "segment_sum.cc")
+VECTOR_SOURCES = ("fused_update.cc", "segment_sum.cc", "gather_rows.cc")
 
 #: Headers the sources include (part of the tuned library's cache key).
 HEADERS = ("piece_rows.h", "row_types.h", "spread.h")

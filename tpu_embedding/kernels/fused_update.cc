@@ -29,8 +29,8 @@
 // written back rounded as tpu_embedding/row_storage.py rounds (to nearest,
 // or stochastically with the draws of (seed, variable, step, first_row +
 // row, column): row_types.h). A float16 result beyond +-65504 (or NaN)
-// fails the op naming the table, before any row is written: float16
-// updates are computed whole first, then written.
+// fails the op naming the table and changes nothing: the rows a float16
+// update writes are copied first, and written back on failure.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -223,6 +223,81 @@ __attribute__((always_inline)) inline void Store(
   }
 }
 
+template <>
+__attribute__((always_inline)) inline void Load(
+    const Eigen::half* __restrict from, float* __restrict to, int64_t dim) {
+  row_types::HalfToFloat(from, to, dim);
+}
+
+// float16: to nearest by F16C's conversion (ties to even, as Eigen's);
+// stochastically in integer operations where float16 is normal (2^-14 to
+// 65504: its neighbours are the float32 with the low 13 bits cleared, the
+// draw as row_types::Stochastic's), the rest one by one.
+template <>
+__attribute__((always_inline)) inline void Store(
+    const float* __restrict from, Eigen::half* __restrict to, int64_t dim,
+    const Rounding& rounding, int stream, int64_t row) {
+  constexpr int64_t kMaxDim = 256;
+  if (dim > kMaxDim) {  // (wide rows: the scalar conversions)
+    const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
+                                          rounding.first_row + row);
+    for (int64_t d = 0; d < dim; ++d) {
+      to[d] = rounding.stochastic
+                  ? row_types::Stochastic(
+                        from[d], row_types::Mix32(h ^ static_cast<uint32_t>(d)),
+                        static_cast<const Eigen::half*>(nullptr))
+                  : Eigen::half(from[d]);
+    }
+    return;
+  }
+  if (!rounding.stochastic) {
+#if defined(__F16C__)
+    int64_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(from + d),
+                                        _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to + d), h);
+    }
+    for (; d < dim; ++d) to[d] = Eigen::half(from[d]);
+#else
+    for (int64_t d = 0; d < dim; ++d) to[d] = Eigen::half(from[d]);
+#endif
+    return;
+  }
+  const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
+                                        rounding.first_row + row);
+  const uint32_t* __restrict words = reinterpret_cast<const uint32_t*>(from);
+  // Magnitudes in [2^-14, 65504]: (m - low) <= span, unsigned.
+  constexpr uint32_t kLow = 0x38800000u, kSpan = 0x477FE000u - 0x38800000u;
+  uint32_t cleared[kMaxDim];
+  uint32_t outside = 0;
+  for (int64_t d = 0; d < dim; ++d) {
+    uint32_t x = h ^ static_cast<uint32_t>(d);  // (row_types::Mix32)
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    const uint32_t draw = x >> 19;
+    const uint32_t w = words[d];
+    const uint32_t sign = w >> 31;
+    const uint32_t add = draw + (1u - sign) * (0x1FFFu - 2u * draw);
+    cleared[d] = (w + add) & 0xFFFFE000u;
+    outside += static_cast<uint32_t>(((w & 0x7FFFFFFFu) - kLow) > kSpan);
+  }
+  row_types::ExactFloatToHalf(reinterpret_cast<const float*>(cleared), to,
+                              dim);
+  if (outside == 0) return;
+  for (int64_t d = 0; d < dim; ++d) {  // float16's subnormals, zeros
+    const uint32_t magnitude = words[d] & 0x7FFFFFFFu;
+    if (magnitude - kLow > kSpan) {
+      to[d] = row_types::Stochastic(
+          from[d], row_types::Mix32(h ^ static_cast<uint32_t>(d)),
+          static_cast<const Eigen::half*>(nullptr));
+    }
+  }
+}
+
 // bfloat16 in integer operations only (vectorized): the draws as
 // row_types::Stochastic takes them; to nearest as Eigen's conversion
 // (ties to even; a NaN becomes Eigen's quiet NaN of its sign).
@@ -263,17 +338,21 @@ inline bool BeyondFloat16(const float* x, int64_t n) {
 
 // UpdateRows for variables stored as P (parameters) and S (accumulators),
 // at least one of them 16-bit: each distinct row is read into float32
-// buffers, updated as UpdateRows does, and written back rounded; with
-// `staged` (float16: checked before anything is written) its results go
-// to staged[u] (parameters, then accumulators) instead, and `*beyond` is
-// set where one lies beyond float16's range.
+// buffers, updated as UpdateRows does, and written back rounded. With
+// `backup` (float16: a value beyond its range must change nothing) the
+// stored rows are copied to backup[u] (parameters, then accumulators)
+// before they are written, and `*beyond` is set where a float16 result
+// lies beyond +-65504 (or is NaN): the caller then writes the copies back.
 template <int kDim, typename P, typename S>
 __attribute__((noinline)) void UpdateTypedRows(
     const Occurrences& in, const RowUpdate& update, P* params, S* accum,
     int64_t given_dim, int64_t begin, int64_t end, const Rounding& rounding,
-    float* staged, std::atomic<bool>* beyond) {
+    char* backup, std::atomic<bool>* beyond) {
+  constexpr bool kHalfParams = std::is_same<P, Eigen::half>::value;
+  constexpr bool kHalfAccum = std::is_same<S, Eigen::half>::value;
   const int64_t dim = kDim > 0 ? kDim : given_dim;
-  const int64_t width = accum == nullptr ? dim : 2 * dim;
+  const int64_t backup_bytes =
+      dim * (sizeof(P) + (accum == nullptr ? 0 : sizeof(S)));
   std::vector<float> buffer(3 * dim);
   float* __restrict sum = buffer.data();
   float* __restrict w = sum + dim;
@@ -283,6 +362,7 @@ __attribute__((noinline)) void UpdateTypedRows(
   // prefetched twice as many rows ahead (the update is bound by the
   // memory's latency, not its bandwidth).
   constexpr int64_t kAhead = kAheadRows * sizeof(float) / sizeof(P);
+  bool outside = false;
   for (int64_t u = begin; u < end; ++u) {
     if (u + kAhead < end) {
       const int64_t ahead = in.row_ids[u + kAhead] * dim;
@@ -302,30 +382,33 @@ __attribute__((noinline)) void UpdateTypedRows(
     Load(params + offset, w, dim);
     if (accum != nullptr) Load(accum + offset, a, dim);
     update.Apply(w, accum == nullptr ? nullptr : a, sum, dim);
-    if (staged != nullptr) {
-      float* to = staged + u * width;
-      std::memcpy(to, w, dim * sizeof(float));
-      if (accum != nullptr) std::memcpy(to + dim, a, dim * sizeof(float));
-      if (BeyondFloat16(to, width)) beyond->store(true);
-      continue;
+    if (backup != nullptr) {
+      char* copy = backup + u * backup_bytes;
+      std::memcpy(copy, params + offset, dim * sizeof(P));
+      if (accum != nullptr) {
+        std::memcpy(copy + dim * sizeof(P), accum + offset, dim * sizeof(S));
+      }
+      if (kHalfParams) outside |= BeyondFloat16(w, dim);
+      if (kHalfAccum && accum != nullptr) outside |= BeyondFloat16(a, dim);
     }
     Store(w, params + offset, dim, rounding, 0, row);
     if (accum != nullptr) Store(a, accum + offset, dim, rounding, 1, row);
   }
+  if (outside) beyond->store(true);
 }
 
-// Writes staged results (UpdateTypedRows with `staged`) into the rows.
+// Writes the rows UpdateTypedRows copied to `backup` back.
 template <typename P, typename S>
-void StoreStaged(const float* staged, const int64_t* row_ids, P* params,
-                 S* accum, int64_t dim, int64_t begin, int64_t end,
-                 const Rounding& rounding) {
-  const int64_t width = accum == nullptr ? dim : 2 * dim;
-  for (int64_t u = begin; u < end; ++u) {
-    const int64_t row = row_ids[u];
-    const float* from = staged + u * width;
-    Store(from, params + row * dim, dim, rounding, 0, row);
+void RestoreRows(const char* backup, const int64_t* row_ids, P* params,
+                 S* accum, int64_t dim, int64_t num_unique) {
+  const int64_t backup_bytes =
+      dim * (sizeof(P) + (accum == nullptr ? 0 : sizeof(S)));
+  for (int64_t u = 0; u < num_unique; ++u) {
+    const char* copy = backup + u * backup_bytes;
+    std::memcpy(params + row_ids[u] * dim, copy, dim * sizeof(P));
     if (accum != nullptr) {
-      Store(from + dim, accum + row * dim, dim, rounding, 1, row);
+      std::memcpy(accum + row_ids[u] * dim, copy + dim * sizeof(P),
+                  dim * sizeof(S));
     }
   }
 }
@@ -334,20 +417,20 @@ template <typename P, typename S>
 void UpdateTypedRowsOfWidth(const Occurrences& in, const RowUpdate& update,
                             P* params, S* accum, int64_t dim, int64_t begin,
                             int64_t end, const Rounding& rounding,
-                            float* staged, std::atomic<bool>* beyond) {
+                            char* backup, std::atomic<bool>* beyond) {
   switch (dim) {
     case 32:
       return UpdateTypedRows<32>(in, update, params, accum, dim, begin, end,
-                                 rounding, staged, beyond);
+                                 rounding, backup, beyond);
     case 64:
       return UpdateTypedRows<64>(in, update, params, accum, dim, begin, end,
-                                 rounding, staged, beyond);
+                                 rounding, backup, beyond);
     case 128:
       return UpdateTypedRows<128>(in, update, params, accum, dim, begin, end,
-                                  rounding, staged, beyond);
+                                  rounding, backup, beyond);
     default:
       return UpdateTypedRows<0>(in, update, params, accum, dim, begin, end,
-                                rounding, staged, beyond);
+                                rounding, backup, beyond);
   }
 }
 
@@ -679,8 +762,10 @@ class FusedSparseApplyOp : public OpKernel {
     ReleaseIfLarge(&grouped_buffer);
   }
 
-  // The update of 16-bit variables (P, S the stored types): float16 ones
-  // are computed whole into a staging buffer, checked, then written.
+  // The update of 16-bit variables (P, S the stored types). Where one is
+  // float16, the rows are copied before they are written, and written
+  // back if a result lies beyond float16's range: the op fails and
+  // changes nothing (under the variables' locks: no one sees between).
   template <typename P, typename S, typename Shards>
   Status UpdateTypedAs(P* params, S* accum, const Occurrences& occurrences,
                        const RowUpdate& update, int64_t dim,
@@ -695,26 +780,26 @@ class FusedSparseApplyOp : public OpKernel {
       });
       return absl::OkStatus();
     }
-    const int64_t width = accum == nullptr ? dim : 2 * dim;
-    thread_local std::vector<float> staged_buffer;
-    float* staged = Reuse(&staged_buffer, std::max<int64_t>(1, num_unique * width));
+    const int64_t backup_bytes =
+        dim * (sizeof(P) + (accum == nullptr ? 0 : sizeof(S)));
+    thread_local std::vector<char> backup_buffer;
+    char* backup =
+        Reuse(&backup_buffer, std::max<int64_t>(1, num_unique * backup_bytes));
     std::atomic<bool> beyond(false);
     for_shards([&](int64_t begin, int64_t end) {
       UpdateTypedRowsOfWidth(occurrences, update, params, accum, dim, begin,
-                             end, rounding, staged, &beyond);
+                             end, rounding, backup, &beyond);
     });
     if (beyond.load()) {
-      ReleaseIfLarge(&staged_buffer);
+      RestoreRows(backup, occurrences.row_ids, params, accum, dim, num_unique);
+    }
+    ReleaseIfLarge(&backup_buffer);
+    if (beyond.load()) {
       return errors::InvalidArgument(
           "Table '", table_, "': a float16 parameters or slot value exceeds "
           "65504, the largest float16 (or is NaN); store it as bfloat16 or "
           "float32 (RowStorage).");
     }
-    for_shards([&](int64_t begin, int64_t end) {
-      StoreStaged(staged, occurrences.row_ids, params, accum, dim, begin, end,
-                  rounding);
-    });
-    ReleaseIfLarge(&staged_buffer);
     return absl::OkStatus();
   }
 

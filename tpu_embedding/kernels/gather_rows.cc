@@ -90,7 +90,7 @@ void ConvertRows(OpKernelContext* ctx, bool spread, const T* table,
         uint32_t* __restrict words = reinterpret_cast<uint32_t*>(to);
         for (int64_t d = 0; d < dim; ++d) words[d] = uint32_t{bits[d]} << 16;
       } else {
-        for (int64_t d = 0; d < dim; ++d) to[d] = row_types::ToFloat(row[d]);
+        row_types::HalfToFloat(row, to, dim);
       }
     }
   };

@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "tensorflow/core/framework/numeric_types.h"
 
 namespace tensorflow {
@@ -75,15 +79,28 @@ inline Eigen::bfloat16 Stochastic(float x, uint32_t bits,
 
 // float32 -> float16 with the draw `bits`: the neighbour above x with
 // probability (x - lo) / (hi - lo) (row_storage._stochastic_float16).
+// Where float16 is normal (2^-14 <= |x| <= 65504) its neighbours are x's
+// float32 bits with the low 13 cleared: hi is taken when (bits >> 19) <
+// those 13 bits (x > 0: a carry of their sum with 0x1FFF - (bits >> 19)),
+// or when (bits >> 19) < 2^13 - them (x < 0: no carry adding bits >> 19),
+// the same draw as u = (bits >> 8) * 2^-24 < p, in integer operations.
 inline Eigen::half Stochastic(float x, uint32_t bits, const Eigen::half*) {
+  const uint32_t w = Bits(x);
+  const uint32_t magnitude = w & 0x7FFFFFFFu;
+  if (magnitude >= 0x38800000u && magnitude <= 0x477FE000u) {
+    const uint32_t draw = bits >> 19;
+    const uint32_t add = (w >> 31) == 0 ? 0x1FFFu - draw : draw;
+    return Eigen::half(FromBits((w + add) & 0xFFFFE000u));  // exact
+  }
   const Eigen::half nearest(x);
   const float near = static_cast<float>(nearest);
   if (near == x) return nearest;
-  const uint16_t magnitude =
+  const uint16_t half_magnitude =
       Eigen::numext::bit_cast<uint16_t>(nearest) & 0x7FFF;
   const bool outward = std::fabs(x) > std::fabs(near);
-  const uint16_t other_magnitude = outward ? magnitude + 1 : magnitude - 1;
-  const uint16_t sign = static_cast<uint16_t>((Bits(x) >> 16) & 0x8000);
+  const uint16_t other_magnitude =
+      outward ? half_magnitude + 1 : half_magnitude - 1;
+  const uint16_t sign = static_cast<uint16_t>((w >> 16) & 0x8000);
   const float other = static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(
       static_cast<uint16_t>(other_magnitude | sign)));
   const float lo = std::min(near, other), hi = std::max(near, other);
@@ -93,6 +110,36 @@ inline Eigen::half Stochastic(float x, uint32_t bits, const Eigen::half*) {
 }
 
 inline float Stochastic(float x, uint32_t, const float*) { return x; }
+
+// n float16 values -> float32 (exact), 8 at a time with F16C where the
+// library's level has it.
+inline void HalfToFloat(const Eigen::half* __restrict from,
+                        float* __restrict to, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) to[i] = static_cast<float>(from[i]);
+}
+
+// n float32 values that float16 holds exactly -> float16 (any rounding
+// mode gives the same), 8 at a time with F16C.
+inline void ExactFloatToHalf(const float* __restrict from,
+                             Eigen::half* __restrict to, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(from + i),
+                                      _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i), h);
+  }
+#endif
+  for (; i < n; ++i) to[i] = Eigen::half(from[i]);
+}
 
 }  // namespace row_types
 }  // namespace tensorflow
