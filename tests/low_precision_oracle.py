@@ -148,3 +148,19 @@ def nearest_round(x, dtype_name: str) -> np.ndarray:
   choose_hi = (above < below) | ((above == below) & ~lo_even)
   result = np.where(exact, x64, np.where(choose_hi, hi, lo))
   return _signed(result, x)
+
+
+def rounded_table(values, storage, stream: int, step: int) -> np.ndarray:
+  """A whole ``[rows, dim]`` table of float32 ``values`` (its row ids
+  0..rows-1) rounded as ``storage`` (a ``RowStorage``: its ``dtype`` for
+  stream 0, the parameters; ``slots`` for the others) stores variable
+  ``stream`` at update ``step``; float64 values."""
+  dtype = storage.dtype if stream == 0 else storage.slots
+  values = np.asarray(values).astype(np.float32)
+  if dtype == "float32":
+    return values.astype(np.float64)
+  if storage.rounding == "nearest":
+    return nearest_round(values, dtype)
+  rows = np.arange(values.shape[0], dtype=np.int64)
+  bits = random_bits(storage.seed, stream, step, rows, values.shape[1])
+  return stochastic_round(values, bits, dtype)

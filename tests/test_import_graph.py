@@ -41,7 +41,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   # rules, replicas, variables.
   # Checkpoint files (one home: checkpointing/; checkpoints, its public
   # names).
-  ("keys", "optimizers", "replicas", "tracking", "checkpointing"),
+  # How rows are stored (RowStorage).
+  ("keys", "optimizers", "replicas", "checkpointing", "row_storage"),
+  # Table variables as checkpoint dependencies (read part by part).
+  ("tracking",),
   ("checkpoints",),
   # What the user declares, and its types.
   ("config",),

@@ -76,6 +76,13 @@ class RowStorage:
 
   Raises:
     ValueError: for another type, rounding or a seed that is not an int.
+
+  Example:
+    >>> storage = RowStorage("float16", rounding="nearest")
+    >>> storage.bytes_per_value(0), storage.bytes_per_value(1)
+    (2, 4)
+    >>> RowStorage().is_float32
+    True
   """
 
   dtype: str = "float32"

@@ -30,7 +30,11 @@ def mirrored(replicas: int) -> tf.distribute.MirroredStrategy:
   return mirrored_strategy(replicas)
 
 
-def make_embedding(strategy, optimizer, big_init, small_init):
+def make_embedding(strategy, optimizer, big_init, small_init, storage=None):
+  """ "big" (row-sharded) and "small" (replicated), stored as ``storage``
+  (a ``RowStorage``; None: float32); ragged, dense, multi-hot, sequence
+  features."""
+  storage = storage or tpe.RowStorage()
   with strategy.scope():
     big = tpe.TableConfig(
       V_BIG,
@@ -38,12 +42,14 @@ def make_embedding(strategy, optimizer, big_init, small_init):
       name="big",
       combiner="sum",
       initializer=tf.constant_initializer(big_init),
+      storage=storage,
     )
     small = tpe.TableConfig(
       V_SMALL,
       DIM,
       name="small",
       initializer=tf.constant_initializer(small_init),
+      storage=storage,
     )
     features = {
       "ragged": tpe.FeatureConfig(big),

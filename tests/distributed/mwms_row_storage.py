@@ -26,8 +26,7 @@ from mwms_training import loss_fn
 from mwms_training import training_step
 
 import tpu_embedding as tpe
-from tests.low_precision_oracle import random_bits
-from tests.low_precision_oracle import stochastic_round
+from tests.low_precision_oracle import rounded_table
 
 STORAGES = {
   "adagrad": (tpe.Adagrad(0.3), tpe.RowStorage("bfloat16", "bfloat16", seed=4)),
@@ -70,16 +69,6 @@ def values(emb):
   }
 
 
-def rounded(value, storage, stream, step):
-  dtype = storage.dtype if stream == 0 else storage.slots
-  value = value.astype(np.float32)
-  if dtype == "float32":
-    return value.astype(np.float64)
-  rows = np.arange(value.shape[0], dtype=np.int64)
-  bits = random_bits(storage.seed, stream, step, rows, value.shape[1])
-  return stochastic_round(value, bits, dtype)
-
-
 def train_and_check(name, strategy, inits, batches, projection, per):
   optimizer, storage = STORAGES[name]
   with strategy.scope():
@@ -101,7 +90,7 @@ def train_and_check(name, strategy, inits, batches, projection, per):
     low_step(batch)
     after32, got = values(twin), values(low)
     for (table, key), value in after32.items():
-      want = rounded(value, storage, streams[key], step)
+      want = rounded_table(value, storage, streams[key], step)
       np.testing.assert_array_equal(
         got[table, key], want, err_msg=f"{name} step {step} {table}/{key}"
       )

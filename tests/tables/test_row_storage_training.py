@@ -20,7 +20,6 @@ import tensorflow as tf
 
 import tpu_embedding as tpe
 from tests.backends import test_sharded
-from tests.backends.test_sharded import BATCH
 from tests.backends.test_sharded import DIM
 from tests.backends.test_sharded import OPTIMIZERS
 from tests.backends.test_sharded import V_BIG
@@ -30,11 +29,7 @@ from tests.backends.test_sharded import projections
 from tests.backends.test_sharded import train_sharded
 from tests.backends.test_sharded import train_single_device
 from tests.conftest import mirrored_strategy
-from tests.low_precision_oracle import nearest_round
-from tests.low_precision_oracle import random_bits
-from tests.low_precision_oracle import stochastic_round
-
-del BATCH  # (the batches' size, test_sharded's)
+from tests.low_precision_oracle import rounded_table
 
 STORAGES = {
   "bfloat16": tpe.RowStorage("bfloat16", slots="bfloat16", seed=5),
@@ -44,32 +39,9 @@ STORAGES = {
 
 
 def make_embedding(strategy, optimizer, inits, storage):
-  """test_sharded's tables ("big" row-sharded, "small" replicated) and
-  features: ragged, dense, multi-hot, sequence."""
-  with strategy.scope():
-    big = tpe.TableConfig(
-      V_BIG,
-      DIM,
-      name="big",
-      combiner="sum",
-      initializer=tf.constant_initializer(inits["big"]),
-      storage=storage,
-    )
-    small = tpe.TableConfig(
-      V_SMALL,
-      DIM,
-      name="small",
-      initializer=tf.constant_initializer(inits["small"]),
-      storage=storage,
-    )
-    features = {
-      "ragged": tpe.FeatureConfig(big),
-      "dense": tpe.FeatureConfig(big),
-      "multi_hot": tpe.FeatureConfig(big),
-      "sequence": tpe.FeatureConfig(big, max_sequence_length=2),
-      "small": tpe.FeatureConfig(small),
-    }
-    return tpe.TPUEmbedding(features, optimizer, row_sharding_threshold=10)
+  return test_sharded.make_embedding(
+    strategy, optimizer, inits["big"], inits["small"], storage
+  )
 
 
 def state(emb) -> dict[tuple[str, str], np.ndarray]:
@@ -79,19 +51,6 @@ def state(emb) -> dict[tuple[str, str], np.ndarray]:
     for table, keys in emb.variables.items()
     for key, v in keys.items()
   }
-
-
-def rounded(values, storage, key_index, step):
-  """The oracle's rounding of a whole float32 table at update ``step``."""
-  dtype = storage.dtype if key_index == 0 else storage.slots
-  values = values.astype(np.float32)
-  if dtype == "float32":
-    return values.astype(np.float64)
-  if storage.rounding == "nearest":
-    return nearest_round(values, dtype)
-  rows = np.arange(values.shape[0], dtype=np.int64)
-  bits = random_bits(storage.seed, key_index, step, rows, values.shape[1])
-  return stochastic_round(values, bits, dtype)
 
 
 def initial_values(rng):
@@ -124,7 +83,7 @@ def check_steps(strategy, optimizer, storage, rng, train):
   # The initial values: the float32 ones rounded to nearest.
   nearest = tpe.RowStorage(storage.dtype, storage.slots, "nearest")
   for (table, key), value in state(low).items():
-    want = rounded(state(twin)[table, key], nearest, streams[key], 0)
+    want = rounded_table(state(twin)[table, key], nearest, streams[key], 0)
     np.testing.assert_array_equal(value, want, err_msg=f"{table}/{key}")
   for step, batch in enumerate(batches):
     before = state(low)
@@ -138,7 +97,7 @@ def check_steps(strategy, optimizer, storage, rng, train):
       )
     after32, got = state(twin), state(low)
     for (table, key), value in after32.items():
-      want = rounded(value, storage, streams[key], step)
+      want = rounded_table(value, storage, streams[key], step)
       np.testing.assert_array_equal(
         got[table, key], want, err_msg=f"step {step} {table}/{key}"
       )
@@ -227,6 +186,3 @@ def test_sixteen_bit_tables_hold_half_the_bytes():
   assert float32 == 2 * 1000 * 16 * 4
   assert bytes_held(tpe.RowStorage("bfloat16")) == 1000 * 16 * (2 + 4)
   assert bytes_held(tpe.RowStorage("float16", slots="bfloat16")) == float32 / 2
-
-
-del test_sharded

@@ -29,13 +29,36 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 import tensorflow as tf
 
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import RowGradients
-from tpu_embedding.tables.rounding import BlockRounding
+
+if TYPE_CHECKING:
+  from tpu_embedding.row_storage import RowStorage
+
+
+class Rounding(Protocol):
+  """How a row block writes its variables back (``tables/rounding.py``'s
+  ``BlockRounding``): what the kernel needs of it."""
+
+  @property
+  def storage(self) -> RowStorage: ...
+
+  @property
+  def first_row(self) -> int: ...
+
+  @property
+  def table(self) -> str: ...
+
+  def step(self) -> tf.Tensor: ...
+
+  def advance(self) -> Any: ...
+
 
 #: The rules the kernel implements (an optimizer's ``fused_rule``).
 RULES = ("sgd", "adagrad")
@@ -53,7 +76,7 @@ def fused_apply(
   grads: RowGradients,
   index: tf.Tensor,
   spread: bool,
-  rounding: BlockRounding | None = None,
+  rounding: Rounding | None = None,
 ) -> list[Any] | None:
   """Applies ``table``'s optimizer to rows ``ids`` with one fused kernel.
 
@@ -69,8 +92,8 @@ def fused_apply(
     index: ``[m]`` int32 position in ``ids`` of each gradient row.
     spread: spread the rows over the CPU threads (``ops.KernelOps``).
     rounding: how the block writes its variables back: float32 as they
-      are, 16-bit rounded (``tables/rounding.BlockRounding``; None: the
-      table's, for a block starting at row 0).
+      are, 16-bit rounded (``tables/rounding.BlockRounding``); None only
+      for float32 variables (16-bit ones then take the TensorFlow path).
 
   Returns:
     The kernel op in a list (``[None]`` when eager), or None when the
@@ -85,8 +108,17 @@ def fused_apply(
   if any(not hasattr(v, "handle") for v in variables):
     return None  # Not plain resource variables (e.g. user-made slots).
   if rounding is None:
-    rounding = BlockRounding(table, 0, None)
-  storage = rounding.storage
+    if any(v.dtype != tf.float32 for v in variables):
+      return None  # (16-bit rows round as their block says)
+    rounded = {"rounding_step": tf.constant(0, tf.int64)}
+  else:
+    rounded = {
+      "rounding_step": rounding.step(),
+      "stochastic": rounding.storage.rounding == "stochastic",
+      "seed": rounding.storage.seed,
+      "first_row": rounding.first_row,
+      "table": rounding.table,
+    }
   op = module.tpe_fused_sparse_apply(
     variables=[v.handle for v in variables],
     rows=tf.cast(ids, tf.int64),
@@ -103,11 +135,9 @@ def fused_apply(
     clip_weight_min=_bound(optimizer.clip_weight_min, -math.inf),
     clip_weight_max=_bound(optimizer.clip_weight_max, math.inf),
     spread=spread,
-    rounding_step=rounding.step(),
-    stochastic=storage.rounding == "stochastic",
-    seed=storage.seed,
-    first_row=rounding.first_row,
-    table=rounding.table,
+    **rounded,
   )
+  if rounding is None:
+    return [op]
   with tf.control_dependencies([op] if op is not None else []):
     return [op, rounding.advance()]  # (counted once the op succeeded)

@@ -38,7 +38,6 @@ import functools
 import os
 from collections.abc import Iterable
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 
@@ -49,6 +48,7 @@ from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
 from tpu_embedding.kernels import load
+from tpu_embedding.kernels.fused_update import Rounding
 from tpu_embedding.kernels.fused_update import fused_apply
 from tpu_embedding.kernels.gather_rows import gather_pieces_with_kernel
 from tpu_embedding.kernels.gather_rows import gather_pieces_with_tensorflow
@@ -66,9 +66,6 @@ from tpu_embedding.kernels.unique import unique_with_kernel
 from tpu_embedding.kernels.unique import unique_with_tensorflow
 from tpu_embedding.kernels.vocabulary_step import vocabulary_step
 from tpu_embedding.row_storage import decode
-
-if TYPE_CHECKING:
-  from tpu_embedding.tables.rounding import BlockRounding
 
 
 class StepOps:
@@ -155,7 +152,7 @@ class StepOps:
     ids: tf.Tensor,
     grads: RowGradients,
     index: tf.Tensor,
-    rounding: BlockRounding | None = None,
+    rounding: Rounding | None = None,
   ) -> list[Any] | None:
     """The fused sparse update's ops, or None: the TensorFlow path of
     ``tables/updates.apply_rows`` then runs (``fused_update.py``);
@@ -282,7 +279,7 @@ class KernelOps(StepOps):
     ids: tf.Tensor,
     grads: RowGradients,
     index: tf.Tensor,
-    rounding: BlockRounding | None = None,
+    rounding: Rounding | None = None,
   ) -> list[Any] | None:
     return fused_apply(
       self.module, table, block, ids, grads, index, self.spread, rounding
