@@ -154,10 +154,24 @@ MUTANTS: tuple[Mutant, ...] = (
   _mutant(
     "sparse_update_slots",
     "tpu_embedding/tables/updates.py",
-    "writes.append(_scatter(block[name], ids, value))",
-    "writes.append(_scatter(block[name], ids, tf.gather(block[name], ids)))",
+    "_scatter(block[key], ids, value)",
+    "_scatter(\n        block[key],\n        ids,\n"
+    "        value if key == 'parameters' else tf.gather(block[key], ids),\n"
+    "      )",
     [f"{_ORACLE}[adam-dense-sum-nw]"],
     "the sparse update writes the parameters but not the new slots",
+  ),
+  _mutant(
+    "rounding_count_stuck",
+    "tpu_embedding/tables/rounding.py",
+    "return self._count.assign_add(1, read_value=False)",
+    "return None",
+    [
+      "tests/tables/test_row_storage_training.py::"
+      "test_each_step_is_the_float32_step_then_the_rounding[adagrad-bfloat16]"
+    ],
+    "a 16-bit block never counts its updates: every step draws the same "
+    "stochastic rounding",
   ),
   _mutant(
     "fused_clip_assumed_symmetric",

@@ -271,8 +271,9 @@ def test_unsupported_argument_translates_only_at_its_value(monkeypatch):
 def test_table_and_feature_arguments_cover_both_classes():
   table = tpe.TableConfig(4, 2)
   assert set(TABLE_ARGS) == set(_arguments(TFE.TableConfig))
-  # Ours has one more: ``vocabulary`` (dynamic tables, never on TPU).
-  ours = set(TABLE_ARGS) | {"vocabulary"}
+  # Ours has two more: ``vocabulary`` (dynamic tables, never on TPU) and
+  # ``storage`` (16-bit rows: float32 only on TPU, refused otherwise).
+  ours = set(TABLE_ARGS) | {"vocabulary", "storage"}
   assert ours == set(_arguments(tpe.TableConfig)) == set(vars(table))
   feature = tpe.FeatureConfig(table)
   assert set(FEATURE_ARGS) == set(_arguments(TFE.FeatureConfig))
