@@ -79,7 +79,7 @@ class RowStorage:
 
   Example:
     >>> storage = RowStorage("float16", rounding="nearest")
-    >>> storage.bytes_per_value(0), storage.bytes_per_value(1)
+    >>> storage.stored_dtype(0).size, storage.stored_dtype(1).size
     (2, 4)
     >>> RowStorage().is_float32
     True
@@ -93,18 +93,13 @@ class RowStorage:
   def __post_init__(self) -> None:
     for field in ("dtype", "slots"):
       value = getattr(self, field)
-      if isinstance(value, tf.DType):
-        object.__setattr__(self, field, value.name)
-      elif value not in DTYPES:
+      name = value.name if isinstance(value, tf.DType) else value
+      if name not in DTYPES:
         raise ValueError(
           f"RowStorage: {field} must be one of {list(DTYPES)}. "
           f"Received: {value!r}"
         )
-      if getattr(self, field) not in DTYPES:
-        raise ValueError(
-          f"RowStorage: {field} must be one of {list(DTYPES)}. "
-          f"Received: {value!r}"
-        )
+      object.__setattr__(self, field, name)
     if self.rounding not in ROUNDINGS:
       raise ValueError(
         f"RowStorage: rounding must be one of {list(ROUNDINGS)}. "
@@ -134,10 +129,6 @@ class RowStorage:
     """The stored type of variable ``key``: 0 the parameters, ``i + 1``
     slot ``i``."""
     return self.parameter_dtype if key == 0 else self.slot_dtype
-
-  def bytes_per_value(self, key: int) -> int:
-    """Bytes one stored value of variable ``key`` takes."""
-    return self.stored_dtype(key).size
 
   def encode(
     self,

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 
+import mwms_training  # (this directory; it makes ``tests``)
 import numpy as np
 import tensorflow as tf
-from mwms_training import BATCH  # (this directory; it makes ``tests``)
+from mwms_training import BATCH
 from mwms_training import DIM
 from mwms_training import V_BIG
 from mwms_training import V_SMALL
@@ -36,26 +37,9 @@ STEPS = 3
 
 
 def make_embedding(inits, optimizer, storage):
-  big = tpe.TableConfig(
-    V_BIG,
-    DIM,
-    name="big",
-    combiner="sum",
-    initializer=tf.constant_initializer(inits["big"]),
-    storage=storage,
+  return mwms_training.make_embedding(
+    inits["big"], inits["small"], optimizer, storage
   )
-  small = tpe.TableConfig(
-    V_SMALL,
-    DIM,
-    name="small",
-    initializer=tf.constant_initializer(inits["small"]),
-    storage=storage,
-  )
-  features = {
-    "item": tpe.FeatureConfig(big),
-    "country": tpe.FeatureConfig(small),
-  }
-  return tpe.TPUEmbedding(features, optimizer, row_sharding_threshold=10)
 
 
 def values(emb):

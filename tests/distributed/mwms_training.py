@@ -53,16 +53,24 @@ OPTIMIZERS = {
 }
 
 
-def make_embedding(big_init, small_init, optimizer):
+def make_embedding(big_init, small_init, optimizer, storage=None):
+  """ "big" (row-sharded) and "small" (replicated), stored as ``storage``
+  (a ``RowStorage``; None: float32)."""
+  storage = storage or tpe.RowStorage()
   big = tpe.TableConfig(
     V_BIG,
     DIM,
     name="big",
     combiner="sum",
     initializer=tf.constant_initializer(big_init),
+    storage=storage,
   )
   small = tpe.TableConfig(
-    V_SMALL, DIM, name="small", initializer=tf.constant_initializer(small_init)
+    V_SMALL,
+    DIM,
+    name="small",
+    initializer=tf.constant_initializer(small_init),
+    storage=storage,
   )
   features = {
     "item": tpe.FeatureConfig(big),

@@ -191,7 +191,7 @@ def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:
   ]
   if not variables:
     return []
-  keys = [key[0] for key in checkpoint_keys(checkpoint, variables)]
+  keys = [key for (key,) in checkpoint_keys(checkpoint, variables)]
   return [
     (key, variable)
     for key, variable in zip(keys, variables, strict=True)

@@ -300,9 +300,10 @@ def restore_blocks(
     "whole_rows": parts.chunk_rows(rows, width, chunk_bytes),
     "range_rows": range_rows(rows, width, chunk_bytes),
   }
+  saved_dtype = saved.saved_dtype(key)
   for variable, start in blocks:
     count = int(variable.shape[0])
-    dtype = saved.saved_dtype(key) or variable.dtype
+    dtype = saved_dtype or variable.dtype
     pieces = saved.read_rows(key, full_shape, start, count, dtype, **sizes)
     for first, value in pieces:
       with tf.device(variable.device):

@@ -206,9 +206,9 @@ __attribute__((always_inline)) inline void Load(
 }
 
 // float32 buffer -> stored row `row` of variable `stream` (0: the
-// parameters, 1: the accumulators), rounded.
+// parameters, 1: the accumulators), rounded, value by value.
 template <typename T>
-__attribute__((always_inline)) inline void Store(
+__attribute__((always_inline)) inline void StoreEach(
     const float* __restrict from, T* __restrict to, int64_t dim,
     const Rounding& rounding, int stream, int64_t row) {
   if (!rounding.stochastic) {
@@ -221,6 +221,14 @@ __attribute__((always_inline)) inline void Store(
     const uint32_t bits = row_types::Mix32(h ^ static_cast<uint32_t>(d));
     to[d] = row_types::Stochastic(from[d], bits, static_cast<const T*>(nullptr));
   }
+}
+
+// The same, specialized below for 16-bit rows (vectorized).
+template <typename T>
+__attribute__((always_inline)) inline void Store(
+    const float* __restrict from, T* __restrict to, int64_t dim,
+    const Rounding& rounding, int stream, int64_t row) {
+  StoreEach(from, to, dim, rounding, stream, row);
 }
 
 template <>
@@ -238,59 +246,25 @@ __attribute__((always_inline)) inline void Store(
     const float* __restrict from, Eigen::half* __restrict to, int64_t dim,
     const Rounding& rounding, int stream, int64_t row) {
   constexpr int64_t kMaxDim = 256;
-  if (dim > kMaxDim) {  // (wide rows: the scalar conversions)
-    const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
-                                          rounding.first_row + row);
-    for (int64_t d = 0; d < dim; ++d) {
-      to[d] = rounding.stochastic
-                  ? row_types::Stochastic(
-                        from[d], row_types::Mix32(h ^ static_cast<uint32_t>(d)),
-                        static_cast<const Eigen::half*>(nullptr))
-                  : Eigen::half(from[d]);
-    }
-    return;
+  if (dim > kMaxDim) {  // (wide rows: value by value)
+    return StoreEach(from, to, dim, rounding, stream, row);
   }
-  if (!rounding.stochastic) {
-#if defined(__F16C__)
-    int64_t d = 0;
-    for (; d + 8 <= dim; d += 8) {
-      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(from + d),
-                                        _MM_FROUND_TO_NEAREST_INT);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(to + d), h);
-    }
-    for (; d < dim; ++d) to[d] = Eigen::half(from[d]);
-#else
-    for (int64_t d = 0; d < dim; ++d) to[d] = Eigen::half(from[d]);
-#endif
-    return;
-  }
+  if (!rounding.stochastic) return row_types::FloatToHalf(from, to, dim);
   const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
                                         rounding.first_row + row);
   const uint32_t* __restrict words = reinterpret_cast<const uint32_t*>(from);
-  // Magnitudes in [2^-14, 65504]: (m - low) <= span, unsigned.
-  constexpr uint32_t kLow = 0x38800000u, kSpan = 0x477FE000u - 0x38800000u;
   uint32_t cleared[kMaxDim];
   uint32_t outside = 0;
   for (int64_t d = 0; d < dim; ++d) {
-    uint32_t x = h ^ static_cast<uint32_t>(d);  // (row_types::Mix32)
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    x ^= x >> 16;
-    const uint32_t draw = x >> 19;
-    const uint32_t w = words[d];
-    const uint32_t sign = w >> 31;
-    const uint32_t add = draw + (1u - sign) * (0x1FFFu - 2u * draw);
-    cleared[d] = (w + add) & 0xFFFFE000u;
-    outside += static_cast<uint32_t>(((w & 0x7FFFFFFFu) - kLow) > kSpan);
+    const uint32_t bits = row_types::Mix32(h ^ static_cast<uint32_t>(d));
+    cleared[d] = row_types::StochasticWord<13>(words[d], bits);
+    outside += static_cast<uint32_t>(!row_types::HalfIsNormalAt(words[d]));
   }
-  row_types::ExactFloatToHalf(reinterpret_cast<const float*>(cleared), to,
-                              dim);
+  // (Exact: the cleared words are float16 values.)
+  row_types::FloatToHalf(reinterpret_cast<const float*>(cleared), to, dim);
   if (outside == 0) return;
   for (int64_t d = 0; d < dim; ++d) {  // float16's subnormals, zeros
-    const uint32_t magnitude = words[d] & 0x7FFFFFFFu;
-    if (magnitude - kLow > kSpan) {
+    if (!row_types::HalfIsNormalAt(words[d])) {
       to[d] = row_types::Stochastic(
           from[d], row_types::Mix32(h ^ static_cast<uint32_t>(d)),
           static_cast<const Eigen::half*>(nullptr));
@@ -320,10 +294,8 @@ __attribute__((always_inline)) inline void Store(
   const uint32_t h = row_types::RowHash(rounding.seed, stream, rounding.step,
                                         rounding.first_row + row);
   for (int64_t d = 0; d < dim; ++d) {
-    const uint32_t draw = row_types::Mix32(h ^ static_cast<uint32_t>(d)) >> 16;
-    const uint32_t w = words[d];
-    const uint32_t add = (w >> 31) == 0 ? 0xFFFFu - draw : draw;
-    out[d] = static_cast<uint16_t>((w + add) >> 16);
+    const uint32_t bits = row_types::Mix32(h ^ static_cast<uint32_t>(d));
+    out[d] = static_cast<uint16_t>(row_types::StochasticWord<16>(words[d], bits) >> 16);
   }
 }
 

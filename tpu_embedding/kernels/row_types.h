@@ -65,32 +65,41 @@ inline T Nearest(float x) {
   return static_cast<T>(x);
 }
 
-// float32 -> bfloat16 with the draw `bits`: hi (the neighbour above x)
-// when (bits >> 16) < low 16 bits of x for x > 0, or < 2^16 - low for
-// x < 0 (row_storage._stochastic_bfloat16).
+// The float32 word w rounded stochastically onto the grid of words whose
+// low kDropped bits are clear (bfloat16: 16; normal float16: 13), with
+// the draw `bits`: hi (the neighbour above x) when the draw's top kDropped
+// bits are below the dropped bits (x > 0: a carry of their sum with the
+// complement of the draw), or below 2^kDropped minus them (x < 0: no
+// carry adding the draw); the draw u = (bits >> 8) * 2^-24 < p of
+// row_storage.py, in integer operations.
+template <int kDropped>
+inline uint32_t StochasticWord(uint32_t w, uint32_t bits) {
+  constexpr uint32_t kLowBits = (uint32_t{1} << kDropped) - 1;
+  const uint32_t draw = bits >> (32 - kDropped);
+  const uint32_t add = (w >> 31) == 0 ? kLowBits - draw : draw;
+  return (w + add) & ~kLowBits;
+}
+
+// Whether float16 is normal at the float32 word w's magnitude (2^-14 to
+// 65504): its neighbours there are w with the low 13 bits clear.
+inline bool HalfIsNormalAt(uint32_t w) {
+  constexpr uint32_t kLow = 0x38800000u, kSpan = 0x477FE000u - kLow;
+  return (w & 0x7FFFFFFFu) - kLow <= kSpan;
+}
+
+// float32 -> bfloat16 with the draw `bits` (row_storage._stochastic_bfloat16).
 inline Eigen::bfloat16 Stochastic(float x, uint32_t bits,
                                   const Eigen::bfloat16*) {
-  uint32_t w = Bits(x);
-  const uint32_t draw = bits >> 16;
-  w += (w >> 31) == 0 ? 0xFFFFu - draw : draw;
-  w &= 0xFFFF0000u;
-  return Eigen::bfloat16(FromBits(w));  // exact
+  return Eigen::bfloat16(FromBits(StochasticWord<16>(Bits(x), bits)));  // exact
 }
 
 // float32 -> float16 with the draw `bits`: the neighbour above x with
-// probability (x - lo) / (hi - lo) (row_storage._stochastic_float16).
-// Where float16 is normal (2^-14 <= |x| <= 65504) its neighbours are x's
-// float32 bits with the low 13 cleared: hi is taken when (bits >> 19) <
-// those 13 bits (x > 0: a carry of their sum with 0x1FFF - (bits >> 19)),
-// or when (bits >> 19) < 2^13 - them (x < 0: no carry adding bits >> 19),
-// the same draw as u = (bits >> 8) * 2^-24 < p, in integer operations.
+// probability (x - lo) / (hi - lo) (row_storage._stochastic_float16);
+// where float16 is normal, StochasticWord<13>.
 inline Eigen::half Stochastic(float x, uint32_t bits, const Eigen::half*) {
   const uint32_t w = Bits(x);
-  const uint32_t magnitude = w & 0x7FFFFFFFu;
-  if (magnitude >= 0x38800000u && magnitude <= 0x477FE000u) {
-    const uint32_t draw = bits >> 19;
-    const uint32_t add = (w >> 31) == 0 ? 0x1FFFu - draw : draw;
-    return Eigen::half(FromBits((w + add) & 0xFFFFE000u));  // exact
+  if (HalfIsNormalAt(w)) {
+    return Eigen::half(FromBits(StochasticWord<13>(w, bits)));  // exact
   }
   const Eigen::half nearest(x);
   const float near = static_cast<float>(nearest);
@@ -126,10 +135,10 @@ inline void HalfToFloat(const Eigen::half* __restrict from,
   for (; i < n; ++i) to[i] = static_cast<float>(from[i]);
 }
 
-// n float32 values that float16 holds exactly -> float16 (any rounding
-// mode gives the same), 8 at a time with F16C.
-inline void ExactFloatToHalf(const float* __restrict from,
-                             Eigen::half* __restrict to, int64_t n) {
+// n float32 values -> float16, to nearest (ties to even, as Eigen's
+// conversion), 8 at a time with F16C.
+inline void FloatToHalf(const float* __restrict from,
+                        Eigen::half* __restrict to, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) {

@@ -112,12 +112,6 @@ def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
   ]
 
 
-def stored_dtype(table: TableConfig, index: int) -> tf.DType:
-  """The stored type of a table's variable ``index`` in ``variable_specs``
-  order (0: the parameters; ``i + 1``: slot ``i``): its ``RowStorage``'s."""
-  return table.storage.stored_dtype(index)
-
-
 def _no_default_slots(name: str, initializer: Any) -> Any:
   raise AssertionError("the slot_variable_creation_fn makes every slot")
 

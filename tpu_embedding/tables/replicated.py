@@ -31,7 +31,6 @@ from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import WholeValueVariable
 from tpu_embedding.tables.base import checkpoint_name
-from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
@@ -115,7 +114,7 @@ class ReplicatedTable(TableStore):
             table.vocabulary_size,
             f"{name}/replica_{local}",
             trainable,
-            stored_dtype(table, index),
+            table.storage.stored_dtype(index),
           )
     for block in blocks:
       user_slots(table, block)

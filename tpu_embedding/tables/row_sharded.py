@@ -48,7 +48,6 @@ from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
-from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.base import user_slots
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import create_variable
@@ -88,7 +87,7 @@ def create_blocks(
   restored: dict[str, Any] = {}
   for index, (key, initializer, trainable) in enumerate(variable_specs(table)):
     name = checkpoint_name(table_name(table), key)
-    dtype = stored_dtype(table, index)
+    dtype = table.storage.stored_dtype(index)
     restore = tracker.checked_restore(name, full_shape)
     values = row_values(initializer, full_shape, name)
     made = []

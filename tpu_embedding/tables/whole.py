@@ -37,7 +37,6 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import checkpoint_name
-from tpu_embedding.tables.base import stored_dtype
 from tpu_embedding.tables.initial_values import RowWiseInitializer
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
@@ -108,7 +107,12 @@ class WholeTable(TableStore):
 
     initial = RowWiseInitializer(table.initializer, shape, table_name(table))
     parameters = tracker.create(
-      table_name(table), shape, initial, getter, True, stored_dtype(table, 0)
+      table_name(table),
+      shape,
+      initial,
+      getter,
+      True,
+      table.storage.stored_dtype(0),
     )
     initial.fill_in_place(parameters)
     variables = {"parameters": parameters}
@@ -119,7 +123,7 @@ class WholeTable(TableStore):
         name = checkpoint_name(table_name(table), slot)
         initial = RowWiseInitializer(initializer, shape, name)
         variable = tracker.create(
-          name, shape, initial, getter, False, stored_dtype(table, 1)
+          name, shape, initial, getter, False, table.storage.stored_dtype(1)
         )
         initial.fill_in_place(variable)
         return variable
