@@ -9,7 +9,9 @@ global id and the step's update count: each worker's blocks number their
 rows globally and count their updates as one device does. Then both
 workers write a checkpoint (``tpe.checkpoints.write``: each its own
 rows), which the chief restores on one device: the stored values and
-types. Prints "OK".
+types; and both workers restore it into new tables and take one more
+step, bit for bit as the tables that went on (the update count, the
+draws' step, is saved). Prints "OK".
 """
 
 from __future__ import annotations
@@ -110,8 +112,17 @@ def main(directory: str, strategy=None) -> None:
     path = tpe.checkpoints.write(
       tf.train.Checkpoint(embedding=low), os.path.join(directory, name)
     )
+    optimizer, storage = STORAGES[name]
+    with strategy.scope():
+      resumed = make_embedding(inits, optimizer, storage)
+    resumed.build()
+    tpe.checkpoints.restore(tf.train.Checkpoint(embedding=resumed), path)
+    for emb in (low, resumed):
+      training_step(strategy, emb, loss_fn, projection, per)(batches[0])
+    went_on = values(low)
+    for key, value in values(resumed).items():
+      np.testing.assert_array_equal(value, went_on[key], err_msg=f"{key}")
     if strategy.cluster_resolver.task_id == 0:
-      optimizer, storage = STORAGES[name]
       one = make_embedding(inits, optimizer, storage)
       tf.train.Checkpoint(embedding=one).restore(path).expect_partial()
       one.build()

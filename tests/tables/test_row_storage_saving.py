@@ -117,6 +117,72 @@ def test_a_checkpoint_holds_the_stored_types_and_restores_them(when, tmp_path):
     np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
+@pytest.mark.parametrize(
+  "layout,when",
+  [
+    ("one_device", "before_build"),
+    ("one_device", "after_build"),
+    ("row_sharded", "after_build"),
+    ("stacked", "before_build"),
+  ],
+)
+def test_a_resumed_run_draws_as_the_uninterrupted_run(layout, when, tmp_path):
+  """The update count (the draws' step) is saved with the table: a run
+  restored from step 3's checkpoint continues bit for bit as the run that
+  went on."""
+  strategy = mirrored_strategy(2) if layout == "row_sharded" else None
+
+  def embedding():
+    if layout != "stacked":
+      return make(strategy=strategy)
+    inits = {"t": tf.ones_initializer(), "u": tf.zeros_initializer()}
+    tables = [
+      tpe.TableConfig(ROWS, DIM, name=name, initializer=init, storage=BFLOAT16)
+      for name, init in inits.items()
+    ]
+    return tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(tables[0]), "g": tpe.FeatureConfig(tables[1])},
+      tpe.Adagrad(0.5),
+      table_stacking=[["t", "u"]],
+    )
+
+  def train_both(emb):
+    if layout != "stacked":
+      return train(emb, strategy=strategy)
+    for i in range(3):
+      ids = tf.constant((np.arange(8) * 7 + i) % ROWS, tf.int64)
+      emb.enqueue({"f": ids, "g": ids}, training=True)
+      activations = emb.dequeue()
+      emb.apply_gradients(tf.nest.map_structure(lambda a: a - 0.3, activations))
+
+  went_on = embedding()
+  train_both(went_on)
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=went_on), str(tmp_path / "c")
+  )
+  saved = dict(tf.train.list_variables(path))
+  assert saved["embedding/t.Supdate_count/.ATTRIBUTES/VARIABLE_VALUE"] == []
+  assert (
+    tf.train.load_variable(
+      path, "embedding/t.Supdate_count/.ATTRIBUTES/VARIABLE_VALUE"
+    )
+    == 3
+  )
+  train_both(went_on)
+
+  resumed = embedding()
+  checkpoint = tf.train.Checkpoint(embedding=resumed)
+  if when == "before_build":
+    checkpoint.restore(path).expect_partial()
+    resumed.build()
+  else:
+    resumed.build()
+    tpe.checkpoints.restore(checkpoint, path)
+  train_both(resumed)
+  for key, value in values(went_on).items():
+    np.testing.assert_array_equal(values(resumed)[key], value, err_msg=key)
+
+
 def test_a_sharded_checkpoint_restores_on_one_device(tmp_path):
   strategy = mirrored_strategy(2)
   emb = make(strategy=strategy)

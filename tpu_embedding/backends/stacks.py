@@ -51,6 +51,10 @@ def create_stacked_tables(
   tables: dict[str, TableStore] = {}
   for stack in stacks:
     store = stores[stack.name]
+    store.track_update_count(
+      tracker,
+      [table_name(t) for t in stack.tables] if stack.stacked else [stack.name],
+    )
     if not stack.stacked:
       tables[stack.name] = store
       continue

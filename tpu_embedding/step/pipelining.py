@@ -19,6 +19,12 @@ concurrently. ``TPUEmbedding.flush_pipeline()``
 applies a held update at once (call it before evaluating, exporting or
 saving a checkpoint you want to be exact).
 
+Where nothing is held (the first step, the step after a flush, a second
+flush) nothing is applied: the stores' block updates run behind a
+``HeldGate``, which skips them. An empty update is not a no-op for every
+table: non-lazy Adam changes every row each step, and a 16-bit table
+counts its updates (the step of its stochastic rounding).
+
 Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
@@ -38,7 +44,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -57,6 +66,9 @@ from tpu_embedding.replicas import current_replica
 from tpu_embedding.replicas import local_replica
 from tpu_embedding.replicas import strategy_name
 from tpu_embedding.resolved import table_name
+from tpu_embedding.tables.update_guards import BlockGuard
+from tpu_embedding.tables.update_guards import UpdateGuard
+from tpu_embedding.tables.update_guards import Writes
 
 
 class HeldUpdates:
@@ -79,8 +91,13 @@ class HeldUpdates:
     """
     self._tables = tuple(tables)
     self._held: list[dict[str, tuple[tf.Variable, ...]]] = []
+    # Per replica: whether an update is held (an empty one may be).
+    self._pending: list[tf.Variable] = []
     for device in devices:
       with tf.init_scope(), tf.device(device):
+        self._pending.append(
+          compat.ResourceVariable(False, trainable=False, name="held")
+        )
         self._held.append(
           {
             table_name(table): (
@@ -98,6 +115,7 @@ class HeldUpdates:
 
   def hold(self, replica: int, updates: Updates) -> None:
     """Keeps each table's ``TableUpdate`` for the next ``take``."""
+    self._pending[replica].assign(True, read_value=False)
     for update in updates:
       index = update.id_index
       if index is None:  # Summed gradients: occurrence i is row i.
@@ -114,8 +132,13 @@ class HeldUpdates:
     ids, rows, index = keep_rows(ids, grads, index, keep)
     self._assign(replica, table, ids, RowGradients.dense(rows), index)
 
-  def take(self, replica: int) -> list[TableUpdate]:
-    """Each table's held ``TableUpdate``; the holding empties."""
+  def take(self, replica: int) -> tuple[list[TableUpdate], tf.Tensor]:
+    """Each table's held ``TableUpdate``, and whether one was held (a
+    scalar bool: False, the updates are empty and must not run); the
+    holding empties."""
+    pending = self._pending[replica].read_value()
+    with tf.control_dependencies([pending]):
+      self._pending[replica].assign(False, read_value=False)
     updates = []
     for table in self._tables:
       held = self._held[replica][table_name(table)]
@@ -124,7 +147,7 @@ class HeldUpdates:
         variable.assign(value[:0])
       held[-1].assign(tf.zeros([3], tf.int32))
       updates.append(TableUpdate(table, *_as_update(values)))
-    return updates
+    return updates, pending
 
   def _read(self, replica: int, table: str) -> list[tf.Tensor]:
     """``table``'s held values, each cut to its held length: a length
@@ -165,6 +188,63 @@ def _as_update(
   """``(ids, gradients, index)`` of a held update's values."""
   ids, rows, positions, scales, index = values
   return ids, RowGradients.at([rows], positions, scales), index
+
+
+class HeldGate(UpdateGuard):
+  """Runs a store's block updates only where the update was held.
+
+  ``PipelinedUpdates`` gives its backend this guard before the stores are
+  made, and applies each taken update inside ``applying``: the block
+  updates a replica traces then run under ``tf.cond`` on whether that
+  replica held an update. The exchanges around them (collectives) run
+  either way, as every replica runs them together.
+
+  Args:
+    strategy: the strategy whose replicas trace the updates.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy):
+    self._strategy = strategy
+    self._held: dict[int, tf.Tensor] = {}
+
+  @contextlib.contextmanager
+  def applying(self, replica: int, held: tf.Tensor) -> Iterator[None]:
+    """Block updates ``replica`` traces in this block run where ``held``."""
+    self._held[replica] = held
+    try:
+      yield
+    finally:
+      del self._held[replica]
+
+  def for_blocks(self, name: str, devices: Sequence[str | None]) -> BlockGuard:
+    del name, devices
+    return _HeldBlocks(self)
+
+  def held(self) -> tf.Tensor | None:
+    """Whether the update the current replica applies was held; None
+    outside ``applying`` (the update runs)."""
+    return self._held.get(local_replica(self._strategy))
+
+
+class _HeldBlocks(BlockGuard):
+  """A store's blocks behind a ``HeldGate``."""
+
+  def __init__(self, gate: HeldGate):
+    self._gate = gate
+
+  def run(self, block: int, update: Writes, step_id: tf.Tensor | None) -> None:
+    del block, step_id  # Synchronous replicas: nothing to order.
+    held = self._gate.held()
+    if held is None:
+      update()
+      return
+
+    def run_update() -> tf.Tensor:
+      writes: list[Any] = [w for w in update() if w is not None]
+      with tf.control_dependencies(writes):
+        return tf.constant(True)
+
+    tf.cond(held, run_update, lambda: tf.constant(False))
 
 
 class UpdateSchedule:
@@ -227,6 +307,9 @@ class PipelinedUpdates(UpdateSchedule):
     super().__init__(backend)
     self._strategy = strategy
     self._held: HeldUpdates | None = None
+    # Given to the stores the backend makes next (build).
+    self._gate = HeldGate(strategy)
+    backend.update_guard = self._gate
 
   def create(self, tables: Sequence[TableConfig]) -> None:
     self._held = HeldUpdates(tables, self._backend.local_devices)
@@ -256,9 +339,10 @@ class PipelinedUpdates(UpdateSchedule):
         "applies its own held update "
         "(strategy.run(embedding.flush_pipeline))."
       )
-    self._backend.apply_updates(
-      self._holding().take(local_replica(self._strategy)), ops
-    )
+    replica = local_replica(self._strategy)
+    updates, held = self._holding().take(replica)
+    with self._gate.applying(replica, held):
+      self._backend.apply_updates(updates, ops)
 
   def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
     self._holding().drop_rows(local_replica(self._strategy), table, rows)

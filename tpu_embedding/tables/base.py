@@ -73,6 +73,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.row_storage import decode
 from tpu_embedding.tables.changed_rows import ChangedRows
 from tpu_embedding.tables.rounding import BlockRounding
+from tpu_embedding.tables.rounding import UpdateCount
 from tpu_embedding.tables.update_guards import UNGUARDED
 from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tables.updates import apply_rows
@@ -572,6 +573,21 @@ class TableStore(metaclass=abc.ABCMeta):
     held from row ``offset`` of this (a stack's) store: its rows as a
     whole variable (``tables/stacked.py``)."""
     return StackSliceVariable(self, key, offset, table.vocabulary_size)
+
+  def track_update_count(
+    self, tracker: VariableTracker, tables: Sequence[str]
+  ) -> None:
+    """Tracks the blocks' update count (a 16-bit table's: the step of
+    its stochastic rounding) as ``<table>/update_count`` of each of
+    ``tables`` (a stack's members share their stack's); a table that
+    rounds nothing keeps no count."""
+    if not any(rounding.counts() for rounding in self._rounding):
+      return
+    count = UpdateCount(self._rounding)
+    for table in tables:
+      tracker.register(
+        checkpoint_name(table, "update_count"), count, restore=True
+      )
 
   def track(self, tracker: VariableTracker) -> None:
     """Registers ``variables`` for checkpoints under TensorFlow's keys (a

@@ -7,6 +7,11 @@ globally (the block's first row plus the row within it): a row gets the
 same draw in every layout. A float32 table's block rounds nothing and
 keeps no count.
 
+Every block of a table applies each step's update (with or without rows
+of its own), so all blocks hold one count: ``UpdateCount`` saves it as
+the scalar ``<table>/update_count`` and restores it into every block, and
+a run resumed from a checkpoint draws as the uninterrupted run does.
+
 Example:
   >>> import tensorflow as tf
   >>> import tpu_embedding as tpe
@@ -19,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -90,8 +97,57 @@ class BlockRounding:
       return tf.constant(0, tf.int64)
     return self._count.read_value()
 
+  def counts(self) -> bool:
+    """Whether the block counts its updates (a 16-bit table's)."""
+    return self._count is not None
+
+  def restore(self, count: tf.Tensor) -> Any:
+    """Sets the count (a checkpoint's); None where nothing rounds."""
+    if self._count is None:
+      return None
+    return self._count.assign(count, read_value=False)
+
   def advance(self) -> Any:
     """Counts one update (after its writes); None where nothing rounds."""
     if self._count is None:
       return None
     return self._count.assign_add(1, read_value=False)
+
+
+# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
+class UpdateCount(compat.Trackable):  # type: ignore[misc]
+  """The update count of a store's blocks, as one checkpoint value.
+
+  Saved from the first block (every block of a table counts the same
+  updates); restored into every block.
+
+  Args:
+    roundings: the store's blocks' roundings (of a 16-bit table).
+
+  Example:
+    >>> import tensorflow as tf
+    >>> import tpu_embedding as tpe
+    >>> table = tpe.TableConfig(4, 1, name="t",
+    ...                         storage=tpe.RowStorage("float16"))
+    >>> import tempfile
+    >>> blocks = [BlockRounding(table, 0, None) for _ in range(2)]
+    >>> _ = [block.advance() for block in blocks]
+    >>> path = tf.train.Checkpoint(count=UpdateCount(blocks)).write(
+    ...     tempfile.mkdtemp() + "/c")
+    >>> again = [BlockRounding(table, 0, None) for _ in range(2)]
+    >>> _ = tf.train.Checkpoint(count=UpdateCount(again)).read(path)
+    >>> [int(block.step()) for block in again]
+    [1, 1]
+  """
+
+  def __init__(self, roundings: Sequence[BlockRounding]):
+    self._roundings = tuple(roundings)
+
+  def _serialize_to_tensors(self) -> dict[str, Any]:
+    return {"VARIABLE_VALUE": self._roundings[0].step()}
+
+  def _restore_from_tensors(
+    self, restored_tensors: Mapping[str, tf.Tensor]
+  ) -> Any:
+    value = tf.cast(restored_tensors["VARIABLE_VALUE"], tf.int64)
+    return tf.group([r.restore(value) for r in self._roundings])
