@@ -7,8 +7,10 @@ Starts 2 workers and 2 parameter servers as in-process gRPC servers on
 compares tables, slots and a checkpoint with the same steps on one device;
 then schedules steps on both workers at once (asynchronous training) and
 checks every update lands. Every scheduled step's graph touches the tables
-by row only (a ``row-only step:`` line per training run). Prints "OK" and
-exits 0 on success.
+by row only (a ``row-only step:`` line per training run). 16-bit tables
+(``RowStorage``) on the PS tasks, one step at a time, equal one device's
+bit for bit, and their checkpoint resumes on one device as the run that
+went on. Prints "OK" and exits 0 on success.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from tests import sparse_access  # noqa: E402
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS  # noqa: E402
 
 V_BIG, V_SMALL, DIM, BATCH, STEPS = 37, 5, 3, 6, 4
+FLOAT32 = tpe.RowStorage()
+#: 16-bit tables: bfloat16 parameters and Adagrad accumulators.
+BFLOAT16 = tpe.RowStorage("bfloat16", slots="bfloat16", seed=6)
 
 
 def free_port() -> int:
@@ -87,12 +92,20 @@ def in_process_cluster(
   return strategy, coordinator
 
 
-def make_embedding(optimizer, big_init, small_init):
+def make_embedding(optimizer, big_init, small_init, storage=FLOAT32):
   big = tpe.TableConfig(
-    V_BIG, DIM, name="big", initializer=tf.constant_initializer(big_init)
+    V_BIG,
+    DIM,
+    name="big",
+    initializer=tf.constant_initializer(big_init),
+    storage=storage,
   )
   small = tpe.TableConfig(
-    V_SMALL, DIM, name="small", initializer=tf.constant_initializer(small_init)
+    V_SMALL,
+    DIM,
+    name="small",
+    initializer=tf.constant_initializer(small_init),
+    storage=storage,
   )
   features = {
     "item": tpe.FeatureConfig(big),
@@ -141,8 +154,8 @@ def disjoint_batches(rng):
   return batches, tf.constant(rng.normal(size=(4, DIM)).astype(np.float32))
 
 
-def one_device(big_init, small_init, projection, batches):
-  single = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
+def one_device(big_init, small_init, projection, batches, storage=FLOAT32):
+  single = make_embedding(tpe.Adagrad(0.2), big_init, small_init, storage)
   single_step = tf.function(train_fn(single, projection))
   for item, country in batches:
     single_step(item, country)
@@ -150,11 +163,19 @@ def one_device(big_init, small_init, projection, batches):
 
 
 def on_cluster(
-  strategy, coordinator, big_init, small_init, projection, batches, *, wait
+  strategy,
+  coordinator,
+  big_init,
+  small_init,
+  projection,
+  batches,
+  *,
+  wait,
+  storage=FLOAT32,
 ):
   """Trains on the workers; ``wait``: one step at a time, else all at once."""
   with strategy.scope():
-    emb = make_embedding(tpe.Adagrad(0.2), big_init, small_init)
+    emb = make_embedding(tpe.Adagrad(0.2), big_init, small_init, storage)
     emb.build()
   replica_step = train_fn(emb, projection)
 
@@ -233,6 +254,10 @@ def main(checkpoint_dir: str) -> None:
   want_disjoint = one_device(
     big_init, small_init, disjoint_projection, disjoint
   )
+  want_16 = one_device(big_init, small_init, projection, batches, BFLOAT16)
+  want_16_went_on = one_device(
+    big_init, small_init, projection, batches * 2, BFLOAT16
+  )
 
   strategy, coordinator = in_process_cluster(num_workers=2, num_ps=2)
   # Pipelining is refused: workers update asynchronously already.
@@ -285,7 +310,56 @@ def main(checkpoint_dir: str) -> None:
   tf.train.Checkpoint(embedding=restored).restore(path)
   for key, value in values(restored).items():
     np.testing.assert_allclose(value, want[key], atol=1e-5, err_msg=str(key))
+  check_row_storage(
+    strategy,
+    coordinator,
+    (big_init, small_init, projection, batches),
+    want_16,
+    want_16_went_on,
+    checkpoint_dir,
+  )
   print("OK")
+
+
+def check_row_storage(
+  strategy, coordinator, data, want, want_went_on, checkpoint_dir
+):
+  """16-bit tables on the PS tasks, one step at a time: the blocks there
+  round each update with the same draws as one device (rows by global
+  id, the count of updates), bit for bit; a checkpoint holds the stored
+  type and the update count, and resumes on one device as the run that
+  went on."""
+  big_init, small_init, projection, batches = data
+  emb = on_cluster(
+    strategy,
+    coordinator,
+    big_init,
+    small_init,
+    projection,
+    batches,
+    wait=True,
+    storage=BFLOAT16,
+  )
+  assert emb.variables["big"]["parameters"].dtype == tf.bfloat16
+  got = values(emb)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=f"16-bit {key}")
+  path = tf.train.Checkpoint(embedding=emb).save(
+    os.path.join(checkpoint_dir, "ps16")
+  )
+  resumed = make_embedding(
+    tpe.Adagrad(0.2),
+    np.zeros_like(big_init),
+    np.zeros_like(small_init),
+    BFLOAT16,
+  )
+  tf.train.Checkpoint(embedding=resumed).restore(path)
+  resumed_step = tf.function(train_fn(resumed, projection))
+  for item, country in batches:
+    resumed_step(item, country)
+  got = values(resumed)
+  for key, value in want_went_on.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=f"resumed {key}")
 
 
 if __name__ == "__main__":

@@ -183,6 +183,22 @@ def test_a_resumed_run_draws_as_the_uninterrupted_run(layout, when, tmp_path):
     np.testing.assert_array_equal(values(resumed)[key], value, err_msg=key)
 
 
+@pytest.mark.parametrize("threshold", [0, 100])  # row-sharded, replicated
+def test_serving_lookups_of_mirrored_tables_read_float32(threshold):
+  """A serving lookup outside ``strategy.run`` reads a replica's rows (a
+  row block's, or a copy's): float32, the stored values."""
+  strategy = mirrored_strategy(2)
+  emb = make(strategy=strategy, threshold=threshold)
+  train(emb, strategy=strategy)
+  want = values(emb)["parameters"].astype(np.float32)
+  ids = tf.constant([3, 29, 0, 3], tf.int64)
+  got = tpe.serving_embedding_lookup(
+    {"f": ids}, None, emb.embedding_tables, emb.feature_config
+  )["f"]
+  assert got.dtype == tf.float32
+  np.testing.assert_array_equal(got.numpy(), want[ids.numpy()])
+
+
 def test_a_sharded_checkpoint_restores_on_one_device(tmp_path):
   strategy = mirrored_strategy(2)
   emb = make(strategy=strategy)

@@ -62,7 +62,7 @@ def select_backend(
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
-    check_row_storage(tables, policy.disk, strategy)
+    check_row_storage(tables, policy.disk)
     return LocalBackend(policy.disk, planned.stacks), planned
   if isinstance(
     strategy,
@@ -72,7 +72,7 @@ def select_backend(
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
     _check_disk_tables_alone(policy.disk, planned, strategy)
-    check_row_storage(tables, policy.disk, strategy)
+    check_row_storage(tables, policy.disk)
     return ShardedBackend(strategy, _stores(planned), policy.disk), planned
   if policy.disk.tables:
     raise ValueError(
@@ -84,7 +84,7 @@ def select_backend(
       "keep them in memory (row-sharded) there."
     )
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    check_row_storage(tables, policy.disk, strategy)
+    check_row_storage(tables, policy.disk)
     planner = ParameterServerBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     return ParameterServerBackend(_stores(planned)), planned
@@ -116,14 +116,10 @@ def check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
       )
 
 
-def check_row_storage(
-  tables: Sequence[TableConfig],
-  disk: DiskTier,
-  strategy: tf.distribute.Strategy,
-) -> None:
+def check_row_storage(tables: Sequence[TableConfig], disk: DiskTier) -> None:
   """Refuses 16-bit tables (``RowStorage``) where this version does not
-  train them yet: on disk, with a dynamic vocabulary, on parameter
-  servers (one device, MirroredStrategy and MultiWorkerMirroredStrategy
+  train them yet: on disk, with a dynamic vocabulary (one device,
+  MirroredStrategy, MultiWorkerMirroredStrategy and parameter servers
   do)."""
   for table in tables:
     storage = table.storage
@@ -135,17 +131,14 @@ def check_row_storage(
       where = "on disk (DiskTier)"
     elif not key_mapping(table).inputs_are_rows:
       where = "with a DynamicVocabulary"
-    elif isinstance(
-      strategy, tf.distribute.experimental.ParameterServerStrategy
-    ):
-      where = f"under {strategy_name(strategy)}"
     if where is not None:
       raise ValueError(
         f"Table {name!r} is stored as {storage.dtype} with "
         f"{storage.slots} slots (RowStorage), which this version trains "
-        "on one device, under MirroredStrategy and "
-        f"MultiWorkerMirroredStrategy, not {where}; keep it "
-        "float32 there (RowStorage() or no storage argument)."
+        "on one device, under MirroredStrategy, "
+        "MultiWorkerMirroredStrategy and ParameterServerStrategy, not "
+        f"{where}; keep it float32 there (RowStorage() or no storage "
+        "argument)."
       )
 
 

@@ -27,6 +27,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import decode
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
 from tpu_embedding.tables.base import WholeValueVariable
@@ -159,7 +160,7 @@ class ReplicatedTable(TableStore):
     ops: StepOps = TENSORFLOW_OPS,
   ) -> tf.Tensor:
     del ops  # Copy 0's rows, by TensorFlow's gather.
-    return tf.gather(self._blocks[0][key], ids)
+    return decode(tf.gather(self._blocks[0][key], ids))
 
   def update(
     self,

@@ -44,6 +44,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.kernels.split_by_owner import OwnerSplit
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import decode
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -216,4 +217,4 @@ class RowShardedTable(TableStore):
   ) -> tf.Tensor:
     del ops  # Outside strategy.run: TensorFlow's lookup over the blocks.
     # "div" row blocks: embedding_lookup returns the rows in id order.
-    return tf.nn.embedding_lookup(self._variables[key], ids)
+    return decode(tf.nn.embedding_lookup(self._variables[key], ids))
