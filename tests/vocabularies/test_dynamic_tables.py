@@ -18,11 +18,13 @@ import tpu_embedding as tpe
 from tests import oracle
 from tests import processes
 from tests.conftest import mirrored_strategy
+from tests.low_precision_oracle import rounded_table
 from tests.vocabulary_oracle import OracleVocabulary
 from tpu_embedding.vocabularies.sharded_state import ShardedVocabulary
 
 CAPACITY, BUCKET, DIM, BATCH, STEPS = 12, 4, 3, 8, 6
 INIT, DEFAULT = 0.25, -0.5
+FLOAT32 = tpe.RowStorage()
 OPTIMIZERS = {
   "sgd": (lambda: tpe.SGD(0.5), {"learning_rate": 0.5}),
   "adagrad": (
@@ -61,7 +63,7 @@ def _loss_terms(seed: int) -> list:
   ]
 
 
-def _users(**vocabulary) -> tpe.TableConfig:
+def _users(storage=FLOAT32, **vocabulary) -> tpe.TableConfig:
   """The dynamic table ``users``: ``CAPACITY`` rows, constant init."""
   return tpe.TableConfig(
     CAPACITY,
@@ -69,6 +71,7 @@ def _users(**vocabulary) -> tpe.TableConfig:
     name="users",
     initializer=tf.constant_initializer(INIT),
     vocabulary=tpe.DynamicVocabulary(bucket_size=BUCKET, **vocabulary),
+    storage=storage,
   )
 
 
@@ -80,11 +83,19 @@ def _strategy(replicas: int) -> tf.distribute.Strategy:
 
 
 def _make(
-  strategy, optimizer, min_count, eviction, pipelined=False, sharded=False
+  strategy,
+  optimizer,
+  min_count,
+  eviction,
+  pipelined=False,
+  sharded=False,
+  storage=FLOAT32,
 ):
   """``sharded``: the table (and its vocabulary's state) row-sharded over
   the replicas; else replicated."""
-  table = _users(min_count=min_count, eviction=eviction, default_value=DEFAULT)
+  table = _users(
+    storage, min_count=min_count, eviction=eviction, default_value=DEFAULT
+  )
   with strategy.scope():
     emb = tpe.TPUEmbedding(
       {"a": tpe.FeatureConfig(table), "b": tpe.FeatureConfig(table)},
@@ -306,6 +317,65 @@ def test_training_matches_the_oracles(
     "step": STEPS,
     "state_bytes": _state_bytes(replicas, sharded, min_count),
   }
+
+
+# 16-bit dynamic tables: every step equals the float32 table's step (a
+# twin given the 16-bit values: the vocabularies, fed the same keys, give
+# the same rows) with each row rounded by the independent oracle. INIT and
+# DEFAULT, and so the rows given to new keys, are exact in 16 bits.
+ROW_STORAGE_CASES = _cases("2s-1-lru-adagrad 2s-2-lfu-ftrl 1-1-lru-sgd")
+
+
+@pytest.mark.parametrize(
+  "replicas, sharded, name, min_count, eviction", ROW_STORAGE_CASES
+)
+def test_16_bit_tables_train_as_their_float32_twin_rounded(
+  replicas, sharded, name, min_count, eviction
+):
+  # Adagrad: the fused kernel's update; FTRL: the TensorFlow path.
+  storage = {
+    "adagrad": tpe.RowStorage("bfloat16", seed=2),
+    "ftrl": tpe.RowStorage("bfloat16", seed=4),
+    "sgd": tpe.RowStorage("float16", rounding="nearest"),
+  }[name]
+  strategy = _strategy(replicas)
+  make_optimizer, _ = OPTIMIZERS[name]
+  low, _ = _make(
+    strategy,
+    make_optimizer(),
+    min_count,
+    eviction,
+    sharded=sharded,
+    storage=storage,
+  )
+  twin, _ = _make(
+    strategy, make_optimizer(), min_count, eviction, sharded=sharded
+  )
+  streams = {"parameters": 0} | {
+    slot: i + 1 for i, slot in enumerate(make_optimizer().SLOT_NAMES)
+  }
+  stream, loss_r = _stream(seed=7), _loss_terms(seed=3)
+  for step, data in enumerate(zip(stream, loss_r, strict=True)):
+    before = {
+      key: tf.convert_to_tensor(v) for key, v in low.variables["users"].items()
+    }
+    for key, value in before.items():
+      twin.variables["users"][key].assign(tf.cast(value, tf.float32))
+    got = _train(strategy, low, [data[0]], [data[1]])
+    want = _train(strategy, twin, [data[0]], [data[1]])
+    for k in ("a", "b"):
+      np.testing.assert_array_equal(got[0][k], want[0][k], err_msg=f"{step}")
+    for key, variable in low.variables["users"].items():
+      stored = storage.dtype if key == "parameters" else storage.slots
+      assert variable.dtype == tf.as_dtype(stored), key
+      value = np.asarray(tf.cast(tf.convert_to_tensor(variable), tf.float64))
+      twin_value = tf.convert_to_tensor(twin.variables["users"][key]).numpy()
+      np.testing.assert_array_equal(
+        value,
+        rounded_table(twin_value, storage, streams[key], step),
+        err_msg=f"step {step} {key}",
+      )
+  assert low.engine.dynamic_tables.statistics()["users"]["evictions"] > 0
 
 
 def _single_feature(key_dtype=tf.int64, optimizer=None, min_count=2, **kwargs):

@@ -117,28 +117,20 @@ def check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
 
 
 def check_row_storage(tables: Sequence[TableConfig], disk: DiskTier) -> None:
-  """Refuses 16-bit tables (``RowStorage``) where this version does not
-  train them yet: on disk, with a dynamic vocabulary (one device,
-  MirroredStrategy, MultiWorkerMirroredStrategy and parameter servers
-  do)."""
+  """Refuses 16-bit tables (``RowStorage``) on disk, which this version
+  does not train yet (every in-memory layout does)."""
   for table in tables:
     storage = table.storage
-    if storage.is_float32:
-      continue
     name = table_name(table)
-    where = None
-    if disk.holds(name):
-      where = "on disk (DiskTier)"
-    elif not key_mapping(table).inputs_are_rows:
-      where = "with a DynamicVocabulary"
-    if where is not None:
+    if not storage.is_float32 and disk.holds(name):
       raise ValueError(
         f"Table {name!r} is stored as {storage.dtype} with "
         f"{storage.slots} slots (RowStorage), which this version trains "
-        "on one device, under MirroredStrategy, "
-        "MultiWorkerMirroredStrategy and ParameterServerStrategy, not "
-        f"{where}; keep it float32 there (RowStorage() or no storage "
-        "argument)."
+        "in memory (one device, MirroredStrategy, "
+        "MultiWorkerMirroredStrategy, ParameterServerStrategy, with or "
+        "without a DynamicVocabulary), not on disk (DiskTier); keep it "
+        "float32 there (RowStorage() or no storage argument), or in "
+        "memory."
       )
 
 
