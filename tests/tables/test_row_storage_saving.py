@@ -183,6 +183,30 @@ def test_a_resumed_run_draws_as_the_uninterrupted_run(layout, when, tmp_path):
     np.testing.assert_array_equal(values(resumed)[key], value, err_msg=key)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_delta_checkpoints_restore_and_resume_bit_for_bit(replicas, tmp_path):
+  """A full checkpoint and a delta restore the 16-bit values in their
+  types, and the update count: training on continues as the run did."""
+  strategy = mirrored_strategy(2) if replicas == 2 else None
+  emb = make(strategy=strategy)
+  train(emb, strategy=strategy)
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  base = tpe.checkpoints.write(checkpoint, str(tmp_path / "full"))
+  train(emb, 2, strategy=strategy)
+  delta = tpe.checkpoints.write_delta(checkpoint, str(tmp_path / "delta-2"))
+  train(emb, 1, strategy=strategy)
+  went_on = values(emb)
+  again = make(strategy=strategy)
+  again.build()
+  tpe.checkpoints.restore(
+    tf.train.Checkpoint(embedding=again), base, deltas=[delta]
+  )
+  assert again.variables["t"]["parameters"].dtype == tf.bfloat16
+  train(again, 1, strategy=strategy)
+  for key, value in values(again).items():
+    np.testing.assert_array_equal(value, went_on[key], err_msg=key)
+
+
 @pytest.mark.parametrize("threshold", [0, 100])  # row-sharded, replicated
 def test_serving_lookups_of_mirrored_tables_read_float32(threshold):
   """A serving lookup outside ``strategy.run`` reads a replica's rows (a
