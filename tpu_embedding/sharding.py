@@ -101,9 +101,10 @@ class DiskTier:
     """Whether table ``name`` is kept on disk."""
     return name in self.tables
 
-  def cache_rows(self, dim: int, variables: int) -> int:
-    """Rows of a cache of ``variables`` arrays of width ``dim``."""
-    return self.cache_bytes // (_FLOAT_BYTES * dim * variables)
+  def cache_rows(self, row_bytes: int) -> int:
+    """Rows of a cache whose row (parameters and slots, as stored: a
+    16-bit table's take half) takes ``row_bytes``."""
+    return self.cache_bytes // row_bytes
 
   def memory_bytes(self, rows: int) -> int:
     """Memory a table of ``rows`` rows kept on disk holds: its cache and

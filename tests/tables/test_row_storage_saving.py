@@ -13,8 +13,6 @@ import tpu_embedding as tpe
 from tests.conftest import mirrored_strategy
 from tpu_embedding.engines.tpu_conversion import to_tf_table
 from tpu_embedding.export.saved_model import export_for_serving
-from tpu_embedding.sharding import DiskTier
-from tpu_embedding.sharding import PlacementPolicy
 
 ROWS, DIM = 30, 4
 BFLOAT16 = tpe.RowStorage("bfloat16", slots="bfloat16", seed=3)
@@ -310,7 +308,7 @@ def test_an_export_serves_the_trained_values_exactly(table_dtype, tmp_path):
   np.testing.assert_array_equal(activations.numpy(), want)
 
 
-def test_bad_combinations_are_refused_naming_the_table(tmp_path):
+def test_bad_combinations_are_refused_naming_the_table():
   cases = [
     (
       lambda: make(tpe.RowStorage("float16", slots="float16")).build(),
@@ -330,15 +328,6 @@ def test_bad_combinations_are_refused_naming_the_table(tmp_path):
   for call, message in cases:
     with pytest.raises(ValueError, match=message):
       call()
-  policy = PlacementPolicy(disk=DiskTier(str(tmp_path), 2**20, ("t",)))
-  table = tpe.TableConfig(10, 2, name="t", storage=BFLOAT16)
-  with pytest.raises(
-    ValueError,
-    match=r"^Table .t. is stored as bfloat16 .*, not on disk .DiskTier.; keep",
-  ):
-    tpe.TPUEmbedding(
-      tpe.FeatureConfig(table), tpe.Adagrad(0.1), row_sharding_threshold=policy
-    ).build(4)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "ftrl"])

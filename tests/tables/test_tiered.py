@@ -37,16 +37,34 @@ OPTIMIZERS = {
   "ftrl": lambda: tpe.FTRL(0.2, l1_regularization_strength=0.01),
 }
 ROWS, DIM, BATCH, STEPS = 300, 4, 8, 12
+FLOAT32 = tpe.RowStorage()
 
 
-def make_embedding(optimizer, directory=None, cache_rows=48, pipeline=False):
-  """Table "big" (features "a" and "b": a shared table) and "small"; with
-  ``directory``, "big" kept on disk with a cache of ``cache_rows`` rows."""
+def make_embedding(
+  optimizer,
+  directory=None,
+  cache_rows=48,
+  pipeline=False,
+  storage=FLOAT32,
+  restore=None,
+):
+  """Table "big" (features "a" and "b": a shared table) and "small", both
+  stored as ``storage`` says; with ``directory``, "big" kept on disk with
+  a cache of ``cache_rows`` rows; ``restore``: a checkpoint restored
+  before build."""
   big = tpe.TableConfig(
-    ROWS, DIM, name="big", initializer=tf.random_uniform_initializer(seed=7)
+    ROWS,
+    DIM,
+    name="big",
+    initializer=tf.random_uniform_initializer(seed=7),
+    storage=storage,
   )
   small = tpe.TableConfig(
-    7, DIM, name="small", initializer=tf.random_uniform_initializer(seed=8)
+    7,
+    DIM,
+    name="small",
+    initializer=tf.random_uniform_initializer(seed=8),
+    storage=storage,
   )
   features = {
     "a": tpe.FeatureConfig(big, name="a"),
@@ -55,9 +73,12 @@ def make_embedding(optimizer, directory=None, cache_rows=48, pipeline=False):
   }
   policy = PlacementPolicy()
   if directory is not None:
-    slots = 1 + len(optimizer.SLOT_NAMES)
+    row_bytes = DIM * (
+      storage.parameter_dtype.size
+      + len(optimizer.SLOT_NAMES) * storage.slot_dtype.size
+    )
     policy = PlacementPolicy(
-      disk=DiskTier(str(directory), cache_rows * DIM * 4 * slots, ("big",))
+      disk=DiskTier(str(directory), cache_rows * row_bytes, ("big",))
     )
   emb = tpe.TPUEmbedding(
     features,
@@ -65,6 +86,8 @@ def make_embedding(optimizer, directory=None, cache_rows=48, pipeline=False):
     row_sharding_threshold=policy,
     pipeline_execution_with_tensor_core=pipeline,
   )
+  if restore is not None:
+    tf.train.Checkpoint(embedding=emb).restore(restore).expect_partial()
   emb.build(per_replica_batch_size=BATCH)
   return emb
 
@@ -162,6 +185,82 @@ def test_cache_sizes_and_pipelining(cache_rows, pipeline, tmp_path):
   got = make_embedding(tpe.Adagrad(0.3), tmp_path, cache_rows, pipeline)
   train(got, data, "dense")
   assert_same(values(got), values(want))
+
+
+def storage_16(dtype, optimizer):
+  """``dtype`` parameters; bfloat16 slots where the rule takes them."""
+  slots = "bfloat16" if optimizer in ("sgd", "adagrad") else "float32"
+  return tpe.RowStorage(dtype, slots=slots, seed=11)
+
+
+def as_float64(state):
+  return {key: value.astype(np.float64) for key, value in state.items()}
+
+
+@pytest.mark.parametrize(
+  "dtype, optimizer, cache_rows",
+  [
+    ("bfloat16", "adagrad", 32),
+    ("bfloat16", "ftrl", 48),
+    ("float16", "sgd", 32),
+    ("float16", "adagrad", ROWS),
+  ],
+)
+def test_16_bit_tables_on_disk_equal_the_in_memory_table(
+  dtype, optimizer, cache_rows, tmp_path
+):
+  """16-bit rows on disk: the cache holds the stored types (twice the rows
+  for the bytes), the files values exact in them; each update rounds by
+  global row, not by cache slot: the in-memory 16-bit table's numbers."""
+  storage = storage_16(dtype, optimizer)
+  data = batches("ragged", np.random.default_rng(4))
+  want = make_embedding(OPTIMIZERS[optimizer](), storage=storage)
+  train(want, data, "ragged")
+  got = make_embedding(
+    OPTIMIZERS[optimizer](), tmp_path, cache_rows, storage=storage
+  )
+  train(got, data, "ragged")
+  store = got.table_stores["big"]
+  assert store.layout == "tiered" and store.cache.size == cache_rows
+  assert store.blocks[0]["parameters"].dtype == tf.as_dtype(dtype)
+  if cache_rows < ROWS:
+    assert store.cache.writes > 0 and store.cache.reads > 0
+  assert_same(as_float64(values(got)), as_float64(values(want)))
+
+
+@pytest.mark.parametrize("when", ["before_build", "after_build"])
+def test_16_bit_checkpoints_move_between_disk_and_memory(when, tmp_path):
+  """Memory (bfloat16 saved) to disk, trained alike, and back (float32
+  saved, exact in bfloat16)."""
+  storage = storage_16("bfloat16", "adagrad")
+  data = batches("ragged", np.random.default_rng(6))
+
+  def restored(path, directory=None):
+    if when == "before_build":
+      return make_embedding(
+        tpe.Adagrad(0.3), directory, 32, storage=storage, restore=path
+      )
+    emb = make_embedding(tpe.Adagrad(0.3), directory, 32, storage=storage)
+    tpe.checkpoints.restore(tf.train.Checkpoint(embedding=emb), path)
+    return emb
+
+  memory = make_embedding(tpe.Adagrad(0.3), storage=storage)
+  train(memory, data[:6], "ragged")
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=memory), str(tmp_path / "mem")
+  )
+  disk = restored(path, tmp_path / "disk")
+  assert disk.table_stores["big"].layout == "tiered"
+  assert_same(as_float64(values(disk)), as_float64(values(memory)))
+  train(memory, data[6:], "ragged")
+  train(disk, data[6:], "ragged")
+  assert_same(as_float64(values(disk)), as_float64(values(memory)))
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=disk), str(tmp_path / "disk_ckpt")
+  )
+  again = restored(path)
+  assert again.variables["big"]["parameters"].dtype == tf.bfloat16
+  assert_same(as_float64(values(again)), as_float64(values(memory)))
 
 
 def test_checkpoints_move_between_disk_and_memory(tmp_path):

@@ -31,6 +31,7 @@ OPTIMIZERS = {
   "lazy_adam": lambda: tpe.Adam(0.1),
 }
 ROWS, DIM, BATCH, STEPS, REPLICAS = 300, 4, 8, 10, 2
+FLOAT32 = tpe.RowStorage()
 SPREAD = np.random.default_rng(0).permutation(ROWS)
 MWMS_SCRIPT = (
   pathlib.Path(__file__).parents[1] / "distributed" / "mwms_tiered.py"
@@ -44,22 +45,34 @@ def make_embedding(
   cache_rows=30,
   pipeline=False,
   features="abc",
+  storage=FLOAT32,
 ):
-  """Table "big" (features "a" and "b": a shared table) and "small" ("c");
-  with ``directory``, "big" kept on disk with ``cache_rows`` rows per
-  replica."""
+  """Table "big" (features "a" and "b": a shared table) and "small" ("c"),
+  stored as ``storage`` says; with ``directory``, "big" kept on disk with
+  ``cache_rows`` rows per replica."""
   big = tpe.TableConfig(
-    ROWS, DIM, name="big", initializer=tf.random_uniform_initializer(seed=7)
+    ROWS,
+    DIM,
+    name="big",
+    initializer=tf.random_uniform_initializer(seed=7),
+    storage=storage,
   )
   small = tpe.TableConfig(
-    7, DIM, name="small", initializer=tf.random_uniform_initializer(seed=8)
+    7,
+    DIM,
+    name="small",
+    initializer=tf.random_uniform_initializer(seed=8),
+    storage=storage,
   )
   tables = {"a": big, "b": big, "c": small}
   configs = {f: tpe.FeatureConfig(tables[f], name=f) for f in features}
   disk = DiskTier()
   if directory is not None:
-    slots = 1 + len(optimizer.SLOT_NAMES)
-    disk = DiskTier(str(directory), cache_rows * DIM * 4 * slots, ("big",))
+    row_bytes = DIM * (
+      storage.parameter_dtype.size
+      + len(optimizer.SLOT_NAMES) * storage.slot_dtype.size
+    )
+    disk = DiskTier(str(directory), cache_rows * row_bytes, ("big",))
   with (strategy or tf.distribute.get_strategy()).scope():
     emb = tpe.TPUEmbedding(
       configs,
@@ -189,6 +202,33 @@ def test_training_equals_the_in_memory_row_sharded_table(
   assert want.table_stores["big"].layout == "row_sharded"
   check_tiers(got)
   assert_same(values(got), values(want))
+
+
+@pytest.mark.parametrize(
+  "optimizer, storage, pipeline",
+  [
+    ("adagrad", tpe.RowStorage("bfloat16", "bfloat16", seed=3), True),
+    ("lazy_adam", tpe.RowStorage("float16", seed=5), False),
+  ],
+)
+def test_16_bit_blocks_on_disk_equal_the_in_memory_blocks(
+  optimizer, storage, pipeline, tmp_path
+):
+  """Each replica's 16-bit block on disk rounds by global row (its cache's
+  slots mapped), as the in-memory blocks do."""
+  strategy = mirrored_strategy(REPLICAS)
+  data = batches("ragged", np.random.default_rng(8))
+  made = {}
+  for directory in (None, tmp_path):
+    made[directory] = make_embedding(
+      OPTIMIZERS[optimizer](), strategy, directory, 30, pipeline, "abc", storage
+    )
+    train(made[directory], data, strategy)
+  want, got = made[None], made[tmp_path]
+  check_tiers(got)
+  assert got.table_stores["big"].tier(1).cache.size == 30
+  f64 = {k: v.astype(np.float64) for k, v in values(want).items()}
+  assert_same({k: v.astype(np.float64) for k, v in values(got).items()}, f64)
 
 
 def test_one_feature_equals_one_device(tmp_path):

@@ -62,7 +62,6 @@ def select_backend(
     planner = LocalBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
-    check_row_storage(tables, policy.disk)
     return LocalBackend(policy.disk, planned.stacks), planned
   if isinstance(
     strategy,
@@ -72,7 +71,6 @@ def select_backend(
     planned = planner.plan(tables, policy, table_stacking)
     check_disk_tables(policy.disk, tables)
     _check_disk_tables_alone(policy.disk, planned, strategy)
-    check_row_storage(tables, policy.disk)
     return ShardedBackend(strategy, _stores(planned), policy.disk), planned
   if policy.disk.tables:
     raise ValueError(
@@ -84,7 +82,6 @@ def select_backend(
       "keep them in memory (row-sharded) there."
     )
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    check_row_storage(tables, policy.disk)
     planner = ParameterServerBackend.planner(strategy)
     planned = planner.plan(tables, policy, table_stacking)
     return ParameterServerBackend(_stores(planned)), planned
@@ -113,24 +110,6 @@ def check_disk_tables(disk: DiskTier, tables: Sequence[TableConfig]) -> None:
       raise ValueError(
         f"DiskTier names table {name!r}, which is not a table (tables: "
         f"{sorted(names)})."
-      )
-
-
-def check_row_storage(tables: Sequence[TableConfig], disk: DiskTier) -> None:
-  """Refuses 16-bit tables (``RowStorage``) on disk, which this version
-  does not train yet (every in-memory layout does)."""
-  for table in tables:
-    storage = table.storage
-    name = table_name(table)
-    if not storage.is_float32 and disk.holds(name):
-      raise ValueError(
-        f"Table {name!r} is stored as {storage.dtype} with "
-        f"{storage.slots} slots (RowStorage), which this version trains "
-        "in memory (one device, MirroredStrategy, "
-        "MultiWorkerMirroredStrategy, ParameterServerStrategy, with or "
-        "without a DynamicVocabulary), not on disk (DiskTier); keep it "
-        "float32 there (RowStorage() or no storage argument), or in "
-        "memory."
       )
 
 

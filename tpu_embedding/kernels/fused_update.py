@@ -50,7 +50,7 @@ class Rounding(Protocol):
   def storage(self) -> RowStorage: ...
 
   @property
-  def first_row(self) -> int: ...
+  def first_row(self) -> int | None: ...
 
   @property
   def table(self) -> str: ...
@@ -112,11 +112,16 @@ def fused_apply(
       return None  # (16-bit rows round as their block says)
     rounded = {"rounding_step": tf.constant(0, tf.int64)}
   else:
+    first_row = rounding.first_row
+    if first_row is None:  # Rows draw by a map (a cache's slots) ...
+      if not rounding.storage.is_float32:
+        return None  # ... which the TensorFlow path reads.
+      first_row = 0  # (nothing draws)
     rounded = {
       "rounding_step": rounding.step(),
       "stochastic": rounding.storage.rounding == "stochastic",
       "seed": rounding.storage.seed,
-      "first_row": rounding.first_row,
+      "first_row": first_row,
       "table": rounding.table,
     }
   op = module.tpe_fused_sparse_apply(

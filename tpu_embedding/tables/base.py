@@ -113,6 +113,15 @@ def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
   ]
 
 
+def stored_row_bytes(table: TableConfig) -> int:
+  """Bytes of one row of ``table`` and its slots, in their stored types
+  (``RowStorage``)."""
+  return sum(
+    table.dim * table.storage.stored_dtype(stream).size
+    for stream in range(len(variable_specs(table)))
+  )
+
+
 def _no_default_slots(name: str, initializer: Any) -> Any:
   raise AssertionError("the slot_variable_creation_fn makes every slot")
 
@@ -210,15 +219,16 @@ class TableStore(metaclass=abc.ABCMeta):
     ]
     # How each block rounds its updates to the stored types.
     self._rounding = [
-      BlockRounding(
-        table,
-        self.block_rows(index)[0],
-        getattr(block["parameters"], "device", None),
-      )
+      self._block_rounding(index, getattr(block["parameters"], "device", None))
       for index, block in enumerate(blocks)
     ]
     for key, variable in self._variables.items():
       attach(variable, self, key)
+
+  def _block_rounding(self, block: int, device: str | None) -> BlockRounding:
+    """How local block ``block`` (on ``device``) rounds its updates: its
+    rows are global rows from its first."""
+    return BlockRounding(self.table, self.block_rows(block)[0], device)
 
   @property
   def keys(self) -> tuple[str, ...]:

@@ -71,10 +71,14 @@ class BlockRounding:
     return self._storage.encode(
       values,
       key=stream,
-      rows=tf.cast(rows, tf.int64) + self._first_row,
+      rows=self._global_rows(tf.cast(rows, tf.int64)),
       step=self._count.read_value(),
       table=self._table,
     )
+
+  def _global_rows(self, rows: tf.Tensor) -> tf.Tensor:
+    """The global rows of block rows ``rows`` (what the draws take)."""
+    return rows + self._first_row
 
   @property
   def storage(self) -> RowStorage:
@@ -82,8 +86,10 @@ class BlockRounding:
     return self._storage
 
   @property
-  def first_row(self) -> int:
-    """The block's first global row (its rows draw by global id)."""
+  def first_row(self) -> int | None:
+    """The block's first global row: its row ``i`` is global row
+    ``first_row + i`` (its draws' row; the fused kernel's too); None
+    where block rows map to global rows otherwise (a cache's slots)."""
     return self._first_row
 
   @property
@@ -112,6 +118,50 @@ class BlockRounding:
     if self._count is None:
       return None
     return self._count.assign_add(1, read_value=False)
+
+
+class CachedRowsRounding(BlockRounding):
+  """The rounding of a cache of rows (a disk-tiered table's): its block
+  rows are slots, each holding some global row, which the draws take.
+
+  Args:
+    table: the (resolved) table.
+    first_row: the global row of the cache's row ``0`` of its rows (a row
+      block of a tiered sharded table starts past ``0``).
+    slots: the cache's slots.
+    device: the cache's device.
+  """
+
+  def __init__(
+    self, table: TableConfig, first_row: int, slots: int, device: str | None
+  ):
+    super().__init__(table, first_row, device)
+    self._slot_rows: Any = None
+    if self.counts():
+      with tf.device(device):
+        self._slot_rows = compat.ResourceVariable(
+          tf.zeros([slots], tf.int64), trainable=False, name="slot_rows"
+        )
+
+  @property
+  def first_row(self) -> int | None:
+    return None  # Slots hold rows by the cache's map.
+
+  def cached(self, slots: tf.Tensor, rows: tf.Tensor) -> list[Any]:
+    """Records that ``slots`` now hold the cache's rows ``rows`` (rows of
+    its own numbering); the writes (none where nothing rounds)."""
+    if self._slot_rows is None:
+      return []
+    return [
+      tf.raw_ops.ResourceScatterUpdate(
+        resource=self._slot_rows.handle,
+        indices=slots,
+        updates=tf.cast(rows, tf.int64) + self._first_row,
+      )
+    ]
+
+  def _global_rows(self, rows: tf.Tensor) -> tf.Tensor:
+    return tf.gather(self._slot_rows, rows)
 
 
 # Trackable is TensorFlow's (untyped: ``Any`` to mypy).

@@ -13,6 +13,14 @@ are bit-identical to the in-memory layouts after the same steps.
 Checkpoints see ``<table>`` and ``<table>/<slot>`` with their full
 ``[vocabulary_size, dim]`` values, like every layout.
 
+A 16-bit table (``RowStorage``) keeps its cache in the stored types (twice
+the rows for the bytes) and its files in float32 holding values exact in
+those types (a miss costs one random read either way): rows are rounded
+to their type where they enter the files (initial values and restores to
+nearest, as the in-memory layouts' are), and updates round by global row
+(``rounding.CachedRowsRounding``), so the numbers are the in-memory
+layouts' bit for bit. Checkpoints hold such a table in float32.
+
 Example:
   >>> import tempfile
   >>> import tensorflow as tf
@@ -59,6 +67,7 @@ from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.lookup import RowRequest
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import decode
 from tpu_embedding.tables.base import VALUE_KEY
 from tpu_embedding.tables.base import Block
 from tpu_embedding.tables.base import TableStore
@@ -67,6 +76,8 @@ from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.tables.base import variable_specs
 from tpu_embedding.tables.initial_values import grid_rows
 from tpu_embedding.tables.initial_values import row_values
+from tpu_embedding.tables.rounding import BlockRounding
+from tpu_embedding.tables.rounding import CachedRowsRounding
 from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.tables.row_cache import CacheTooSmallError
 from tpu_embedding.tables.row_cache import RowCache
@@ -101,6 +112,7 @@ class TieredTable(TableStore):
       weakref.WeakKeyDictionary()
     )
     shape = (table.vocabulary_size, table.dim)
+    self._stored = {key: variable.dtype for key, variable in cache.items()}
     self._initial = {
       key: row_values(
         initializer, shape, checkpoint_name(table_name(table), key)
@@ -153,6 +165,21 @@ class TieredTable(TableStore):
   def block_rows(self, block: int) -> tuple[int, int]:
     return 0, self._rows.size  # The cache's slots.
 
+  def _block_rounding(self, block: int, device: str | None) -> BlockRounding:
+    self._slot_rounding = CachedRowsRounding(
+      self.table, self._first, self._rows.size, device
+    )
+    return self._slot_rounding
+
+  def _as_stored(self, key: str, value: Any) -> np.ndarray:
+    """Float32 rows ``value`` of ``key`` as its stored type holds them
+    (rounded to nearest; float32 as they are): what the files take."""
+    rows: np.ndarray = np.asarray(value, np.float32)
+    if self._stored[key] == tf.float32:
+      return rows
+    stored = tf.cast(tf.cast(rows, self._stored[key]), tf.float32)
+    return np.asarray(stored.numpy())
+
   def prefetch_rows(self, ids: Any) -> None:
     """Reads rows ``ids`` not cached ahead into RAM, in the background (a
     coming step's ids: ``data.prefetch_rows``); changes no number."""
@@ -171,7 +198,7 @@ class TieredTable(TableStore):
         self._plan, [ids], [tf.int64] * 5, stateful=True, name="admit_rows"
       )
     slots, evicted_slots, evicted_rows, load_slots, load_rows = planned
-    evicted = [tf.gather(cache[key], evicted_slots) for key in keys]
+    evicted = [decode(tf.gather(cache[key], evicted_slots)) for key in keys]
     loaded = tf.nest.flatten(  # (eager, one key: a tensor, not a list)
       tf.numpy_function(
         self._swap,
@@ -181,12 +208,15 @@ class TieredTable(TableStore):
         name="swap_rows",
       )
     )
-    writes = []
+    # (the rounding's map of slots to rows: where rows draw by global id)
+    writes = self._slot_rounding.cached(load_slots, load_rows)
     for key, value in zip(keys, loaded, strict=True):
       value.set_shape([None, self.table.dim])
       writes.append(
         tf.raw_ops.ResourceScatterUpdate(
-          resource=cache[key].handle, indices=load_slots, updates=value
+          resource=cache[key].handle,
+          indices=load_slots,
+          updates=tf.cast(value, cache[key].dtype),  # (exact: as stored)
         )
       )
     with tf.control_dependencies(writes):
@@ -227,10 +257,9 @@ class TieredTable(TableStore):
 
   def _initial_block(self, key: str, first: int, count: int) -> np.ndarray:
     """Initial values of rows ``[first, first + count)`` (a grid block)."""
-    value: np.ndarray = (
-      self._initial[key].rows(self._first + first, count, tf.float32).numpy()
+    return self._as_stored(
+      key, self._initial[key].rows(self._first + first, count, tf.float32)
     )
-    return value
 
   # --- the step ---------------------------------------------------------------
 
@@ -281,7 +310,9 @@ class TieredTable(TableStore):
     chunk = max(1, FLUSH_BYTES // (4 * self.table.dim * len(variables)))
     for at in range(0, slots.size, chunk):
       part = slots[at : at + chunk]
-      values = [tf.gather(variable, part).numpy() for variable in variables]
+      values = [
+        decode(tf.gather(variable, part)).numpy() for variable in variables
+      ]
       self._rows.write_back(rows[at : at + chunk], values)
       self._rows.mark_written(part)
       del values
@@ -326,7 +357,7 @@ class TieredTable(TableStore):
     self._rows.forget()
     self._rows.mark_changed()
     for first, value in _by_grid_blocks(pieces, grid_rows(self.table.dim)):
-      self._rows.write_window(key, first, value)
+      self._rows.write_window(key, first, self._as_stored(key, value))
       del value
 
   def clear_changes(self) -> None:
@@ -356,7 +387,7 @@ class TieredTable(TableStore):
     def write(ids: tf.Tensor, value: tf.Tensor) -> bool:
       self.flush()
       self._rows.forget()
-      self._rows.write_rows(key, ids.numpy(), value.numpy())
+      self._rows.write_rows(key, ids.numpy(), self._as_stored(key, value))
       return True
 
     ids = tf.convert_to_tensor(ids, tf.int64)
@@ -385,7 +416,7 @@ class TieredTable(TableStore):
         stateful=True,
         name="peek_rows",
       )
-    cached = tf.gather(self._blocks[0][key], tf.maximum(slots, 0))
+    cached = decode(tf.gather(self._blocks[0][key], tf.maximum(slots, 0)))
     rows = self._last_is(tf.where((slots >= 0)[:, None], cached, stored))
     return tf.reshape(rows, tf.concat([tf.shape(ids), [self.table.dim]], 0))
 
@@ -498,9 +529,9 @@ def cache_variables(
       "slot_variable_creation_fn is not supported."
     )
   cache: Block = {}
-  for key, _, trainable in variable_specs(table):
+  for stream, (key, _, trainable) in enumerate(variable_specs(table)):
     cache[key] = compat.ResourceVariable(
-      tf.zeros([cache_rows, table.dim]),
+      tf.zeros([cache_rows, table.dim], table.storage.stored_dtype(stream)),
       name="/".join(filter(None, [checkpoint_name(name, key), part, "cache"])),
       trainable=trainable,
     )
@@ -646,12 +677,13 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
       full,
       0,
       full[0],
-      tf.float32,
+      saved.saved_dtype(key) or tf.float32,
       whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
       range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
     )
     self._store.assign_by_parts(
-      self._key, ((self._offset + first, value) for first, value in pieces)
+      self._key,
+      ((self._offset + first, decode(value)) for first, value in pieces),
     )
 
   def _restore_from_tensors(
