@@ -180,9 +180,10 @@ def restore(
 
 def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:
   """``(key, variable)`` of the variables ``restore`` reads itself: the
-  row-sharded tables' that ``saved`` holds, and variables ``saved`` holds
-  in another type (a table's ``RowStorage`` other than the saving run's:
-  TensorFlow reads no type into another)."""
+  row-sharded tables' that ``saved`` holds, variables ``saved`` holds in
+  another type (a table's ``RowStorage`` other than the saving run's:
+  TensorFlow reads no type into another), and float16 ones (TensorFlow
+  reads no float16 slice: a row-sharded run's save)."""
   descendants = tf.train.TrackableView(checkpoint).descendants()
   variables = [
     obj
@@ -199,5 +200,6 @@ def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:
     and (
       isinstance(variable, rows.RowBlocks)
       or saved.saved_dtype(key) not in (None, variable.dtype)
+      or saved.saved_dtype(key) == tf.float16
     )
   ]
