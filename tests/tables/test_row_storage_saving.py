@@ -205,6 +205,112 @@ def test_delta_checkpoints_restore_and_resume_bit_for_bit(replicas, tmp_path):
     np.testing.assert_array_equal(value, went_on[key], err_msg=key)
 
 
+def make_pair(stacked: bool):
+  """Tables t and u (bfloat16), stacked or apart."""
+  tables = [
+    tpe.TableConfig(
+      rows,
+      DIM,
+      name=name,
+      initializer=tf.random_uniform_initializer(-1, 1, seed=seed),
+      storage=BFLOAT16,
+    )
+    for name, rows, seed in (("t", ROWS, 1), ("u", ROWS + 7, 2))
+  ]
+  return tpe.TPUEmbedding(
+    {"f": tpe.FeatureConfig(tables[0]), "g": tpe.FeatureConfig(tables[1])},
+    tpe.Adagrad(0.3),
+    table_stacking=[["t", "u"]] if stacked else None,
+  )
+
+
+@pytest.mark.parametrize("saved_stacked", [True, False])
+@pytest.mark.parametrize("when", ["before_build", "after_build"])
+def test_stacked_tables_save_their_stored_type(saved_stacked, when, tmp_path):
+  """A stack's members save as 16 bits under their own keys, as unstacked
+  tables do: checkpoints move between stacked and unstacked layouts."""
+  emb = make_pair(saved_stacked)
+  for i in range(3):
+    ids = tf.constant((np.arange(8) * 7 + i) % ROWS, tf.int64)
+    emb.enqueue({"f": ids, "g": ids}, training=True)
+    activations = emb.dequeue()
+    emb.apply_gradients(tf.nest.map_structure(lambda a: a - 0.3, activations))
+  want = {
+    (t, k): np.asarray(tf.convert_to_tensor(v))
+    for t, keys in emb.variables.items()
+    for k, v in keys.items()
+  }
+  assert {str(v.dtype) for v in want.values()} == {"bfloat16"}
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  types = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
+  assert types["embedding/u.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE"] == (
+    tf.bfloat16
+  )
+  other = make_pair(not saved_stacked)
+  checkpoint = tf.train.Checkpoint(embedding=other)
+  if when == "before_build":
+    checkpoint.restore(path).expect_partial()
+    other.build()
+  else:
+    other.build()
+    checkpoint.restore(path).expect_partial()
+  for (table, key), value in want.items():
+    got = tf.convert_to_tensor(other.variables[table][key])
+    assert got.dtype == tf.bfloat16
+    np.testing.assert_array_equal(got.numpy(), value, err_msg=f"{table}/{key}")
+
+
+@pytest.mark.parametrize("file", ["model.weights.h5", "model.keras"])
+def test_keras_files_keep_the_update_count(file, tmp_path):
+  """The Keras layer's weights files hold a 16-bit table's update count:
+  a loaded model trains on as the saved one does."""
+  from tpu_embedding.layers import TPUEmbedding
+  from tpu_embedding.layers.keras_compat import keras
+
+  def model():
+    table = tpe.TableConfig(
+      ROWS,
+      DIM,
+      name="t",
+      initializer=tf.random_uniform_initializer(-1, 1, seed=1),
+      storage=BFLOAT16,
+    )
+    inputs = {"f": keras.Input(shape=(), dtype="int64", name="f")}
+    layer = TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)}, tpe.Adagrad(0.2), name="embedding"
+    )
+    made = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)["f"]))
+    made.compile(optimizer="sgd", loss="mse")
+    return made
+
+  x, y = {"f": np.arange(8) * 5 % ROWS}, np.ones((8, 1), np.float32)
+
+  def fit(made):
+    made.fit(x, y, epochs=1, batch_size=4, verbose=0, shuffle=False)
+
+  def table(made):
+    api = made.get_layer("embedding").mid_level_api
+    return tf.convert_to_tensor(api.variables["t"]["parameters"]).numpy()
+
+  went_on = model()
+  fit(went_on)
+  path = str(tmp_path / file)
+  if file.endswith(".keras"):
+    went_on.save(path)
+    loaded = keras.models.load_model(path)
+  else:
+    went_on.save_weights(path)
+    loaded = model()
+    loaded.load_weights(path)
+  assert (
+    loaded.get_layer("embedding").mid_level_api.table_stores["t"].update_count()
+    == 2
+  )
+  fit(went_on)
+  fit(loaded)
+  np.testing.assert_array_equal(table(loaded), table(went_on))
+
+
 @pytest.mark.parametrize("threshold", [0, 100])  # row-sharded, replicated
 def test_serving_lookups_of_mirrored_tables_read_float32(threshold):
   """A serving lookup outside ``strategy.run`` reads a replica's rows (a

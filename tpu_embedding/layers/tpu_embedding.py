@@ -331,9 +331,14 @@ class TPUEmbedding(EmbeddingLayer):
     return cls(**serialization.decode_layer_arguments(config))
 
   def save_own_variables(self, store: Any) -> None:
-    """Saves every table and slot whole (Keras ``model.save``)."""
+    """Saves every table and slot whole (Keras ``model.save``), and a
+    16-bit table's update count (``<table>.Supdate_count``: the step of
+    its stochastic rounding, so a loaded model trains on as the saved
+    one would have)."""
     for key, (table_store, slot) in self._weights_file_keys().items():
       store[key] = np.asarray(table_store.read(slot))
+    for key, table_store in self._update_count_keys().items():
+      store[key] = np.asarray(table_store.update_count(), np.int64)
 
   def load_own_variables(self, store: Any) -> None:
     """Restores every table and slot (Keras ``load_model``).
@@ -352,6 +357,18 @@ class TPUEmbedding(EmbeddingLayer):
       )
     for key, (table_store, slot) in wanted.items():
       table_store.assign(np.asarray(store[key]), slot)
+    for key, table_store in self._update_count_keys().items():
+      if key in store:  # (a file saved before counts were: from 0)
+        table_store.set_update_count(int(np.asarray(store[key])))
+
+  def _update_count_keys(self) -> dict[str, TableStore]:
+    """``{Keras weights-file key: store}`` of the tables that count
+    their updates (``<table>.Supdate_count``)."""
+    return {
+      f"{name.replace('.', '..').replace('/', '.S')}.Supdate_count": table
+      for name, table in self.table_stores.items()
+      if table.counts_updates
+    }
 
   def _weights_file_keys(self) -> dict[str, tuple[TableStore, str]]:
     """``{Keras weights-file key: (store, slot)}`` of every table and slot.

@@ -584,6 +584,22 @@ class TableStore(metaclass=abc.ABCMeta):
     whole variable (``tables/stacked.py``)."""
     return StackSliceVariable(self, key, offset, table.vocabulary_size)
 
+  @property
+  def counts_updates(self) -> bool:
+    """Whether its blocks count their updates (a 16-bit table's: the
+    step of its stochastic rounding)."""
+    return any(rounding.counts() for rounding in self._rounding)
+
+  def update_count(self) -> int:
+    """The blocks' update count (each applies every update: one count);
+    0 where nothing counts."""
+    return int(self._rounding[0].step()) if self.counts_updates else 0
+
+  def set_update_count(self, count: int) -> None:
+    """Sets every block's update count (a saved one)."""
+    for rounding in self._rounding:
+      rounding.restore(tf.constant(count, tf.int64))
+
   def track_update_count(
     self, tracker: VariableTracker, tables: Sequence[str]
   ) -> None:
@@ -591,7 +607,7 @@ class TableStore(metaclass=abc.ABCMeta):
     its stochastic rounding) as ``<table>/update_count`` of each of
     ``tables`` (a stack's members share their stack's); a table that
     rounds nothing keeps no count."""
-    if not any(rounding.counts() for rounding in self._rounding):
+    if not self.counts_updates:
       return
     count = UpdateCount(self._rounding)
     for table in tables:
@@ -683,7 +699,9 @@ tf.register_tensor_conversion_function(
 
 
 class StackSliceVariable(WholeValueVariable):
-  """One member's rows of one stack variable, as a whole variable."""
+  """One member's rows of one stack variable, as a whole variable (of the
+  stack's stored type: a 16-bit stack's members save as 16 bits, as an
+  unstacked table does, and restore from either)."""
 
   def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
     self.stack = stack
@@ -697,14 +715,17 @@ class StackSliceVariable(WholeValueVariable):
 
   @property
   def dtype(self) -> tf.DType:
-    return tf.float32
+    return self.stack.table.storage.stored_dtype(
+      self.stack.keys.index(self.key)
+    )
 
   def read_value(self) -> tf.Tensor:
     ids = tf.range(self.offset, self.offset + self.rows, dtype=tf.int64)
-    return self.stack.gather(ids, self.key)
+    # (the stack reads float32; its values are exact in the stored type)
+    return tf.cast(self.stack.gather(ids, self.key), self.dtype)
 
   def assign(self, value: Any) -> Any:
-    value = tf.convert_to_tensor(value, tf.float32)
+    value = tf.cast(tf.convert_to_tensor(value), tf.float32)
     if tuple(value.shape) != (self.rows, self.stack.table.dim):
       raise ValueError(
         f"Cannot assign a value of shape {list(value.shape)} to a table "

@@ -94,6 +94,16 @@ class StackMember(TableStore):
   ) -> None:
     self.stack.update(ids + self.offset, grads, index, ops, step_id)
 
+  @property
+  def counts_updates(self) -> bool:
+    return self.stack.counts_updates
+
+  def update_count(self) -> int:
+    return self.stack.update_count()
+
+  def set_update_count(self, count: int) -> None:
+    self.stack.set_update_count(count)
+
   def write_rows(self, first: int, value: Any, key: str = "parameters") -> Any:
     return self.stack.write_rows(self.offset + first, value, key)
 
