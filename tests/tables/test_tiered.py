@@ -263,6 +263,24 @@ def test_16_bit_checkpoints_move_between_disk_and_memory(when, tmp_path):
   assert_same(as_float64(values(again)), as_float64(values(memory)))
 
 
+def test_a_restore_drops_the_held_update_of_a_pipelined_disk_table(tmp_path):
+  """Restored while a pipelined update is held (its rows no longer
+  cached): the flush applies nothing, the files hold the checkpoint."""
+  data = batches("dense", np.random.default_rng(2))
+  emb = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk", 32, pipeline=True)
+  train(emb, data[:4], "dense")
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  path = tpe.checkpoints.write(checkpoint, str(tmp_path / "c"))
+  saved = values(emb)
+  step = data[4]
+  emb.enqueue(step)
+  activations = emb.dequeue()
+  emb.apply_gradients(tf.nest.map_structure(tf.ones_like, activations))
+  tpe.checkpoints.restore(checkpoint, path)
+  emb.flush_pipeline()
+  assert_same(values(emb), saved)
+
+
 def test_checkpoints_move_between_disk_and_memory(tmp_path):
   data = batches("ragged", np.random.default_rng(9))
   tiered = make_embedding(tpe.Adagrad(0.3), tmp_path / "disk")

@@ -223,7 +223,9 @@ class OffTPUEngine(Engine, Trackable):
         self._stores = create_stacked_tables(
           self._backend, self._stacks, VariableTracker(self)
         )
-        self._schedule.create([stack.config for stack in self._stacks])
+        self._schedule.create(
+          [stack.config for stack in self._stacks], VariableTracker(self)
+        )
       self._dynamic.build(
         self._backend.local_devices,
         self._stores,

@@ -17,7 +17,9 @@ then applies the held update, with no data dependency between that update
 and the dense computation, so TensorFlow's executor can run them
 concurrently. ``TPUEmbedding.flush_pipeline()``
 applies a held update at once (call it before evaluating, exporting or
-saving a checkpoint you want to be exact).
+saving a checkpoint you want to be exact). A checkpoint holds no held
+update, and a restore drops the one held (``HeldUpdates.restore_point``):
+the restored tables never take an update computed before them.
 
 Where nothing is held (the first step, the step after a flush, a second
 flush) nothing is applied: the stores' block updates run behind a
@@ -69,6 +71,7 @@ from tpu_embedding.resolved import table_name
 from tpu_embedding.tables.update_guards import BlockGuard
 from tpu_embedding.tables.update_guards import UpdateGuard
 from tpu_embedding.tables.update_guards import Writes
+from tpu_embedding.tracking import VariableTracker
 
 
 class HeldUpdates:
@@ -123,6 +126,12 @@ class HeldUpdates:
       self._assign(
         replica, table_name(update.table), update.ids, update.gradients, index
       )
+
+  def restore_point(self) -> compat.Trackable:
+    """What checkpoints save of the holding: that no update is held
+    (a constant). Restored, it drops every replica's held update."""
+    lengths = [held[-1] for tables in self._held for held in tables.values()]
+    return _NothingHeld(self._pending, lengths)
 
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
@@ -180,6 +189,31 @@ class HeldUpdates:
     values = (ids, rows, tf.cast(positions, tf.int32), scales, index, lengths)
     for variable, value in zip(self._held[replica][table], values, strict=True):
       variable.assign(value)
+
+
+# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
+class _NothingHeld(compat.Trackable):  # type: ignore[misc]
+  """Saved as False; restored, it empties every replica's holding (no
+  update held, none of its rows)."""
+
+  def __init__(
+    self, pending: Sequence[tf.Variable], lengths: Sequence[tf.Variable]
+  ):
+    self._pending = tuple(pending)
+    self._lengths = tuple(lengths)
+
+  def _serialize_to_tensors(self) -> dict[str, Any]:
+    return {"VARIABLE_VALUE": tf.constant(False)}
+
+  def _restore_from_tensors(self, restored_tensors: Any) -> Any:
+    del restored_tensors  # (always False)
+    return tf.group(
+      [p.assign(False, read_value=False) for p in self._pending]
+      + [
+        n.assign(tf.zeros([3], tf.int32), read_value=False)
+        for n in self._lengths
+      ]
+    )
 
 
 def _as_update(
@@ -260,9 +294,12 @@ class UpdateSchedule:
   def __init__(self, backend: Backend):
     self._backend = backend
 
-  def create(self, tables: Sequence[TableConfig]) -> None:
-    """Called once the backend created the stores of ``tables``."""
-    del tables
+  def create(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> None:
+    """Called once the backend created the stores of ``tables``;
+    ``tracker`` tracks what checkpoints save of the schedule."""
+    del tables, tracker
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
@@ -311,8 +348,11 @@ class PipelinedUpdates(UpdateSchedule):
     self._gate = HeldGate(strategy)
     backend.update_guard = self._gate
 
-  def create(self, tables: Sequence[TableConfig]) -> None:
+  def create(
+    self, tables: Sequence[TableConfig], tracker: VariableTracker
+  ) -> None:
     self._held = HeldUpdates(tables, self._backend.local_devices)
+    tracker.register("held_update", self._held.restore_point(), restore=True)
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
