@@ -138,3 +138,28 @@ def test_unnamed_tables_keep_their_whole_config_names():
   assert [w.name for w in layer.replicated_embedding.weights] == ["table_0"]
   assert first.name is None and second.name is None
   assert set(layer.embedding_tables) == {first, second}
+
+
+def test_a_16_bit_table_kept_by_keras_is_refused():
+  """A small table goes to a float32 Keras Embedding: a 16-bit storage
+  there would silently be float32, so it is refused, naming the table;
+  a large one trains as 16 bits."""
+  storage = tpe.RowStorage("bfloat16")
+  small = tpe.TableConfig(5, 2, name="small", storage=storage)
+  big = tpe.TableConfig(50, 2, name="big", storage=storage)
+  with pytest.raises(
+    ValueError,
+    match=r"^Table 'small' is stored as bfloat16 .* with 5 rows "
+    r"\(size_threshold=20\) PartialTPUEmbedding trains it in a float32",
+  ):
+    PartialTPUEmbedding(
+      {"s": tpe.FeatureConfig(small), "b": tpe.FeatureConfig(big)},
+      "sgd",
+      size_threshold=20,
+    )
+  layer = PartialTPUEmbedding(
+    {"b": tpe.FeatureConfig(big)}, "sgd", size_threshold=20
+  )
+  layer({"b": tf.constant([1, 2])})
+  stored = layer.tpu_embedding.mid_level_api.variables["big"]["parameters"]
+  assert stored.dtype == tf.bfloat16

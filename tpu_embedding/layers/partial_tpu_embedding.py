@@ -71,6 +71,27 @@ def _uses_mid_level_api(table: TableConfig, size_threshold: int | None) -> bool:
   return size_threshold is not None and table.vocabulary_size > size_threshold
 
 
+def _check_float32_storage(
+  table: TableConfig, size_threshold: int | None
+) -> None:
+  """Refuses a 16-bit ``RowStorage`` on a table a Keras layer trains.
+
+  Raises:
+    ValueError: naming the table, its storage and the threshold.
+  """
+  storage = table.storage
+  if storage.is_float32:
+    return
+  raise ValueError(
+    f"Table '{table.name}' is stored as {storage.dtype} with "
+    f"{storage.slots} slots (RowStorage), but with "
+    f"{table.vocabulary_size} rows (size_threshold={size_threshold}) "
+    "PartialTPUEmbedding trains it in a float32 Keras Embedding with the "
+    "Keras optimizer: give it RowStorage() or a size_threshold below "
+    "its rows."
+  )
+
+
 @register_serializable
 class PartialTPUEmbedding(EmbeddingLayer):
   """The mid-level API for large tables, Keras weights for small ones.
@@ -163,6 +184,8 @@ class PartialTPUEmbedding(EmbeddingLayer):
         else REPLICATED
       )
       sides[side][path] = feature
+    for feature in sides[REPLICATED].values():
+      _check_float32_storage(feature.table, size_threshold)
     self._placements = {
       path: side for side, features in sides.items() for path in features
     }
