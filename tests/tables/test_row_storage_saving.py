@@ -79,6 +79,21 @@ def values(emb):
   }
 
 
+def restore(emb, path, when, after_build="tensorflow"):
+  """Restores ``path`` into ``emb`` before its build, or after it with
+  TensorFlow's ``Checkpoint.restore`` or ``tpe.checkpoints.restore``."""
+  checkpoint = tf.train.Checkpoint(embedding=emb)
+  if when == "before_build":
+    checkpoint.restore(path).expect_partial()
+    emb.build()
+  elif after_build == "tensorflow":
+    emb.build()
+    checkpoint.restore(path).expect_partial()
+  else:
+    emb.build()
+    tpe.checkpoints.restore(checkpoint, path)
+
+
 def test_storage_is_part_of_the_table_config():
   table = tpe.TableConfig(ROWS, DIM, name="t", storage=BFLOAT16)
   data = json.loads(json.dumps(table.get_config()))
@@ -102,13 +117,7 @@ def test_a_checkpoint_holds_the_stored_types_and_restores_them(when, tmp_path):
   dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
   assert dtypes["embedding/t/.ATTRIBUTES/VARIABLE_VALUE"] == tf.bfloat16
   restored = make()
-  checkpoint = tf.train.Checkpoint(embedding=restored)
-  if when == "before_build":
-    checkpoint.restore(path).expect_partial()
-    restored.build()
-  else:
-    restored.build()
-    checkpoint.restore(path).expect_partial()
+  restore(restored, path, when)
   got = values(restored)
   for key, value in want.items():
     assert got[key].dtype == value.dtype, key
@@ -169,13 +178,7 @@ def test_a_resumed_run_draws_as_the_uninterrupted_run(layout, when, tmp_path):
   train_both(went_on)
 
   resumed = embedding()
-  checkpoint = tf.train.Checkpoint(embedding=resumed)
-  if when == "before_build":
-    checkpoint.restore(path).expect_partial()
-    resumed.build()
-  else:
-    resumed.build()
-    tpe.checkpoints.restore(checkpoint, path)
+  restore(resumed, path, when, "tpe")
   train_both(resumed)
   for key, value in values(went_on).items():
     np.testing.assert_array_equal(values(resumed)[key], value, err_msg=key)
@@ -247,13 +250,7 @@ def test_stacked_tables_save_their_stored_type(saved_stacked, when, tmp_path):
     tf.bfloat16
   )
   other = make_pair(not saved_stacked)
-  checkpoint = tf.train.Checkpoint(embedding=other)
-  if when == "before_build":
-    checkpoint.restore(path).expect_partial()
-    other.build()
-  else:
-    other.build()
-    checkpoint.restore(path).expect_partial()
+  restore(other, path, when)
   for (table, key), value in want.items():
     got = tf.convert_to_tensor(other.variables[table][key])
     assert got.dtype == tf.bfloat16
@@ -384,13 +381,7 @@ def test_a_checkpoint_restores_into_another_stored_type(
   strategy = mirrored_strategy(2) if replicas != 1 else None
   threshold = 1000 if copies else 20
   other = make(storage_of(restored), strategy, threshold=threshold)
-  checkpoint = tf.train.Checkpoint(embedding=other)
-  if when == "before_build":
-    checkpoint.restore(path).expect_partial()
-    other.build()
-  else:
-    other.build()
-    tpe.checkpoints.restore(checkpoint, path)
+  restore(other, path, when, "tpe")
   if replicas != 1:
     kind = other.sharding_plan.placements["t"].kind
     assert kind == ("replicated" if copies else "row_sharded"), kind
