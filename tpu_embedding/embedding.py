@@ -364,6 +364,13 @@ class TPUEmbeddingV3(EngineCheckpointOwner):
     """
     self._engine.flush_pipeline()
 
+  def discard_held_update(self) -> None:
+    """Drops the update held back by pipelining, unapplied (no-op
+    otherwise): call it after writing the tables from elsewhere, so that
+    an update computed before never lands on them (a checkpoint restore
+    drops it itself; the Keras layer's weight loading too)."""
+    self._engine.discard_held_update()
+
   # --- direct lookups ------------------------------------------------------
 
   @_library_code

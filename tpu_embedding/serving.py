@@ -306,6 +306,9 @@ class TPUEmbeddingForServing(Trackable):
     with tf.init_scope():
       tracker = VariableTracker(self)
       self._stores = self._backend.create_tables(tables, tracker)
+      for name, store in self._stores.items():
+        # (a 16-bit table's: a training checkpoint's key, matched)
+        store.track_update_count(tracker, [name])
       # Dynamic tables: the whole vocabulary, under the training key.
       self._dynamic.build([None], self._stores, tracker)
     self._built = True

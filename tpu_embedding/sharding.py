@@ -102,8 +102,13 @@ class DiskTier:
     return name in self.tables
 
   def cache_rows(self, row_bytes: int) -> int:
-    """Rows of a cache whose row (parameters and slots, as stored: a
-    16-bit table's take half) takes ``row_bytes``."""
+    """Rows of a cache whose row takes ``row_bytes`` (its parameters and
+    slots as stored: ``tables.tiered.cached_row_bytes``).
+
+    Example:
+      >>> DiskTier("/tmp/tables", 2**20, ("users",)).cache_rows(512)
+      2048
+    """
     return self.cache_bytes // row_bytes
 
   def memory_bytes(self, rows: int) -> int:

@@ -268,6 +268,50 @@ def test_a_restore_drops_the_held_update(restore, rng, tmp_path):
     )
 
 
+def test_tpe_restore_drops_the_held_update_whoever_saved(rng, tmp_path):
+  """A checkpoint an unpipelined object wrote (no ``held_update`` entry):
+  ``tpe.checkpoints.restore`` drops the held update all the same."""
+  init = rng.normal(size=(V, DIM)).astype(np.float32)
+  data = batches(rng)
+  unpipelined = make_embedding(False, init)
+  unpipelined.build()
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=unpipelined), str(tmp_path / "c")
+  )
+  emb = make_embedding(True, init)
+  emb.enqueue(data[0])
+  activations = emb.dequeue()
+  emb.apply_gradients(tf.nest.map_structure(tf.ones_like, activations))
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=emb), path)
+  emb.flush_pipeline()
+  np.testing.assert_array_equal(emb.variables["t"]["parameters"].numpy(), init)
+
+
+def test_loading_keras_weights_drops_the_held_update(rng, tmp_path):
+  """The Keras layer's weights loaded while ``fit`` left an update held:
+  the flush applies nothing on the loaded tables."""
+  from tpu_embedding.layers import TPUEmbedding
+  from tpu_embedding.layers.keras_compat import keras
+
+  table = tpe.TableConfig(V, DIM, name="t")
+  inputs = {"a": keras.Input(shape=(), dtype="int64", name="a")}
+  layer = TPUEmbedding(
+    {"a": tpe.FeatureConfig(table)}, tpe.SGD(0.5), True, name="embedding"
+  )
+  model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)["a"]))
+  model.compile(optimizer="sgd", loss="mse")
+  x, y = {"a": rng.integers(0, V, 8)}, np.ones((8, 1), np.float32)
+  model.fit(x, y, batch_size=4, verbose=0)
+  layer.mid_level_api.flush_pipeline()
+  path = str(tmp_path / "model.weights.h5")
+  model.save_weights(path)
+  saved = layer.embedding_tables[table].numpy()
+  model.fit(x, y, batch_size=4, verbose=0)  # holds its last update
+  model.load_weights(path)
+  layer.mid_level_api.flush_pipeline()
+  np.testing.assert_array_equal(layer.embedding_tables[table].numpy(), saved)
+
+
 def test_pipelining_changes_results_compared_to_unpipelined(rng):
   init = rng.normal(size=(V, DIM)).astype(np.float32)
   data = batches(rng)

@@ -208,7 +208,7 @@ def test_delta_checkpoints_restore_and_resume_bit_for_bit(replicas, tmp_path):
     np.testing.assert_array_equal(value, went_on[key], err_msg=key)
 
 
-def make_pair(stacked: bool):
+def make_pair(stacked: bool, storage=BFLOAT16):
   """Tables t and u (bfloat16), stacked or apart."""
   tables = [
     tpe.TableConfig(
@@ -216,7 +216,7 @@ def make_pair(stacked: bool):
       DIM,
       name=name,
       initializer=tf.random_uniform_initializer(-1, 1, seed=seed),
-      storage=BFLOAT16,
+      storage=storage,
     )
     for name, rows, seed in (("t", ROWS, 1), ("u", ROWS + 7, 2))
   ]
@@ -393,6 +393,26 @@ def test_a_checkpoint_restores_into_another_stored_type(
     assert got[key].dtype == tf.as_dtype(stored).as_numpy_dtype, key
     expected = tf.cast(tf.cast(value, tf.float32), stored).numpy()
     np.testing.assert_array_equal(got[key], expected, err_msg=key)
+
+
+@pytest.mark.parametrize("when", ["before_build", "after_build"])
+def test_a_float32_checkpoint_restores_into_a_16_bit_stack(when, tmp_path):
+  """Stack members read another type part by part (to nearest)."""
+  emb = make_pair(False, tpe.RowStorage())
+  emb.build()
+  want = {
+    (t, k): np.asarray(tf.convert_to_tensor(v))
+    for t, keys in emb.variables.items()
+    for k, v in keys.items()
+  }
+  path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "c"))
+  stacked = make_pair(True)
+  restore(stacked, path, when, "tpe")
+  for (table, key), value in want.items():
+    got = tf.convert_to_tensor(stacked.variables[table][key])
+    assert got.dtype == tf.bfloat16, (table, key)
+    expected = tf.cast(value, tf.bfloat16).numpy()
+    np.testing.assert_array_equal(got.numpy(), expected, err_msg=table)
 
 
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16"])

@@ -73,10 +73,11 @@ def make_embedding(
   }
   policy = PlacementPolicy()
   if directory is not None:
+    # A row and its slots as stored, and a 16-bit cache's slot map entry.
     row_bytes = DIM * (
       storage.parameter_dtype.size
       + len(optimizer.SLOT_NAMES) * storage.slot_dtype.size
-    )
+    ) + (0 if storage.is_float32 else 8)
     policy = PlacementPolicy(
       disk=DiskTier(str(directory), cache_rows * row_bytes, ("big",))
     )

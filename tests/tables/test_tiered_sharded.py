@@ -68,10 +68,11 @@ def make_embedding(
   configs = {f: tpe.FeatureConfig(tables[f], name=f) for f in features}
   disk = DiskTier()
   if directory is not None:
+    # A row and its slots as stored, and a 16-bit cache's slot map entry.
     row_bytes = DIM * (
       storage.parameter_dtype.size
       + len(optimizer.SLOT_NAMES) * storage.slot_dtype.size
-    )
+    ) + (0 if storage.is_float32 else 8)
     disk = DiskTier(str(directory), cache_rows * row_bytes, ("big",))
   with (strategy or tf.distribute.get_strategy()).scope():
     emb = tpe.TPUEmbedding(
@@ -227,8 +228,32 @@ def test_16_bit_blocks_on_disk_equal_the_in_memory_blocks(
   want, got = made[None], made[tmp_path]
   check_tiers(got)
   assert got.table_stores["big"].tier(1).cache.size == 30
-  f64 = {k: v.astype(np.float64) for k, v in values(want).items()}
-  assert_same({k: v.astype(np.float64) for k, v in values(got).items()}, f64)
+
+  def f64(emb):
+    return {k: v.astype(np.float64) for k, v in values(emb).items()}
+
+  assert_same(f64(got), f64(want))
+  # The in-memory blocks' checkpoint (16 bits) restored into new disk
+  # blocks, with the update count: one more step alike.
+  path = tpe.checkpoints.write(
+    tf.train.Checkpoint(embedding=want), str(tmp_path / "c")
+  )
+  resumed = make_embedding(
+    OPTIMIZERS[optimizer](),
+    strategy,
+    tmp_path / "resumed",
+    30,
+    pipeline,
+    "abc",
+    storage,
+  )
+  tpe.checkpoints.restore(tf.train.Checkpoint(embedding=resumed), path)
+  assert resumed.table_stores["big"].update_count() == STEPS
+  assert_same(f64(resumed), f64(want))
+  more = batches("ragged", np.random.default_rng(9), steps=2)
+  train(want, more, strategy)
+  train(resumed, more, strategy)
+  assert_same(f64(resumed), f64(want))
 
 
 def test_one_feature_equals_one_device(tmp_path):

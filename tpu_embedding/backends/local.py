@@ -30,8 +30,8 @@ from tpu_embedding.sharding import IN_MEMORY
 from tpu_embedding.sharding import DiskTier
 from tpu_embedding.stacking import TableStack
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import stored_row_bytes
 from tpu_embedding.tables.tiered import TieredTable
+from tpu_embedding.tables.tiered import cached_row_bytes
 from tpu_embedding.tables.whole import WholeTable
 from tpu_embedding.tracking import VariableTracker
 
@@ -66,7 +66,7 @@ class LocalBackend(HostBackend):
   def _create(self, table: TableConfig, tracker: VariableTracker) -> TableStore:
     members = self._members.get(table_name(table), (table_name(table),))
     if all(self._disk.holds(name) for name in members):
-      rows = self._disk.cache_rows(stored_row_bytes(table))
+      rows = self._disk.cache_rows(cached_row_bytes(table))
       return TieredTable.create(
         table,
         self._disk.directory,

@@ -63,10 +63,10 @@ from tpu_embedding.sharding import DiskTier
 from tpu_embedding.sharding import ShardingPlan
 from tpu_embedding.stacking import auto_stacks
 from tpu_embedding.tables.base import TableStore
-from tpu_embedding.tables.base import stored_row_bytes
 from tpu_embedding.tables.multi_worker import MultiWorkerShardedTable
 from tpu_embedding.tables.replicated import ReplicatedTable
 from tpu_embedding.tables.row_sharded import RowShardedTable
+from tpu_embedding.tables.tiered import cached_row_bytes
 from tpu_embedding.tables.tiered_sharded import TieredShardedTable
 from tpu_embedding.tracking import VariableTracker
 
@@ -162,7 +162,7 @@ class ShardedBackend(Backend):
         self._devices,
         self._first,
         self._disk.directory,
-        self._disk.cache_rows(stored_row_bytes(table)),
+        self._disk.cache_rows(cached_row_bytes(table)),
         tracker,
         self._strategy,
         self.update_guard,

@@ -175,7 +175,21 @@ def restore(
     rows.restore_rows(variable, saved, key, chunk_bytes)
   if save_path:
     delta_saves.apply_deltas(checkpoint, save_path, deltas)
+  for state in tf.train.TrackableView(checkpoint).descendants():
+    if isinstance(state, DroppedOnRestore):
+      state.drop()
   return status
+
+
+# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
+class DroppedOnRestore(compat.Trackable):
+  """State that no checkpoint holds and every restore drops (an update
+  pipelining holds back: ``step/pipelining.py``). ``restore`` calls
+  ``drop`` on each one the checkpoint reaches, whoever wrote the file."""
+
+  def drop(self) -> Any:
+    """Drops the state; the writes (a graph's) or None."""
+    raise NotImplementedError
 
 
 def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:

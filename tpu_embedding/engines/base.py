@@ -158,6 +158,10 @@ class Engine(metaclass=abc.ABCMeta):
   def flush_pipeline(self) -> None:
     """Applies an update held back by pipelining."""
 
+  @abc.abstractmethod
+  def discard_held_update(self) -> None:
+    """Drops an update held back by pipelining, unapplied."""
+
 
 class EngineCheckpointOwner(Trackable):
   """A trackable whose checkpoint content is its engine's.

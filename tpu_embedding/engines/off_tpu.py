@@ -363,6 +363,10 @@ class OffTPUEngine(Engine, Trackable):
     if self._built:
       self._schedule.flush(self._step_ops())
 
+  def discard_held_update(self) -> None:
+    if self._built:
+      self._schedule.discard()
+
   # --- internals -----------------------------------------------------------
 
   def _prepare(

@@ -219,6 +219,9 @@ class _TensorFlowEngine(Engine):
   def flush_pipeline(self) -> None:
     """A no-op: on TPU, TensorFlow runs the pipeline itself."""
 
+  def discard_held_update(self) -> None:
+    """A no-op: on TPU, TensorFlow holds any pipelined update."""
+
   @staticmethod
   def _check_no_skip(skip: Any) -> None:
     if skip is not None:

@@ -50,7 +50,10 @@ class Rounding(Protocol):
   def storage(self) -> RowStorage: ...
 
   @property
-  def first_row(self) -> int | None: ...
+  def first_row(self) -> int: ...
+
+  @property
+  def fused(self) -> bool: ...
 
   @property
   def table(self) -> str: ...
@@ -111,17 +114,14 @@ def fused_apply(
     if any(v.dtype != tf.float32 for v in variables):
       return None  # (16-bit rows round as their block says)
     rounded = {"rounding_step": tf.constant(0, tf.int64)}
+  elif not rounding.fused:
+    return None  # (rows that draw by a map: the TensorFlow path)
   else:
-    first_row = rounding.first_row
-    if first_row is None:  # Rows draw by a map (a cache's slots) ...
-      if not rounding.storage.is_float32:
-        return None  # ... which the TensorFlow path reads.
-      first_row = 0  # (nothing draws)
     rounded = {
       "rounding_step": rounding.step(),
       "stochastic": rounding.storage.rounding == "stochastic",
       "seed": rounding.storage.seed,
-      "first_row": first_row,
+      "first_row": rounding.first_row,
       "table": rounding.table,
     }
   op = module.tpe_fused_sparse_apply(

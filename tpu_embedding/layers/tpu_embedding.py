@@ -358,8 +358,11 @@ class TPUEmbedding(EmbeddingLayer):
     for key, (table_store, slot) in wanted.items():
       table_store.assign(np.asarray(store[key]), slot)
     for key, table_store in self._update_count_keys().items():
-      if key in store:  # (a file saved before counts were: from 0)
-        table_store.set_update_count(int(np.asarray(store[key])))
+      # (a file saved before counts were: from 0)
+      table_store.set_update_count(
+        int(np.asarray(store[key])) if key in store else 0
+      )
+    self.mid_level_api.discard_held_update()
 
   def _update_count_keys(self) -> dict[str, TableStore]:
     """``{Keras weights-file key: store}`` of the tables that count

@@ -58,6 +58,7 @@ from tpu_embedding.backends.base import Backend
 from tpu_embedding.backends.base import GatherRequests
 from tpu_embedding.backends.base import TableUpdate
 from tpu_embedding.backends.base import Updates
+from tpu_embedding.checkpointing.full import DroppedOnRestore
 from tpu_embedding.config import TableConfig
 from tpu_embedding.gradients import PickedRows
 from tpu_embedding.gradients import RowGradients
@@ -130,8 +131,18 @@ class HeldUpdates:
   def restore_point(self) -> compat.Trackable:
     """What checkpoints save of the holding: that no update is held
     (a constant). Restored, it drops every replica's held update."""
-    lengths = [held[-1] for tables in self._held for held in tables.values()]
-    return _NothingHeld(self._pending, lengths)
+    return _NothingHeld(self)
+
+  def clear(self) -> Any:
+    """Drops every replica's held update (unapplied); the writes."""
+    return tf.group(
+      [p.assign(False, read_value=False) for p in self._pending]
+      + [
+        held[-1].assign(tf.zeros([3], tf.int32), read_value=False)
+        for tables in self._held
+        for held in tables.values()
+      ]
+    )
 
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
@@ -191,29 +202,23 @@ class HeldUpdates:
       variable.assign(value)
 
 
-# Trackable is TensorFlow's (untyped: ``Any`` to mypy).
-class _NothingHeld(compat.Trackable):  # type: ignore[misc]
-  """Saved as False; restored, it empties every replica's holding (no
-  update held, none of its rows)."""
+class _NothingHeld(DroppedOnRestore):
+  """Saved as False; restored (by TensorFlow's restore of a checkpoint
+  that holds it, or by any ``tpu_embedding.checkpoints.restore``), it
+  empties every replica's holding."""
 
-  def __init__(
-    self, pending: Sequence[tf.Variable], lengths: Sequence[tf.Variable]
-  ):
-    self._pending = tuple(pending)
-    self._lengths = tuple(lengths)
+  def __init__(self, held: HeldUpdates):
+    self._holding = held
 
   def _serialize_to_tensors(self) -> dict[str, Any]:
     return {"VARIABLE_VALUE": tf.constant(False)}
 
   def _restore_from_tensors(self, restored_tensors: Any) -> Any:
     del restored_tensors  # (always False)
-    return tf.group(
-      [p.assign(False, read_value=False) for p in self._pending]
-      + [
-        n.assign(tf.zeros([3], tf.int32), read_value=False)
-        for n in self._lengths
-      ]
-    )
+    return self.drop()
+
+  def drop(self) -> Any:
+    return self._holding.clear()
 
 
 def _as_update(
@@ -323,6 +328,10 @@ class UpdateSchedule:
     previous key's update must not land."""
     del table, rows
 
+  def discard(self) -> None:
+    """Drops any update held back, unapplied (none here): the tables were
+    written from elsewhere (a restore, loaded weights)."""
+
 
 class PipelinedUpdates(UpdateSchedule):
   """Updates that wait for the next training lookup.
@@ -386,6 +395,9 @@ class PipelinedUpdates(UpdateSchedule):
 
   def drop_held_rows(self, table: str, rows: tf.Tensor) -> None:
     self._holding().drop_rows(local_replica(self._strategy), table, rows)
+
+  def discard(self) -> None:
+    self._holding().clear()
 
   def _holding(self) -> HeldUpdates:
     if self._held is None:

@@ -57,6 +57,7 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
+from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
@@ -111,15 +112,6 @@ def variable_specs(table: TableConfig) -> list[tuple[str, Initializer, bool]]:
       optimizer.SLOT_NAMES, optimizer.slot_initializers(), strict=True
     )
   ]
-
-
-def stored_row_bytes(table: TableConfig) -> int:
-  """Bytes of one row of ``table`` and its slots, in their stored types
-  (``RowStorage``)."""
-  return sum(
-    table.dim * table.storage.stored_dtype(stream).size
-    for stream in range(len(variable_specs(table)))
-  )
 
 
 def _no_default_slots(name: str, initializer: Any) -> Any:
@@ -698,10 +690,13 @@ tf.register_tensor_conversion_function(
 )
 
 
-class StackSliceVariable(WholeValueVariable):
+class StackSliceVariable(WholeValueVariable, saved_rows.RowBlocks):
   """One member's rows of one stack variable, as a whole variable (of the
   stack's stored type: a 16-bit stack's members save as 16 bits, as an
-  unstacked table does, and restore from either)."""
+  unstacked table does). ``tpu_embedding.checkpoints.restore`` (and a
+  restore before build) writes a checkpoint's value into the stack part
+  by part, from any float type (TensorFlow's own restore reads only the
+  stored one)."""
 
   def __init__(self, stack: TableStore, key: str, offset: int, rows: int):
     self.stack = stack
@@ -732,6 +727,25 @@ class StackSliceVariable(WholeValueVariable):
         f"variable of shape {[self.rows, self.stack.table.dim]}."
       )
     return self.stack.write_rows(self.offset, value, self.key)
+
+  def row_blocks(self) -> list[tuple[tf.Variable, int]]:
+    return []  # Rows of the stack's blocks: ``restore_rows`` writes them.
+
+  def restore_rows(
+    self, saved: saved_rows.SavedRows, key: str, chunk_bytes: int | None = None
+  ) -> None:
+    full = self.shape.as_list()
+    pieces = saved.read_rows(
+      key,
+      full,
+      0,
+      full[0],
+      saved.saved_dtype(key) or self.dtype,
+      whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
+      range_rows=saved_rows.range_rows(full[0], full[1], chunk_bytes),
+    )
+    for first, value in pieces:
+      self.stack.write_rows(self.offset + first, decode(value), self.key)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

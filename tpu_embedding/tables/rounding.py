@@ -86,11 +86,22 @@ class BlockRounding:
     return self._storage
 
   @property
-  def first_row(self) -> int | None:
+  def first_row(self) -> int:
     """The block's first global row: its row ``i`` is global row
-    ``first_row + i`` (its draws' row; the fused kernel's too); None
-    where block rows map to global rows otherwise (a cache's slots)."""
+    ``first_row + i`` (its draws' row; the fused kernel's too)."""
     return self._first_row
+
+  @property
+  def fused(self) -> bool:
+    """Whether the fused kernel may write the block: its rows draw by
+    ``first_row + row``, as the kernel numbers them."""
+    return True
+
+  def cached(self, slots: tf.Tensor, rows: tf.Tensor) -> list[Any]:
+    """Records that block rows ``slots`` now hold ``rows`` (a cache's);
+    the writes. A block of consecutive rows maps nothing."""
+    del slots, rows
+    return []
 
   @property
   def table(self) -> str:
@@ -130,6 +141,20 @@ class CachedRowsRounding(BlockRounding):
       block of a tiered sharded table starts past ``0``).
     slots: the cache's slots.
     device: the cache's device.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> import tpu_embedding as tpe
+    >>> table = tpe.TableConfig(100, 2, name="t",
+    ...                         storage=tpe.RowStorage("bfloat16"))
+    >>> rounding = CachedRowsRounding(table, first_row=50, slots=4,
+    ...                               device=None)
+    >>> _ = rounding.cached(tf.constant([0, 3], tf.int64),
+    ...                     tf.constant([7, 2], tf.int64))
+    >>> rounding._global_rows(tf.constant([3, 0], tf.int64)).numpy().tolist()
+    [52, 57]
+    >>> rounding.fused  # (the kernel numbers rows from a first row)
+    False
   """
 
   def __init__(
@@ -144,13 +169,15 @@ class CachedRowsRounding(BlockRounding):
         )
 
   @property
-  def first_row(self) -> int | None:
-    return None  # Slots hold rows by the cache's map.
+  def fused(self) -> bool:
+    # Slots hold rows by the cache's map, which the kernel does not read
+    # (a float32 cache draws nothing: the kernel writes it).
+    return not self.counts()
 
   def cached(self, slots: tf.Tensor, rows: tf.Tensor) -> list[Any]:
     """Records that ``slots`` now hold the cache's rows ``rows`` (rows of
     its own numbering); the writes (none where nothing rounds)."""
-    if self._slot_rows is None:
+    if not self.counts():
       return []
     return [
       tf.raw_ops.ResourceScatterUpdate(

@@ -166,10 +166,12 @@ class TieredTable(TableStore):
     return 0, self._rows.size  # The cache's slots.
 
   def _block_rounding(self, block: int, device: str | None) -> BlockRounding:
-    self._slot_rounding = CachedRowsRounding(
-      self.table, self._first, self._rows.size, device
-    )
-    return self._slot_rounding
+    return CachedRowsRounding(self.table, self._first, self._rows.size, device)
+
+  @property
+  def block_rounding(self) -> BlockRounding:
+    """How the cache rounds and counts its updates (by global row)."""
+    return self._rounding[0]
 
   def _as_stored(self, key: str, value: Any) -> np.ndarray:
     """Float32 rows ``value`` of ``key`` as its stored type holds them
@@ -209,7 +211,7 @@ class TieredTable(TableStore):
       )
     )
     # (the rounding's map of slots to rows: where rows draw by global id)
-    writes = self._slot_rounding.cached(load_slots, load_rows)
+    writes = self._rounding[0].cached(load_slots, load_rows)
     for key, value in zip(keys, loaded, strict=True):
       value.set_shape([None, self.table.dim])
       writes.append(
@@ -501,6 +503,28 @@ def own_error(
           return DiskFullError(errno.ENOSPC, text)
         return CacheTooSmallError(text)
   return None
+
+
+def cached_row_bytes(table: TableConfig) -> int:
+  """Bytes a cache slot of ``table`` takes: its row and slots in their
+  stored types (``RowStorage``), and a 16-bit cache's map entry (the
+  slot's global row, 8 bytes: ``rounding.CachedRowsRounding``).
+
+  Example:
+    >>> import tpu_embedding as tpe
+    >>> from tpu_embedding.resolved import resolve
+    >>> def row_bytes(storage):
+    ...   table = tpe.TableConfig(10, 8, name="t", storage=storage)
+    ...   resolved = resolve(tpe.FeatureConfig(table), tpe.Adagrad(0.1))
+    ...   return cached_row_bytes(resolved.tables[0])
+    >>> row_bytes(tpe.RowStorage()), row_bytes(tpe.RowStorage("bfloat16"))
+    (64, 56)
+  """
+  values: int = sum(
+    table.dim * int(table.storage.stored_dtype(stream).size)
+    for stream in range(len(variable_specs(table)))
+  )
+  return values + (0 if table.storage.is_float32 else 8)
 
 
 def cache_variables(

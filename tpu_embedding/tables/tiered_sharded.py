@@ -56,8 +56,10 @@ from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
+from tpu_embedding.row_storage import decode
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.multi_worker import WorkerShardedVariable
+from tpu_embedding.tables.rounding import BlockRounding
 from tpu_embedding.tables.row_cache import CacheCounts
 from tpu_embedding.tables.row_sharded import RowShardedTable
 from tpu_embedding.tables.tiered import TieredTable
@@ -89,6 +91,10 @@ class TieredShardedTable(RowShardedTable):
     self._strategy = strategy
     caches = [block.blocks[0] for block in blocks]
     super().__init__(table, placement, caches, first, guard)
+
+  def _block_rounding(self, block: int, device: str | None) -> BlockRounding:
+    # Each block's own tiered table rounds and counts its updates.
+    return self._tiers[block].block_rounding
 
   @classmethod
   def create(  # type: ignore[override]  # (a directory and a cache)
@@ -361,10 +367,10 @@ class TieredBlocksVariable(WorkerShardedVariable):
         full,
         start,
         count,
-        tf.float32,
+        saved.saved_dtype(key) or tf.float32,
         whole_rows=parts.chunk_rows(count, full[1], chunk_bytes),
         range_rows=saved_rows.range_rows(count, full[1], chunk_bytes),
       )
       shard.tier.assign_by_parts(
-        shard.key, ((first - start, value) for first, value in pieces)
+        shard.key, ((first - start, decode(value)) for first, value in pieces)
       )
