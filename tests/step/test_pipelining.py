@@ -269,8 +269,9 @@ def test_a_restore_drops_the_held_update(restore, rng, tmp_path):
 
 
 def test_tpe_restore_drops_the_held_update_whoever_saved(rng, tmp_path):
-  """A checkpoint an unpipelined object wrote (no ``held_update`` entry):
-  ``tpe.checkpoints.restore`` drops the held update all the same."""
+  """A checkpoint an unpipelined object wrote (no
+  ``_pipeline/held_update`` entry): ``tpe.checkpoints.restore`` drops the
+  held update all the same."""
   init = rng.normal(size=(V, DIM)).astype(np.float32)
   data = batches(rng)
   unpipelined = make_embedding(False, init)

@@ -361,7 +361,11 @@ class PipelinedUpdates(UpdateSchedule):
     self, tables: Sequence[TableConfig], tracker: VariableTracker
   ) -> None:
     self._held = HeldUpdates(tables, self._backend.local_devices)
-    tracker.register("held_update", self._held.restore_point(), restore=True)
+    # (under the slot-like name of a table "_pipeline": no table's slot
+    # is called that, so no table's key is taken)
+    tracker.register(
+      "_pipeline/held_update", self._held.restore_point(), restore=True
+    )
 
   def gather_for_training(
     self, requests: GatherRequests, ops: StepOps
