@@ -286,13 +286,14 @@ def _checked_float16_range(
   values: tf.Tensor, table: str, key: int
 ) -> tf.Tensor:
   what = "parameters" if key == 0 else f"slot {key - 1}"
-  check = tf.debugging.assert_less_equal(
-    tf.reduce_max(tf.abs(values)),
-    tf.constant(FLOAT16_MAX, tf.float32),
-    message=(
+  # (NaN fails the comparison too.) The message alone, as the kernel's: no
+  # condition or operand dump after it.
+  check = tf.debugging.Assert(
+    tf.reduce_max(tf.abs(values)) <= FLOAT16_MAX,
+    [
       f"Table '{table}': a float16 {what} value exceeds 65504, the largest "
-      "float16; store it as bfloat16 or float32 (RowStorage)."
-    ),
+      "float16 (or is NaN); store it as bfloat16 or float32 (RowStorage)."
+    ],
   )
   with tf.control_dependencies([check]):
     return tf.identity(values)
