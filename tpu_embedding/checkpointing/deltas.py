@@ -316,11 +316,6 @@ def check_chain(base: str, deltas: Sequence[str]) -> list[dict[str, Any]]:
 _OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
-def _escaped(name: str) -> str:
-  """A local name as a checkpoint key writes it (TensorFlow's escaping)."""
-  return name.replace(".", "..").replace("/", ".S")
-
-
 class SavedKeys:
   """What a saved checkpoint calls the values of another object graph.
 
@@ -362,7 +357,7 @@ class SavedKeys:
     node = self._graph.nodes[0]
     for name in path.split("/") if path else []:
       child = next(
-        (c for c in node.children if _escaped(c.local_name) == name), None
+        (c for c in node.children if parts.escaped(c.local_name) == name), None
       )
       if child is None:
         return None

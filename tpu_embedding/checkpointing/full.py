@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -182,14 +183,14 @@ def restore(
 
 
 # Trackable is TensorFlow's (untyped: ``Any`` to mypy).
-class DroppedOnRestore(compat.Trackable):
+class DroppedOnRestore(compat.Trackable, metaclass=abc.ABCMeta):
   """State that no checkpoint holds and every restore drops (an update
   pipelining holds back: ``step/pipelining.py``). ``restore`` calls
   ``drop`` on each one the checkpoint reaches, whoever wrote the file."""
 
+  @abc.abstractmethod
   def drop(self) -> Any:
     """Drops the state; the writes (a graph's) or None."""
-    raise NotImplementedError
 
 
 def _held(checkpoint: Any, saved: rows.SavedRows) -> list[tuple[str, Any]]:

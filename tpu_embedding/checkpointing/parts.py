@@ -115,6 +115,16 @@ def is_chief(checkpoint: Any) -> bool:
   return not variables or variables[0].worker_index == 0
 
 
+def escaped(name: str) -> str:
+  """A local name as a checkpoint key writes it (TensorFlow's escaping).
+
+  Example:
+    >>> escaped("t/accumulators"), escaped("a.b")
+    ('t.Saccumulators', 'a..b')
+  """
+  return name.replace(".", "..").replace("/", ".S")
+
+
 def key_id(key: str) -> str:
   """A file-name-safe, stable id of a checkpoint key."""
   return hashlib.sha1(key.encode()).hexdigest()[:12]

@@ -188,6 +188,32 @@ class SavedRows:
         rows = min(range_rows, high - first)
         yield first, self._read_bytes(key, piece, first, rows, dtype)
 
+  def read_float32_rows(
+    self,
+    key: str,
+    full_shape: Sequence[int],
+    start: int,
+    count: int,
+    dtype: tf.DType,
+    chunk_bytes: int | None = None,
+  ) -> Iterator[tuple[int, tf.Tensor]]:
+    """``read_rows`` in the type ``key`` is saved in (``dtype`` where the
+    index is not read), each part cast to float32 (exact from 16 bits);
+    parts of at most ``chunk_bytes`` (None: the defaults of
+    ``parts.chunk_rows`` and ``range_rows``)."""
+    width = int(full_shape[1])
+    pieces = self.read_rows(
+      key,
+      full_shape,
+      start,
+      count,
+      self.saved_dtype(key) or dtype,
+      whole_rows=parts.chunk_rows(count, width, chunk_bytes),
+      range_rows=range_rows(count, width, chunk_bytes),
+    )
+    for first, value in pieces:
+      yield first, tf.cast(value, tf.float32)
+
   def _read_bytes(
     self, key: str, piece: _Piece, first: int, rows: int, dtype: tf.DType
   ) -> tf.Tensor:

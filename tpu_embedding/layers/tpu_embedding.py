@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tpu_embedding.checkpointing.parts import escaped
 from tpu_embedding.embedding import TPUEmbeddingV3
 from tpu_embedding.layers import serialization
 from tpu_embedding.layers.base import EmbeddingLayer
@@ -53,6 +54,7 @@ from tpu_embedding.sharding import DEFAULT_ROW_THRESHOLD
 from tpu_embedding.sharding import PlacementPolicy
 from tpu_embedding.stacking import TableStacking
 from tpu_embedding.tables.base import TableStore
+from tpu_embedding.tables.base import checkpoint_name
 from tpu_embedding.types import FeatureConfigNest
 from tpu_embedding.types import FeatureNest
 from tpu_embedding.types import WeightsNest
@@ -368,7 +370,7 @@ class TPUEmbedding(EmbeddingLayer):
     """``{Keras weights-file key: store}`` of the tables that count
     their updates (``<table>.Supdate_count``)."""
     return {
-      f"{name.replace('.', '..').replace('/', '.S')}.Supdate_count": table
+      escaped(checkpoint_name(name, "update_count")): table
       for name, table in self.table_stores.items()
       if table.counts_updates
     }
@@ -378,10 +380,8 @@ class TPUEmbedding(EmbeddingLayer):
 
     TensorFlow's checkpoint escaping: ``t`` and ``t.Saccumulators``.
     """
-    keys = {}
-    for name, table_store in self.table_stores.items():
-      escaped = name.replace(".", "..").replace("/", ".S")
-      for slot in table_store.keys:
-        key = escaped if slot == "parameters" else f"{escaped}.S{slot}"
-        keys[key] = (table_store, slot)
-    return keys
+    return {
+      escaped(checkpoint_name(name, slot)): (table_store, slot)
+      for name, table_store in self.table_stores.items()
+      for slot in table_store.keys
+    }

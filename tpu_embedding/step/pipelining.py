@@ -136,13 +136,19 @@ class HeldUpdates:
   def clear(self) -> Any:
     """Drops every replica's held update (unapplied); the writes."""
     return tf.group(
-      [p.assign(False, read_value=False) for p in self._pending]
-      + [
-        held[-1].assign(tf.zeros([3], tf.int32), read_value=False)
-        for tables in self._held
-        for held in tables.values()
-      ]
+      [write for r in range(len(self._held)) for write in self._emptied(r)]
     )
+
+  def _emptied(self, replica: int) -> list[Any]:
+    """Marks ``replica``'s holding empty (nothing held, no rows, the
+    values left as they are); the writes."""
+    return [
+      self._pending[replica].assign(False, read_value=False),
+      *(
+        held[-1].assign(tf.zeros([3], tf.int32), read_value=False)
+        for held in self._held[replica].values()
+      ),
+    ]
 
   def drop_rows(self, replica: int, table: str, rows: tf.Tensor) -> None:
     """Removes ``rows`` (and their occurrences) from ``table``'s held
@@ -157,16 +163,16 @@ class HeldUpdates:
     scalar bool: False, the updates are empty and must not run); the
     holding empties."""
     pending = self._pending[replica].read_value()
-    with tf.control_dependencies([pending]):
-      self._pending[replica].assign(False, read_value=False)
     updates = []
     for table in self._tables:
       held = self._held[replica][table_name(table)]
       values = self._read(replica, table_name(table))
       for variable, value in zip(held[:-1], values, strict=True):
         variable.assign(value[:0])
-      held[-1].assign(tf.zeros([3], tf.int32))
       updates.append(TableUpdate(table, *_as_update(values)))
+    # (after the reads above: automatic control dependencies keep each
+    # variable's reads and writes in program order)
+    self._emptied(replica)
     return updates, pending
 
   def _read(self, replica: int, table: str) -> list[tf.Tensor]:

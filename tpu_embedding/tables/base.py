@@ -57,7 +57,6 @@ from typing import Any
 import tensorflow as tf
 
 from tpu_embedding import compat
-from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
@@ -735,17 +734,11 @@ class StackSliceVariable(WholeValueVariable, saved_rows.RowBlocks):
     self, saved: saved_rows.SavedRows, key: str, chunk_bytes: int | None = None
   ) -> None:
     full = self.shape.as_list()
-    pieces = saved.read_rows(
-      key,
-      full,
-      0,
-      full[0],
-      saved.saved_dtype(key) or self.dtype,
-      whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
-      range_rows=saved_rows.range_rows(full[0], full[1], chunk_bytes),
+    pieces = saved.read_float32_rows(
+      key, full, 0, full[0], self.dtype, chunk_bytes
     )
     for first, value in pieces:
-      self.stack.write_rows(self.offset + first, decode(value), self.key)
+      self.stack.write_rows(self.offset + first, value, self.key)
 
 
 _STORE_ATTRIBUTE = "_tpu_embedding_store"

@@ -696,18 +696,11 @@ class _TieredVariable(WholeValueVariable, slicing.WorkerParts, rows.RowBlocks):
     self, saved: rows.SavedRows, key: str, chunk_bytes: int | None = None
   ) -> None:
     full = self.shape.as_list()
-    pieces = saved.read_rows(
-      key,
-      full,
-      0,
-      full[0],
-      saved.saved_dtype(key) or tf.float32,
-      whole_rows=parts.chunk_rows(full[0], full[1], chunk_bytes),
-      range_rows=rows.range_rows(full[0], full[1], chunk_bytes),
+    pieces = saved.read_float32_rows(
+      key, full, 0, full[0], tf.float32, chunk_bytes
     )
     self._store.assign_by_parts(
-      self._key,
-      ((self._offset + first, decode(value)) for first, value in pieces),
+      self._key, ((self._offset + first, value) for first, value in pieces)
     )
 
   def _restore_from_tensors(

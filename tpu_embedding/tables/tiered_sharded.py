@@ -47,7 +47,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from tpu_embedding.checkpointing import parts
 from tpu_embedding.checkpointing import rows as saved_rows
 from tpu_embedding.checkpointing import slicing
 from tpu_embedding.config import TableConfig
@@ -56,7 +55,6 @@ from tpu_embedding.gradients import concat_pieces
 from tpu_embedding.kernels.ops import TENSORFLOW_OPS
 from tpu_embedding.kernels.ops import StepOps
 from tpu_embedding.resolved import table_name
-from tpu_embedding.row_storage import decode
 from tpu_embedding.sharding import TablePlacement
 from tpu_embedding.tables.multi_worker import WorkerShardedVariable
 from tpu_embedding.tables.rounding import BlockRounding
@@ -362,15 +360,9 @@ class TieredBlocksVariable(WorkerShardedVariable):
     full = self.shape.as_list()
     for local, shard in enumerate(self._shards):
       start, count = self._rows(local)
-      pieces = saved.read_rows(
-        key,
-        full,
-        start,
-        count,
-        saved.saved_dtype(key) or tf.float32,
-        whole_rows=parts.chunk_rows(count, full[1], chunk_bytes),
-        range_rows=saved_rows.range_rows(count, full[1], chunk_bytes),
+      pieces = saved.read_float32_rows(
+        key, full, start, count, tf.float32, chunk_bytes
       )
       shard.tier.assign_by_parts(
-        shard.key, ((first - start, decode(value)) for first, value in pieces)
+        shard.key, ((first - start, value) for first, value in pieces)
       )
