@@ -61,6 +61,7 @@ SOURCES = (
   "vocabulary_step.cc",
   "mark_rows.cc",
   "read_records.cc",
+  "admit_rows.cc",
 )
 
 #: Sources compiled once per level: their loops are arithmetic on rows.

@@ -14,8 +14,9 @@ halved once the counts grew by ``AGING`` times the slots) outlives its
 stay in the cache, so a hot row evicted by chance comes back with its
 count, and rows asked for once leave first: with ids drawn from a fixed
 distribution the cache comes to hold the most probable rows, as an ideal
-cache of its size would. An evicted row whose values changed since they
-were read is written back to the file, in the background.
+cache of its size would (``kernels/admit_rows.py`` decides, in one call
+a step). An evicted row whose values changed since they were read is
+written back to the file, in the background.
 Every update marks its rows changed, one bit per row of the table, until
 a save clears them (``changed_rows``: what a delta checkpoint holds).
 
@@ -55,6 +56,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpu_embedding.kernels import admit_rows
+from tpu_embedding.kernels.admit_rows import Admitted
 from tpu_embedding.tables.row_files import RowFiles
 from tpu_embedding.tables.row_staging import RowStaging
 
@@ -83,26 +86,6 @@ _WriteBack = tuple[
 #: ``initial(key, first, count)``: rows ``[first, first + count)`` of a
 #: variable's initial value (within one grid block).
 InitialRows = Callable[[str, int, int], np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
-class Admitted:
-  """What one ``admit`` decided.
-
-  Attributes:
-    slots: ``[n]`` int64, the slot of each asked row, in order.
-    evicted_slots: slots whose rows leave the cache and must be written
-      back first (their values changed since they were read).
-    evicted_rows: the rows those slots held.
-    load_slots: slots given to rows not cached.
-    load_rows: those rows, whose values are read into ``load_slots``.
-  """
-
-  slots: np.ndarray
-  evicted_slots: np.ndarray
-  evicted_rows: np.ndarray
-  load_slots: np.ndarray
-  load_rows: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,20 +165,47 @@ class RowCache:
     # Rows of coming steps read ahead (prefetch).
     self.staging = RowStaging(self.files)
     self._written = np.zeros(-(-rows // grid), bool)  # grid blocks on disk
-    # Each row's slot + 1 (0: not cached): zeros, so that pages of rows
-    # never asked for take no memory.
-    self._slot_of_row = np.zeros(rows, np.int32)
-    self.row_of_slot = np.full(slots, -1, np.int64)
-    self.last_use = np.full(slots, -1, np.int64)
-    self.dirty = np.zeros(slots, bool)
+    # Which row each slot holds, and what the policy counts.
+    self.slot_map = admit_rows.CacheMap.empty(rows, slots)
     # One bit per row: updated since the last save (delta checkpoints).
     self._changed = np.zeros(-(-rows // 8), np.uint8)
-    # Steps that asked for each row (saturating; halved as they age).
-    self.frequency = np.zeros(rows, np.uint8)
-    self._counted = 0  # counts added since the last halving
-    self._hand = 0
-    self.step = 0
-    self.hits = self.misses = self.reads = self.writes = 0
+    self.reads = self.writes = 0
+
+  @property
+  def _slot_of_row(self) -> np.ndarray:
+    return self.slot_map.slot_of_row
+
+  @property
+  def row_of_slot(self) -> np.ndarray:
+    return self.slot_map.row_of_slot
+
+  @property
+  def last_use(self) -> np.ndarray:
+    return self.slot_map.last_use
+
+  @property
+  def dirty(self) -> np.ndarray:
+    return self.slot_map.dirty
+
+  @property
+  def frequency(self) -> np.ndarray:
+    return self.slot_map.frequency
+
+  @property
+  def step(self) -> int:
+    return int(self.slot_map.counters[admit_rows.STEP])
+
+  @property
+  def hits(self) -> int:
+    return int(self.slot_map.counters[admit_rows.HITS])
+
+  @property
+  def misses(self) -> int:
+    return int(self.slot_map.counters[admit_rows.MISSES])
+
+  @property
+  def _hand(self) -> int:
+    return int(self.slot_map.counters[admit_rows.HAND])
 
   def counts(self) -> CacheCounts:
     """Its lookups' hits and misses, rows read and written, so far."""
@@ -204,87 +214,32 @@ class RowCache:
   # --- a step ---------------------------------------------------------------
 
   def admit(self, rows: np.ndarray) -> Admitted:
-    """Gives every row of ``rows`` (distinct, in ``[0, rows)``) a slot.
+    """Gives every row of ``rows`` (distinct, in ``[0, rows)``) a slot
+    (``kernels/admit_rows.py``: the policy).
 
     Raises:
       CacheTooSmallError: if the rows, with those of the step before,
-        outnumber the slots.
+        outnumber the slots (nothing changed).
     """
     rows = np.asarray(rows, np.int64)
-    self.step += 1
-    slots = self._slot_of_row[rows].astype(np.int64) - 1
-    missing = slots < 0
-    need = int(missing.sum())
-    self.hits += rows.size - need
-    self.misses += need
-    # Rows this step or the one before asked for stay (a pipelined update
-    # of the step before lands after this lookup).
-    self.last_use[slots[~missing]] = self.step
-    self._count(rows)
-    chosen = self._free_slots(need, rows.size)
-    old = self.row_of_slot[chosen]
-    held = old >= 0
-    write_back = held & self.dirty[chosen]
-    self._slot_of_row[old[held]] = 0
-    new_rows = rows[missing]
-    self._slot_of_row[new_rows] = chosen + 1
-    self.row_of_slot[chosen] = new_rows
-    self.last_use[chosen] = self.step
-    self.dirty[chosen] = False
-    slots[missing] = chosen
-    return Admitted(
-      slots, chosen[write_back], old[write_back], chosen, new_rows
-    )
-
-  def _count(self, rows: np.ndarray) -> None:
-    """Counts a step's asking for ``rows`` (halving every count once they
-    grew by ``AGING`` times the slots)."""
-    counts = self.frequency[rows]
-    self.frequency[rows] = counts + (counts < 255)
-    self._counted += rows.size
-    if self._counted >= AGING * self.size:
-      self.frequency >>= 1
-      self._counted = 0
-
-  def _free_slots(self, need: int, asked: int) -> np.ndarray:
-    """``need`` slots no row of this or the previous step holds: of the
-    window ahead of the hand (or, if it holds too few, the whole cache),
-    the empty ones, then those of the rows asked for least often, then
-    least recently."""
-    if need == 0:
-      return np.zeros([0], np.int64)
-    span = min(self.size, max(MIN_WINDOW, WINDOW * need))
-    window = (self._hand + np.arange(span)) % self.size
-    self._hand = int((self._hand + span) % self.size)
-    idle = window[self.last_use[window] < self.step - 1]
-    if idle.size < need:
-      idle = np.flatnonzero(self.last_use < self.step - 1)
-    if idle.size < need:
+    admitted = admit_rows.admit(self.slot_map, rows, WINDOW, MIN_WINDOW, AGING)
+    if admitted is None:
+      need = int((self._slot_of_row[rows] == 0).sum())
       raise CacheTooSmallError(
         f"Table '{self.files.table}' (DiskTier directory "
         f"{self.files.tier}): a step asks for "
-        f"{asked} distinct rows, {need} of them not cached, but fewer of "
+        f"{rows.size} distinct rows, {need} of them not cached, but fewer of "
         f"the cache's {self.size} slots are free of this step's and the "
         "previous step's rows: give the cache at least twice the "
         "distinct rows of a step (DiskTier.cache_bytes)."
       )
-    held = self.row_of_slot[idle]
-    counts = self.frequency[np.maximum(held, 0)].astype(np.int64)
-    score = np.where(held >= 0, (counts << 40) | self.last_use[idle], -1)
-    if need < idle.size:
-      idle = idle[np.argpartition(score, need - 1)[:need]]
-    self.last_use[idle] = self.step  # (never taken twice)
-    chosen: np.ndarray = idle.astype(np.int64)
-    return chosen
+    return admitted
 
   def slots_of(self, rows: np.ndarray) -> np.ndarray:
     """The slots of cached ``rows``, now marked changed (an update)."""
-    rows = np.asarray(rows, np.int64)
-    slots: np.ndarray = self._slot_of_row[rows].astype(np.int64) - 1
-    if (slots < 0).any():
+    slots = admit_rows.mark_updated(self.slot_map, self._changed, rows)
+    if slots is None:
       raise AssertionError("an update of rows its step did not look up")
-    self.dirty[slots] = True
-    self.mark_changed(rows)
     return slots
 
   def mark_changed(self, rows: np.ndarray | None = None) -> None:
@@ -343,10 +298,11 @@ class RowCache:
     (any thread may call it); ids out of range, grid blocks never written
     and rows whose write-back is in flight (``load`` takes them from it)
     are skipped."""
-    rows = np.unique(np.asarray(rows, np.int64))
+    rows = np.asarray(rows, np.int64).reshape([-1])
     rows = rows[(rows >= 0) & (rows < self.rows)]
-    kept = (self._slot_of_row[rows] == 0) & self._written[rows // self._grid]
-    rows = rows[kept]
+    rows = rows[self._slot_of_row[rows] == 0]  # (before sorting: fewer)
+    rows = np.unique(rows)
+    rows = rows[self._written[rows // self._grid]]
     with self.staging.lock:  # (a write-back starting now marks them stale)
       for written, _, _ in self._in_flight:
         rows = rows[~np.isin(rows, written, assume_unique=True)]
@@ -457,10 +413,10 @@ class RowCache:
 
   def forget(self) -> None:
     """Empties the cache (after a flush: the files hold every change)."""
-    self._slot_of_row[:] = 0
-    self.row_of_slot[:] = -1
-    self.last_use[:] = -1
-    self.dirty[:] = False
+    self.slot_map.slot_of_row[:] = 0
+    self.slot_map.row_of_slot[:] = -1
+    self.slot_map.last_use[:] = -1
+    self.slot_map.dirty[:] = False
 
   def _write_initial(self, blocks: np.ndarray) -> None:
     """Writes the initial values of the grid blocks not on disk yet."""
