@@ -52,6 +52,20 @@ def _steps(seed: int, count: int):
     yield rng.permutation(np.unique(order[ranks]))
 
 
+def _takes_from_the_whole_cache(cache, rows, window, min_window) -> bool:
+  """Whether admitting ``rows`` succeeds only through the whole-cache
+  fallback (the window ahead of the hand holds too few idle slots)."""
+  step = cache.counters[admit_rows.STEP] + 1
+  slots = cache.slot_of_row[rows].astype(np.int64) - 1
+  need = int((slots < 0).sum())
+  last = cache.last_use.copy()
+  last[slots[slots >= 0]] = step
+  span = min(cache.size, max(min_window, window * need))
+  ahead = (cache.counters[admit_rows.HAND] + np.arange(span)) % cache.size
+  idle = last < step - 1
+  return 0 < need and idle[ahead].sum() < need <= idle.sum()
+
+
 @pytest.mark.parametrize(
   ("size", "window", "min_window", "aging"),
   [(600, 16, 64, 2), (900, 2, 16, 128), (4_000, 16, 4096, 1)],
@@ -63,8 +77,11 @@ def test_the_kernel_decides_as_numpy(kernel, monkeypatch, size, window,
   with_kernel = CacheMap.empty(ROWS, size)
   with_numpy = CacheMap.empty(ROWS, size)
   changed = [np.zeros(-(-ROWS // 8), np.uint8) for _ in range(2)]
-  refused = 0
+  refused = whole_cache = 0
   for rows in _steps(size, 300):
+    whole_cache += _takes_from_the_whole_cache(
+      with_numpy, rows, window, min_window
+    )
     got = admit_rows.admit(with_kernel, rows, window, min_window, aging)
     with monkeypatch.context() as patch:
       patch.setattr(admit_rows, "_kernels", lambda: None)
@@ -87,7 +104,10 @@ def test_the_kernel_decides_as_numpy(kernel, monkeypatch, size, window,
     np.testing.assert_array_equal(changed[0], changed[1])
   assert with_kernel.counters[admit_rows.STEP] > 200
   if size == 600:
-    assert refused > 0  # (the case was exercised)
+    assert refused > 0  # (the cases were exercised)
+  if size == 900:  # (small windows: the fallback; slow aging: saturation)
+    assert with_kernel.frequency.max() == 255
+    assert whole_cache > 0
 
 
 @pytest.fixture(name="admit", params=["kernel", "numpy"])
@@ -101,11 +121,43 @@ def _admit(request, monkeypatch):
 
 
 def test_a_refusal_changes_nothing(admit):
+  """Cached rows of the refused step (one twice, its old use restored)
+  keep their last use; rows outside the table are refused too."""
   cache = CacheMap.empty(ROWS, 150)
   assert admit(cache, np.arange(100), 16, 4096, 128) is not None
+  assert admit(cache, np.arange(20), 16, 4096, 128) is not None
   before = _copy(cache)
-  assert admit(cache, np.arange(100, 200), 16, 4096, 128) is None
+  assert admit(cache, np.arange(50, 200), 16, 4096, 128) is None
   _assert_same(cache, before)
+  for outside in (ROWS, -1):
+    with pytest.raises(IndexError, match=f"row {outside} is outside"):
+      admit(cache, np.array([3, outside]), 16, 4096, 128)
+    _assert_same(cache, before)
+
+
+def test_marking_a_row_not_cached_changes_nothing(admit):
+  cache = CacheMap.empty(ROWS, 150)
+  changed = np.zeros(-(-ROWS // 8), np.uint8)
+  admit(cache, np.array([3, 4]), 16, 4096, 128)
+  before, changed_before = _copy(cache), changed.copy()
+  assert admit_rows.mark_updated(cache, changed, np.array([3, 9])) is None
+  with pytest.raises(IndexError):
+    admit_rows.mark_updated(cache, changed, np.array([4, ROWS]))
+  _assert_same(cache, before)
+  np.testing.assert_array_equal(changed, changed_before)
+  slots = admit_rows.mark_updated(cache, changed, np.array([4, 3, 4]))
+  assert slots.tolist() == [1, 0, 1]
+  assert cache.dirty.tolist()[:3] == [True, True, False]
+  assert np.flatnonzero(np.unpackbits(changed, bitorder="little")).tolist() == [
+    3,
+    4,
+  ]
+
+
+def test_a_map_of_other_types_is_refused():
+  good = CacheMap.empty(10, 4)
+  with pytest.raises(ValueError, match="slot_of_row: int64"):
+    dataclasses.replace(good, slot_of_row=np.zeros(10, np.int64))
 
 
 def test_the_policys_invariants(admit):

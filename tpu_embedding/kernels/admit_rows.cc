@@ -9,8 +9,9 @@
 // TpeMarkUpdated: the slots of cached rows an update writes, marked dirty,
 // their rows' changed bits set.
 //
-// Both return 0, or -1 having changed nothing (admission: too few free
-// slots; marking: a row not cached).
+// Both return 0, -1 having changed nothing (admission: too few free
+// slots; marking: a row not cached), or -2 having changed nothing (a row
+// outside [0, rows)).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -39,6 +40,9 @@ extern "C" int TpeAdmitRows(int64_t table_rows, int64_t size,
                             int64_t min_window, int64_t aging, int64_t* slots,
                             int64_t* chosen, int64_t* old,
                             uint8_t* write_back, int64_t* need_out) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= table_rows) return -2;
+  }
   const int64_t step = counters[kStep] + 1;
   int64_t need = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -73,7 +77,9 @@ extern "C" int TpeAdmitRows(int64_t table_rows, int64_t size,
       }
     }
     if (static_cast<int64_t>(idle.size()) < need) {
-      for (const auto& [slot, use] : used) last_use[slot] = use;
+      for (auto it = used.rbegin(); it != used.rend(); ++it) {
+        last_use[it->first] = it->second;  // (the oldest value last)
+      }
       return -1;
     }
     hand = (hand + span) % size;
@@ -102,7 +108,9 @@ extern "C" int TpeAdmitRows(int64_t table_rows, int64_t size,
   }
   int64_t counted = counters[kCounted] + n;
   if (counted >= aging * size) {
-    for (int64_t row = 0; row < table_rows; ++row) frequency[row] >>= 1;
+    for (int64_t row = 0; row < table_rows; ++row) {
+      if (frequency[row]) frequency[row] >>= 1;  // (zero pages untouched)
+    }
     counted = 0;
   }
   // The rows not cached take the chosen slots; their old rows leave.
@@ -132,10 +140,12 @@ extern "C" int TpeAdmitRows(int64_t table_rows, int64_t size,
 
 // rows [n] (repeats allowed): their slots into slots [n]; each slot marked
 // dirty, each row's bit of changed [rows / 8] set.
-extern "C" int TpeMarkUpdated(const int32_t* slot_of_row, uint8_t* dirty,
+extern "C" int TpeMarkUpdated(int64_t table_rows,
+                              const int32_t* slot_of_row, uint8_t* dirty,
                               uint8_t* changed, int64_t n,
                               const int64_t* rows, int64_t* slots) {
   for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= table_rows) return -2;
     slots[i] = static_cast<int64_t>(slot_of_row[rows[i]]) - 1;
     if (slots[i] < 0) return -1;
   }

@@ -14,7 +14,8 @@ takes a slot that neither this step nor the one before asked for, of a
 window of slots ahead of a hand that sweeps the cache (``window`` times
 the slots needed, at least ``min_window``; the whole cache if the window
 holds too few): the empty slots first, then those whose rows were asked
-for in fewest steps, then least recently (ties in the window's order).
+for in fewest steps (before this one), then least recently (ties in the
+window's order).
 The counts of steps that asked for each row saturate at 255 and halve
 once they grew by ``aging`` times the slots.
 
@@ -46,6 +47,9 @@ from tpu_embedding.kernels import library
 #: ``CacheMap.counters``' entries.
 STEP, HAND, COUNTED, HITS, MISSES = range(5)
 
+#: The kernels' answer for a row outside the table.
+OUT_OF_RANGE = -2
+
 
 @dataclasses.dataclass(frozen=True)
 class CacheMap:
@@ -67,6 +71,25 @@ class CacheMap:
   dirty: np.ndarray
   frequency: np.ndarray
   counters: np.ndarray
+
+  def __post_init__(self) -> None:
+    """Checks the types and sizes ``admit_rows.cc`` reads them as."""
+    rows, size = self.slot_of_row.size, self.row_of_slot.size
+    want = {
+      "slot_of_row": (np.int32, rows),
+      "row_of_slot": (np.int64, size),
+      "last_use": (np.int64, size),
+      "dirty": (bool, size),
+      "frequency": (np.uint8, rows),
+      "counters": (np.int64, 5),
+    }
+    for name, (dtype, count) in want.items():
+      array = getattr(self, name)
+      if array.dtype != dtype or array.shape != (count,):
+        raise ValueError(
+          f"CacheMap.{name}: {array.dtype}{list(array.shape)}, expected "
+          f"{np.dtype(dtype)}[{count}]"
+        )
 
   @classmethod
   def empty(cls, rows: int, size: int) -> CacheMap:
@@ -109,12 +132,17 @@ class Admitted:
 def admit(
   cache: CacheMap, rows: np.ndarray, window: int, min_window: int, aging: int
 ) -> Admitted | None:
-  """Gives every row of ``rows`` (distinct, in range) a slot; None, with
-  ``cache`` unchanged, if fewer slots are free of this step's and the
-  previous step's rows than the rows not cached."""
+  """Gives every row of ``rows`` (distinct) a slot; None, with ``cache``
+  unchanged, if fewer slots are free of this step's and the previous
+  step's rows than the rows not cached.
+
+  Raises:
+    IndexError: a row outside the table (nothing changed).
+  """
   rows = np.ascontiguousarray(rows, np.int64)
   kernel = _kernels()
   if kernel is None:
+    _check_range(cache, rows)
     return _admit_with_numpy(cache, rows, window, min_window, aging)
   n = rows.size
   slots = np.empty(n, np.int64)
@@ -133,6 +161,8 @@ def admit(
     aging,
     *_pointers(slots, chosen, old, write_back, need),
   )
+  if failed == OUT_OF_RANGE:
+    _check_range(cache, rows)
   if failed:
     return None
   k = int(need[0])
@@ -146,18 +176,38 @@ def mark_updated(
 ) -> np.ndarray | None:
   """The slots of ``rows`` (cached; repeats allowed), now marked dirty,
   and the rows' bits of ``changed`` (``[ceil(rows / 8)]`` uint8) set;
-  None, with nothing changed, if a row is not cached."""
+  None, with nothing changed, if a row is not cached.
+
+  Raises:
+    IndexError: a row outside the table (nothing changed).
+  """
   rows = np.ascontiguousarray(rows, np.int64)
+  if changed.dtype != np.uint8 or changed.size * 8 < cache.slot_of_row.size:
+    raise ValueError("admit_rows: changed must be uint8, a bit per row")
   kernel = _kernels()
   if kernel is None:
+    _check_range(cache, rows)
     return _mark_with_numpy(cache, changed, rows)
   slots = np.empty(rows.size, np.int64)
   failed = kernel[1](
+    cache.slot_of_row.size,
     *_pointers(cache.slot_of_row, cache.dirty, changed),
     rows.size,
     *_pointers(rows, slots),
   )
+  if failed == OUT_OF_RANGE:
+    _check_range(cache, rows)
   return None if failed else slots
+
+
+def _check_range(cache: CacheMap, rows: np.ndarray) -> None:
+  """Raises ``IndexError`` for a row outside the table."""
+  outside = rows[(rows < 0) | (rows >= cache.slot_of_row.size)]
+  if outside.size:
+    raise IndexError(
+      f"row {int(outside[0])} is outside the table's "
+      f"{cache.slot_of_row.size} rows"
+    )
 
 
 # --- numpy: the same decisions ---------------------------------------------
@@ -195,7 +245,8 @@ def _admit_with_numpy(
   cache.frequency[rows] = counts + (counts < 255)
   counted = int(counters[COUNTED]) + rows.size
   if counted >= aging * cache.size:
-    np.right_shift(cache.frequency, 1, out=cache.frequency)
+    asked = np.flatnonzero(cache.frequency)  # (zero pages untouched)
+    cache.frequency[asked] >>= 1
     counted = 0
   old = cache.row_of_slot[chosen]
   held = old >= 0
@@ -242,13 +293,13 @@ def _kernels() -> tuple[Callable[..., int], Callable[..., int]] | None:
   admit_rows.argtypes = [size, size, *[pointer] * 6, size, pointer,
                          size, size, size, *[pointer] * 5]  # fmt: skip
   admit_rows.restype = ctypes.c_int
-  mark.argtypes = [*[pointer] * 3, size, pointer, pointer]
+  mark.argtypes = [size, *[pointer] * 3, size, pointer, pointer]
   mark.restype = ctypes.c_int
   return admit_rows, mark
 
 
 def _pointers(*arrays: np.ndarray) -> list[Any]:
-  """Each array's data (contiguous, as ``admit_rows.cc`` reads it)."""
+  """Each array's data (contiguous: ``CacheMap`` checked the types)."""
   for array in arrays:
     if not array.flags.c_contiguous:
       raise ValueError("admit_rows: arrays must be contiguous")
