@@ -175,6 +175,12 @@ def test_large_buffers_return_to_the_os_unless_told_otherwise(env, applied):
   assert f"APPLIED {applied}" in finished.stdout
 
 
+#: Rows of the dynamic-vocabulary job: its state (3 int64 a row, 288 MB)
+#: well above the run-to-run spread of a worker's fixed costs at build
+#: (measured 70-103 MB apart between runs on the same 2-core machine).
+VOCABULARY_ROWS = 12_000_000
+
+
 def _build_growth(tmp_path, *flags: str) -> dict[str, float]:
   """Each worker's build-phase peak growth (bytes) of a small 2-worker
   job (the tool's exit code 1, "over the limit", allowed: this table's
@@ -182,7 +188,8 @@ def _build_growth(tmp_path, *flags: str) -> dict[str, float]:
   out = tmp_path / f"report{len(flags)}.json"
   finished = subprocess.run(
     [
-      sys.executable, str(TOOL), "--rows=3000000", "--dim=4", "--batch=1024",
+      sys.executable, str(TOOL), f"--rows={VOCABULARY_ROWS}", "--dim=4",
+      "--batch=1024",
       "--strategies=mwms", "--no-resize", "--no-export", "--no-restore",
       f"--json={out}", *flags,
     ],
@@ -194,14 +201,15 @@ def _build_growth(tmp_path, *flags: str) -> dict[str, float]:
 
 
 def test_each_worker_holds_half_of_a_dynamic_tables_vocabulary(tmp_path):
-  """The same job with and without a DynamicVocabulary on its 3,000,000
+  """The same job with and without a DynamicVocabulary on its 12,000,000
   rows: each worker's resident memory grows by about half of the
-  vocabulary's state (3 int64 per row, sharded like the rows), not all."""
+  vocabulary's state (3 int64 per row, sharded like the rows), not all
+  (the bounds leave room for the fixed costs' spread between runs)."""
   if not _can_reset_peak():
     pytest.skip("/proc/self/clear_refs is not writable here (Linux only)")
-  vocabulary = 3_000_000 * 3 * 8
+  vocabulary = VOCABULARY_ROWS * 3 * 8
   plain = _build_growth(tmp_path)
   dynamic = _build_growth(tmp_path, "--dynamic")
   for worker in ("worker0", "worker1"):
     extra = dynamic[worker] - plain[worker]
-    assert 0.4 * vocabulary < extra < 0.6 * vocabulary, (worker, extra)
+    assert 0.3 * vocabulary < extra < 0.7 * vocabulary, (worker, extra)
