@@ -794,6 +794,13 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
     f"{on_disk.median / memory.median:.2f}x the in-memory rate",
     flush=True,
   )
+  # Where the disk bounds the floor, its ratio is the product of these two.
+  print(
+    f"  of it: the cache misses {misses / steps / ideal:.2f}x an ideal "
+    f"cache's rows (it learns the hot rows as it trains), and the step "
+    f"reads at {reads * files / seconds / rate:.0%} of the disk's rate",
+    flush=True,
+  )
   return [memory, on_disk]
 
 

@@ -61,6 +61,7 @@ SOURCES = (
   "vocabulary_step.cc",
   "mark_rows.cc",
   "read_records.cc",
+  "read_ring.cc",
   "admit_rows.cc",
 )
 
@@ -68,7 +69,7 @@ SOURCES = (
 VECTOR_SOURCES = ("fused_update.cc", "segment_sum.cc", "gather_rows.cc")
 
 #: Headers the sources include (part of the tuned library's cache key).
-HEADERS = ("piece_rows.h", "row_types.h", "spread.h")
+HEADERS = ("piece_rows.h", "read_ring.h", "row_types.h", "spread.h")
 
 #: Flags beyond TensorFlow's: IEEE float math as TensorFlow computes it (no
 #: contraction into fused multiply-adds, no fast-math), errno-free sqrt so

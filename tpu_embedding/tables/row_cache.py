@@ -16,7 +16,8 @@ count, and rows asked for once leave first: with ids drawn from a fixed
 distribution the cache comes to hold the most probable rows, as an ideal
 cache of its size would (``kernels/admit_rows.py`` decides, in one call
 a step). An evicted row whose values changed since they were read is
-written back to the file, in the background.
+written back to the file, in the background (on one thread every
+table shares, ``file_threads``).
 Every update marks its rows changed, one bit per row of the table, until
 a save clears them (``changed_rows``: what a delta checkpoint holds).
 
@@ -58,6 +59,7 @@ import numpy as np
 
 from tpu_embedding.kernels import admit_rows
 from tpu_embedding.kernels.admit_rows import Admitted
+from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 from tpu_embedding.tables.row_staging import RowStaging
 
@@ -122,6 +124,11 @@ class CacheCounts:
     )
 
 
+def _writer() -> concurrent.futures.ThreadPoolExecutor:
+  """The thread that writes every table's rows back, in order."""
+  return file_threads.pool("row-writes", 1)
+
+
 class CacheTooSmallError(ValueError):
   """A step asks for more distinct rows than the cache may hold at once."""
 
@@ -156,9 +163,7 @@ class RowCache:
     self.keys = tuple(keys)
     self.files = RowFiles(directory, rows, dim, self.keys, owner)
     # Write-backs run beside the steps (those in flight), page cache drops
-    # beside them.
-    self._writer = concurrent.futures.ThreadPoolExecutor(1)
-    self._dropper = concurrent.futures.ThreadPoolExecutor(1)
+    # with them, on the thread every table shares (in the order asked).
     self._dropped: concurrent.futures.Future[None] | None = None
     self._in_flight: list[_WriteBack] = []
     self._grid, self._initial = grid, initial
@@ -266,7 +271,8 @@ class RowCache:
     whose write-back is in flight taken from it, the latest if several;
     those read ahead and not written since, from RAM)."""
     self._wait([])
-    self._write_initial(np.unique(rows // self._grid))
+    blocks = rows // self._grid
+    self._write_initial(np.unique(blocks[~self._written[blocks]]))
     self.reads += rows.size
     source = np.full(rows.size, -1)  # the write-back holding each row
     at = np.zeros(rows.size, np.int64)  # and where in it
@@ -289,7 +295,7 @@ class RowCache:
       for value, held in zip(values, pending, strict=True):
         value[mine] = held[at[mine]]
     if self.step % DROP_EVERY == 0 and self._drop_done():
-      self._dropped = self._dropper.submit(self.files.drop_cache)
+      self._dropped = _writer().submit(self.files.drop_cache)
     return values
 
   def prefetch(self, rows: np.ndarray) -> None:
@@ -327,7 +333,7 @@ class RowCache:
     rows = np.asarray(rows)[order]
     values = [np.asarray(v)[order] for v in values]
     with self.staging.lock:
-      done = self._writer.submit(self.files.write, rows, values)
+      done = _writer().submit(self.files.write, rows, values)
       self._in_flight.append((rows, values, done))
       self.staging.invalidate(rows)
     self.writes += rows.size

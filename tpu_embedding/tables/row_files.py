@@ -21,7 +21,8 @@ plus three segments and the largest write.
 
 Reads: records consecutive in the file are read in one ``pread``, every
 run of a read in flight at once (``kernels.read_records``: a pool of
-threads in C++, or the kernel's own read-ahead where the kernel library
+threads in C++, past the page cache with ``O_DIRECT`` where the file
+system allows it; or the kernel's own read-ahead where the kernel library
 is not built); the file is read at random (``POSIX_FADV_RANDOM``: no
 read-ahead around a record). Appended pages are dropped once on disk, and
 the table drops the file's clean pages every few steps
@@ -51,6 +52,7 @@ import errno
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -123,6 +125,9 @@ class RowFiles:
     self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     # Rows are read at random: no read-ahead around them.
     os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+    self._direct_fd = read_records.open_direct(path)  # (-1: none)
+    # (closed when the table is gone, or by ``close``)
+    self._closer = weakref.finalize(self, _close, self._fd, self._direct_fd)
     # Each row's record + 1 (0: never written): zeros, whose pages take
     # no memory until rows are written; 4 bytes a row (the file's records
     # stay below 2**31 for tables below 2**29 rows).
@@ -135,7 +140,7 @@ class RowFiles:
 
   def close(self) -> None:
     """Closes the file (it stays on disk)."""
-    os.close(self._fd)
+    self._closer()
 
   # --- reads ------------------------------------------------------------------
 
@@ -147,7 +152,8 @@ class RowFiles:
     """
     rows = np.asarray(rows, np.int64).reshape([-1])
     records = self._records(rows.size)
-    self._read_rows(rows, records)
+    if rows.size:
+      self._read_rows(rows, records)
     return [np.ascontiguousarray(records[:, k]) for k in range(len(self.keys))]
 
   def _read_rows(self, rows: np.ndarray, records: np.ndarray) -> None:
@@ -185,7 +191,7 @@ class RowFiles:
       return
     in_order = bool((np.diff(order) == 1).all())  # (a window: no copy)
     staged = records if in_order else np.empty_like(records)
-    read_records.read_runs(self._fd, offsets, sizes, staged)
+    read_records.read_runs(self._fd, offsets, sizes, staged, self._direct_fd)
     if not in_order:
       records[order] = staged
 
@@ -314,10 +320,12 @@ class RowFiles:
     """Appends the live records of ``segment`` again."""
     base = segment * self._segment_bytes
     ids = np.empty(SEGMENT_RECORDS, np.int64)
-    read_records.read_runs(self._fd, [base], [ids.nbytes], ids)
+    read_records.read_runs(self._fd, [base], [ids.nbytes], ids, self._direct_fd)
     records = self._records(SEGMENT_RECORDS)
     offset = self._value_offset(segment, 0)
-    read_records.read_runs(self._fd, [offset], [records.nbytes], records)
+    read_records.read_runs(
+      self._fd, [offset], [records.nbytes], records, self._direct_fd
+    )
     os.posix_fadvise(
       self._fd, base, self._segment_bytes, os.POSIX_FADV_DONTNEED
     )
@@ -374,3 +382,9 @@ class RowFiles:
           "the tables on disk another directory).",
         ) from None
       raise
+
+
+def _close(*fds: int) -> None:
+  for fd in fds:
+    if fd >= 0:
+      os.close(fd)

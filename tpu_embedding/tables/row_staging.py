@@ -17,7 +17,8 @@ step, which reports any failure itself.
 Example:
   >>> import tempfile
   >>> import numpy as np
-  >>> from tpu_embedding.tables.row_files import RowFiles
+  >>> from tpu_embedding.tables import file_threads
+from tpu_embedding.tables.row_files import RowFiles
   >>> files = RowFiles(tempfile.mkdtemp(), rows=10, dim=2, keys=("p",))
   >>> files.write(np.array([3, 5]), [np.array([[3, 3], [5, 5]], "f4")])
   >>> staging = RowStaging(files)
@@ -33,11 +34,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import threading
 
 import numpy as np
 
+from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 
 #: Read-ahead sets a table keeps: a step's, and those of the steps its
@@ -49,12 +50,9 @@ SETS = 3
 STAGERS = 4
 
 
-@functools.cache
 def _stagers() -> concurrent.futures.ThreadPoolExecutor:
   """Started on the first read ahead (not on import)."""
-  return concurrent.futures.ThreadPoolExecutor(
-    STAGERS, thread_name_prefix="tpe-row-staging"
-  )
+  return file_threads.pool("row-staging", STAGERS)
 
 
 @dataclasses.dataclass
