@@ -17,8 +17,7 @@ step, which reports any failure itself.
 Example:
   >>> import tempfile
   >>> import numpy as np
-  >>> from tpu_embedding.tables import file_threads
-from tpu_embedding.tables.row_files import RowFiles
+  >>> from tpu_embedding.tables.row_files import RowFiles
   >>> files = RowFiles(tempfile.mkdtemp(), rows=10, dim=2, keys=("p",))
   >>> files.write(np.array([3, 5]), [np.array([[3, 3], [5, 5]], "f4")])
   >>> staging = RowStaging(files)
