@@ -21,21 +21,20 @@
 // past the end of the file).
 #include <unistd.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <vector>
-
-#include "read_ring.h"
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
+
+#include "read_ring.h"
 
 namespace {
 
@@ -111,12 +110,13 @@ bool ReadRunDirect(const Job& job, int64_t i) {
   if (bounce == nullptr) return false;
   const int64_t end = job.offsets[i] + job.sizes[i];
   for (int64_t at = job.offsets[i]; at < end;) {
-    const int64_t first = at & ~(kPage - 1);
+    const int64_t first = tpe::PageSpan(at, 0).first;
     const int64_t last = std::min(end, first + tpe::kBounceBytes);
-    const int64_t pages = ((last + kPage - 1) & ~(kPage - 1)) - first;
+    const int64_t pages = tpe::PageSpan(first, last - first).end - first;
     int64_t done = 0;
     while (first + done < last) {
-      ssize_t n = pread(job.direct_fd, bounce + done, pages - done, first + done);
+      ssize_t n =
+          pread(job.direct_fd, bounce + done, pages - done, first + done);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0 || n % kPage != 0) return false;  // (the end, or EINVAL)
       done += n;
@@ -166,42 +166,7 @@ void Reader() {
   }
 }
 
-}  // namespace
-
-namespace {
-
-int ReadWithPool(int fd, int direct_fd, int64_t runs, const int64_t* offsets,
-                 const int64_t* sizes, const int64_t* starts, char* dest);
-
-}  // namespace
-
-extern "C" int TpeReadRecordsDirect(int fd, int direct_fd, int use_ring,
-                                    int64_t runs, const int64_t* offsets,
-                                    const int64_t* sizes,
-                                    const int64_t* starts, char* dest) {
-  if (runs <= 0) return 0;
-  if (direct_fd < 0 || !use_ring) {
-    return ReadWithPool(fd, direct_fd, runs, offsets, sizes, starts, dest);
-  }
-  std::vector<unsigned char> read(runs, 0);
-  if (!tpe::RingRead(direct_fd, runs, offsets, sizes, starts, dest,
-                     read.data())) {
-    return ReadWithPool(fd, direct_fd, runs, offsets, sizes, starts, dest);
-  }
-  std::vector<int64_t> left_offsets, left_sizes, left_starts;
-  for (int64_t i = 0; i < runs; ++i) {
-    if (read[i]) continue;
-    left_offsets.push_back(offsets[i]);
-    left_sizes.push_back(sizes[i]);
-    left_starts.push_back(starts[i]);
-  }
-  return ReadWithPool(fd, direct_fd, static_cast<int64_t>(left_offsets.size()),
-                      left_offsets.data(), left_sizes.data(),
-                      left_starts.data(), dest);
-}
-
-namespace {
-
+// Reads the runs with the pool (and the calling thread).
 int ReadWithPool(int fd, int direct_fd, int64_t runs, const int64_t* offsets,
                  const int64_t* sizes, const int64_t* starts, char* dest) {
   if (runs <= 0) return 0;
@@ -242,6 +207,31 @@ int ReadWithPool(int fd, int direct_fd, int64_t runs, const int64_t* offsets,
 }
 
 }  // namespace
+
+extern "C" int TpeReadRecordsDirect(int fd, int direct_fd, int use_ring,
+                                    int64_t runs, const int64_t* offsets,
+                                    const int64_t* sizes,
+                                    const int64_t* starts, char* dest) {
+  if (runs <= 0) return 0;
+  if (direct_fd < 0 || !use_ring) {
+    return ReadWithPool(fd, direct_fd, runs, offsets, sizes, starts, dest);
+  }
+  std::vector<unsigned char> read(runs, 0);
+  if (!tpe::RingRead(direct_fd, runs, offsets, sizes, starts, dest,
+                     read.data())) {
+    return ReadWithPool(fd, direct_fd, runs, offsets, sizes, starts, dest);
+  }
+  std::vector<int64_t> left_offsets, left_sizes, left_starts;
+  for (int64_t i = 0; i < runs; ++i) {
+    if (read[i]) continue;
+    left_offsets.push_back(offsets[i]);
+    left_sizes.push_back(sizes[i]);
+    left_starts.push_back(starts[i]);
+  }
+  return ReadWithPool(fd, direct_fd, static_cast<int64_t>(left_offsets.size()),
+                      left_offsets.data(), left_sizes.data(),
+                      left_starts.data(), dest);
+}
 
 extern "C" int TpeReadRecords(int fd, int64_t runs, const int64_t* offsets,
                               const int64_t* sizes, const int64_t* starts,

@@ -53,12 +53,18 @@ USE_RING = True
 
 
 @functools.cache
-def _kernel() -> Callable[..., int] | None:
-  """``TpeReadRecordsDirect`` of the loaded kernel library, or None."""
+def _library() -> ctypes.CDLL | None:
+  """The loaded kernel library, or None."""
   if kernels.load() is None:
     return None
-  path = library.choose().path
-  function = getattr(ctypes.CDLL(path), "TpeReadRecordsDirect", None)
+  return ctypes.CDLL(library.choose().path)
+
+
+@functools.cache
+def _kernel() -> Callable[..., int] | None:
+  """``TpeReadRecordsDirect`` of the loaded kernel library, or None."""
+  loaded = _library()
+  function = getattr(loaded, "TpeReadRecordsDirect", None)
   if function is None:  # (a library built before it: the fallback)
     return None
   pointer = ctypes.c_void_p
@@ -75,8 +81,7 @@ def ring_ready() -> bool:
   not); the pool of threads reads otherwise."""
   if _kernel() is None:
     return False
-  library_path = library.choose().path
-  ready = getattr(ctypes.CDLL(library_path), "TpeReadRingReady", None)
+  ready = getattr(_library(), "TpeReadRingReady", None)
   return ready is not None and bool(ready())
 
 

@@ -101,17 +101,15 @@ class Ring {
         const unsigned slot = free_slots.back();
         free_slots.pop_back();
         run_in[slot] = run;
-        const int64_t first = offsets[run] & ~(kPage - 1);
-        const int64_t end =
-            (offsets[run] + sizes[run] + kPage - 1) & ~(kPage - 1);
+        const PageSpan pages(offsets[run], sizes[run]);
         const unsigned entry_at = tail & sq_mask_;
         io_uring_sqe* entry = &sqes_[entry_at];
         std::memset(entry, 0, sizeof(*entry));
         entry->opcode = IORING_OP_READ;
         entry->fd = direct_fd;
-        entry->off = static_cast<uint64_t>(first);
+        entry->off = static_cast<uint64_t>(pages.first);
         entry->addr = reinterpret_cast<uint64_t>(bounce_ + slot * kSlotBytes);
-        entry->len = static_cast<uint32_t>(end - first);
+        entry->len = static_cast<uint32_t>(pages.end - pages.first);
         entry->user_data = slot;
         sq_array_[entry_at] = entry_at;
         ++tail;
@@ -137,7 +135,7 @@ class Ring {
         const io_uring_cqe& done = cqes_[head & cq_mask_];
         const unsigned slot = static_cast<unsigned>(done.user_data);
         const int64_t run = run_in[slot];
-        const int64_t first = offsets[run] & ~(kPage - 1);
+        const int64_t first = PageSpan(offsets[run], sizes[run]).first;
         // Read when the bytes it needs arrived (a page past the file's
         // end is short; such a run is read another way).
         if (done.res >= offsets[run] + sizes[run] - first) {
@@ -173,7 +171,6 @@ class Ring {
     return p == MAP_FAILED ? nullptr : p;
   }
 
-
   int fd_ = -1;
   pid_t owner_ = 0;
   bool ready_ = false, single_ = false;
@@ -200,9 +197,8 @@ bool RingRead(int direct_fd, int64_t runs, const int64_t* offsets,
   if (!ring.ready()) return false;
   std::vector<int64_t> todo;
   for (int64_t run = 0; run < runs; ++run) {
-    const int64_t first = offsets[run] & ~(kPage - 1);
-    const int64_t end = (offsets[run] + sizes[run] + kPage - 1) & ~(kPage - 1);
-    if (end - first <= kSlotBytes) todo.push_back(run);
+    const PageSpan pages(offsets[run], sizes[run]);
+    if (pages.end - pages.first <= kSlotBytes) todo.push_back(run);
   }
   ring.Read(direct_fd, todo, offsets, sizes, starts, dest, read);
   return true;

@@ -17,9 +17,18 @@ constexpr int64_t kPage = 4096;
 // Bytes of a thread's bounce buffer for direct reads without the ring.
 constexpr int64_t kBounceBytes = 1 << 20;
 
+// The pages holding bytes [offset, offset + size): [first, end), aligned.
+struct PageSpan {
+  int64_t first, end;
+  PageSpan(int64_t offset, int64_t size)
+      : first(offset & ~(kPage - 1)),
+        end((offset + size + kPage - 1) & ~(kPage - 1)) {}
+};
+
 // Reads, through `direct_fd` (O_DIRECT), the runs `i` of `runs` whose
-// aligned pages are at most two (a record or a few): `sizes[i]` bytes at `offsets[i]` into `dest +
-// starts[i]`, setting `read[i]` to 1 for each run read. Returns false when
+// pages are at most two (a record or a few): `sizes[i]` bytes at
+// `offsets[i]` into `dest + starts[i]`, setting `read[i]` to 1 for each
+// run read. Returns false when
 // this thread has no ring (the kernel refuses io_uring: nothing read).
 // Runs left unread (a failed or short read, a run too large) are the
 // caller's to read another way.
