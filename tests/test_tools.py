@@ -235,6 +235,10 @@ def test_benchmark_disk_storage_against_memory_and_the_io_floor(tmp_path):
     r"hit rate [\d.]+%; per step [\d,]+ misses \(an ideal cache: [\d,]+\)",
     out,
   ), out
+  # The timed steps' batches go through data.prefetch_rows: their missed
+  # rows are read ahead (the first batch's cannot be: no step before it).
+  ahead = re.search(r"[\d,]+ row reads \((\d+)% read ahead\)", out)
+  assert ahead and int(ahead[1]) > 0, out
   assert re.search(r"IO floor [\d,]+ examples/s .* on disk at \d+% of it", out)
   _check_measurements(_json(tmp_path / "d.json"), ["in memory", "on disk"], 2)
 

@@ -41,7 +41,6 @@ the median is printed with the range and the spread (range / median).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import shutil
@@ -770,7 +769,13 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   before = _counts(embedding)
   on_disk = _timed("on disk", disk_step, batches, args, embedding)
   seconds = timed * args.batch_size / on_disk.median
-  hits, misses, reads, writes = dataclasses.astuple(_counts(embedding) - before)
+  run = _counts(embedding) - before
+  hits, misses, reads, writes = (
+    run.hits,
+    run.misses,
+    run.rows_read,
+    run.rows_written,
+  )
   steps = timed
   ideal = sum(
     _disk.ideal_misses(args.dist, args.rows, args.batch_size * hot, args.zipf,
@@ -782,7 +787,8 @@ def _disk_setting(args, directory: str) -> list[_timing.Measurement]:
   print(
     f"  hit rate {hits / (hits + misses):.1%}; per step {misses / steps:,.0f} "
     f"misses (an ideal cache: {ideal:,.0f}), {reads / steps * files:,.0f} "
-    f"row reads and {writes / steps * files:,.0f} row writes; "
+    f"row reads ({run.read_ahead_rate:.0%} read ahead) and "
+    f"{writes / steps * files:,.0f} row writes; "
     f"{reads * files / seconds:,.0f} reads/s; the files' pages in the page "
     f"cache {sum(c.files.cached_bytes() for c in caches) / 2**20:,.0f} MiB",
     flush=True,

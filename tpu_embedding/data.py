@@ -136,7 +136,8 @@ def prefetch_rows(
   cache does not hold into RAM, in the background, so that the step that
   looks them up takes them from there (as FBGEMM prefetches batch i + 1
   during batch i). No number changes (a row written after it was read
-  ahead is read again); tables in memory do nothing.
+  ahead is read again); without tables on disk the dataset is returned
+  as it is.
 
   Args:
     dataset: batches of the features nest ``embedding.enqueue`` takes.
@@ -158,19 +159,23 @@ def prefetch_rows(
     >>> [b["f"].numpy().tolist() for b in data.prefetch_rows(ds, emb)]
     [[1, 2], [3, 4]]
   """
+  if not embedding.disk_tier_counts():
+    return dataset  # (no table on disk: nothing to read ahead)
   configs = tf.nest.flatten(embedding.feature_config)
   stores = embedding.table_stores
   tables = [stores[embedding.table_names[c.table]] for c in configs]
+  reading = [at for at, table in enumerate(tables) if table.reads_ahead]
   pick = features or (lambda element: element)
 
   def warm(*ids: np.ndarray) -> np.bool_:
-    for table, rows in zip(tables, ids, strict=True):
-      table.prefetch_rows(rows)
+    for at, rows in zip(reading, ids, strict=True):
+      tables[at].prefetch_rows(rows)
     return np.bool_(True)
 
   def stage(*element: Any) -> Any:
     element = element[0] if len(element) == 1 else element
-    ids = [_ids(value) for value in tf.nest.flatten(pick(element))]
+    values = tf.nest.flatten(pick(element))
+    ids = [_ids(values[at]) for at in reading]
     done = tf.numpy_function(warm, ids, tf.bool, stateful=True)
     with tf.control_dependencies([done]):
       return tf.nest.map_structure(tf.identity, element)

@@ -348,14 +348,15 @@ def test_the_counts_of_hits_misses_reads_and_writes(tmp_path):
     counts.append(emb.disk_tier_counts())
   assert [sorted(c) for c in counts] == [["t"]] * 6
   got = [dataclasses.astuple(c["t"]) for c in counts]
-  # (hits, misses, rows read, rows written), summed so far.
+  # (hits, misses, rows read, rows written, rows read ahead: none without
+  # data.prefetch_rows), summed so far.
   assert got == [
-    (0, 8, 8, 0),
-    (8, 8, 8, 0),
-    (8, 16, 16, 0),
-    (8, 24, 24, 8),  # rows 0-7 leave (100-107 were the step before)
-    (16, 24, 24, 8),
-    (16, 32, 32, 16),  # 0-7 come back, 100-107 leave
+    (0, 8, 8, 0, 0),
+    (8, 8, 8, 0, 0),
+    (8, 16, 16, 0, 0),
+    (8, 24, 24, 8, 0),  # rows 0-7 leave (100-107 were the step before)
+    (16, 24, 24, 8, 0),
+    (16, 32, 32, 16, 0),  # 0-7 come back, 100-107 leave
   ]
   interval = counts[-1]["t"] - counts[3]["t"]
   assert interval.hit_rate == 0.5 and interval.rows_written == 8
@@ -635,4 +636,5 @@ def test_a_prefetch_reads_ahead_the_rows_not_cached(cache_rows, tmp_path):
     train(emb, [batch], "dense")
   taken = store.cache.staging.taken
   assert (taken > 0) == (cache_rows < ROWS), taken
+  assert emb.disk_tier_counts()["big"].rows_read_ahead == taken
   assert_same(values(emb), values(want))

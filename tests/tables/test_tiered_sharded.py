@@ -256,6 +256,27 @@ def test_16_bit_blocks_on_disk_equal_the_in_memory_blocks(
   assert_same(f64(resumed), f64(want))
 
 
+def test_a_prefetch_reads_each_blocks_rows_ahead(tmp_path):
+  """Global ids prefetched on a row-sharded disk table: each block reads
+  ahead the rows it holds and does not cache (from RAM at the next step,
+  on both replicas), and the numbers stay the in-memory blocks'."""
+  strategy = mirrored_strategy(REPLICAS)
+  data = batches("dense", np.random.default_rng(3))
+  want = make_embedding(tpe.Adagrad(0.3), strategy)
+  got = make_embedding(tpe.Adagrad(0.3), strategy, tmp_path, 30)
+  store = got.table_stores["big"]
+  assert store.reads_ahead and not want.table_stores["big"].reads_ahead
+  for emb in (want, got):
+    train(emb, data, strategy)
+  batch = data[0]
+  store.prefetch_rows(np.concatenate([batch["a"], batch["b"], [-1, ROWS]]))
+  for emb in (want, got):
+    train(emb, [batch], strategy)
+  taken = [store.tier(b).cache.staging.taken for b in range(REPLICAS)]
+  assert all(t > 0 for t in taken), taken
+  assert_same(values(got), values(want))
+
+
 def test_one_feature_equals_one_device(tmp_path):
   """Each table's ids from one feature: the in-memory row-sharded layout
   equals one device bit for bit (``exchanges.py``), and so does the

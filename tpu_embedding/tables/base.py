@@ -457,6 +457,11 @@ class TableStore(metaclass=abc.ABCMeta):
     for changes in self._changes:
       changes.clear()
 
+  @property
+  def reads_ahead(self) -> bool:
+    """Whether ``prefetch_rows`` reads anything (a disk tier's rows)."""
+    return False
+
   def prefetch_rows(self, ids: Any) -> None:
     """Readies rows ``ids`` (host values) of a coming step: nothing for a
     layout in memory (a disk tier reads them ahead into RAM)."""

@@ -93,7 +93,9 @@ InitialRows = Callable[[str, int, int], np.ndarray]
 @dataclasses.dataclass(frozen=True)
 class CacheCounts:
   """What disk-tier caches counted: rows asked for that were cached
-  (``hits``) or not (``misses``), rows read from and written to the files.
+  (``hits``) or not (``misses``), rows read from and written to the files,
+  and of the rows read those a step took from RAM, read ahead while the
+  step before ran (``rows_read_ahead``: ``data.prefetch_rows``).
 
   Counts add up (``a + b``), and subtract (the counts of an interval).
 
@@ -107,11 +109,17 @@ class CacheCounts:
   misses: int = 0
   rows_read: int = 0
   rows_written: int = 0
+  rows_read_ahead: int = 0
 
   @property
   def hit_rate(self) -> float:
     """Hits over lookups of distinct rows per step (0 without lookups)."""
     return self.hits / max(self.hits + self.misses, 1)
+
+  @property
+  def read_ahead_rate(self) -> float:
+    """Rows read ahead over rows read (0 without reads)."""
+    return self.rows_read_ahead / max(self.rows_read, 1)
 
   def __add__(self, other: CacheCounts) -> CacheCounts:
     return CacheCounts(
@@ -214,7 +222,9 @@ class RowCache:
 
   def counts(self) -> CacheCounts:
     """Its lookups' hits and misses, rows read and written, so far."""
-    return CacheCounts(self.hits, self.misses, self.reads, self.writes)
+    return CacheCounts(
+      self.hits, self.misses, self.reads, self.writes, self.staging.taken
+    )
 
   # --- a step ---------------------------------------------------------------
 

@@ -182,6 +182,10 @@ class TieredTable(TableStore):
     stored = tf.cast(tf.cast(rows, self._stored[key]), tf.float32)
     return np.asarray(stored.numpy())
 
+  @property
+  def reads_ahead(self) -> bool:
+    return True
+
   def prefetch_rows(self, ids: Any) -> None:
     """Reads rows ``ids`` not cached ahead into RAM, in the background (a
     coming step's ids: ``data.prefetch_rows``); changes no number."""

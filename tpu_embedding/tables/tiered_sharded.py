@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_embedding.checkpointing import rows as saved_rows
@@ -148,6 +149,20 @@ class TieredShardedTable(RowShardedTable):
 
   def cache_counts(self) -> list[CacheCounts]:
     return [count for tier in self._tiers for count in tier.cache_counts()]
+
+  @property
+  def reads_ahead(self) -> bool:
+    return True
+
+  def prefetch_rows(self, ids: Any) -> None:
+    """Reads ahead, block by block, the rows of ``ids`` (global) that this
+    process's blocks hold and do not cache (``TieredTable.prefetch_rows``
+    of each block's own rows)."""
+    ids = np.asarray(ids, np.int64).reshape([-1])
+    for block, tier in enumerate(self._tiers):
+      first, count = self.rows_of(block)
+      mine = ids[(ids >= first) & (ids < first + count)]
+      tier.prefetch_rows(mine - first)
 
   def rows_of(self, block: int) -> tuple[int, int]:
     """``(first global row, rows)`` of local block ``block``."""
