@@ -474,8 +474,9 @@ class Trainer:
     _write_scalars(writer, values, step)
 
   def _disk_tier_scalars(self) -> dict[str, float]:
-    """Each disk table's hit rate, rows read and written per second since
-    the last call (``disk/<table>/...``; none without disk tables)."""
+    """Each disk table's hit rate, rows read and written per second and
+    the share of those read ahead, since the last call
+    (``disk/<table>/...``; none without disk tables)."""
     then, before = self._disk_mark
     now, counts = time.perf_counter(), self.task.embedding.disk_tier_counts()
     self._disk_mark = (now, counts)
@@ -484,6 +485,7 @@ class Trainer:
     for name, interval in _counts_since(counts, before).items():
       values[f"disk/{name}/hit_rate"] = interval.hit_rate
       values[f"disk/{name}/rows_read_per_second"] = interval.rows_read / seconds
+      values[f"disk/{name}/read_ahead_rate"] = interval.read_ahead_rate
       values[f"disk/{name}/rows_written_per_second"] = (
         interval.rows_written / seconds
       )

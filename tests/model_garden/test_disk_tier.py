@@ -184,6 +184,8 @@ def test_a_table_on_disk_trains_to_the_in_memory_checkpoint(
   assert all(
     r > 0 for r in scalars["disk/embedding_table_00/rows_read_per_second"]
   )
+  ahead = scalars["disk/embedding_table_00/read_ahead_rate"]
+  assert ahead and all(0 <= r <= 1 for r in ahead) and max(ahead) > 0, ahead
   assert not any(
     k.startswith("disk/") for k in train_scalars(tmp_path / "memory")
   )
