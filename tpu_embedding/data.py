@@ -34,6 +34,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+#: Batches ``prefetch_rows`` reads ahead of the step (the disk stays busy
+#: while a step takes the rows of the batch before).
+READ_AHEAD_BATCHES = 2
+
 #: A dataset-building function for ``distribute_fn``.
 DatasetFn = Callable[
   [int, "tf.distribute.InputContext | None"], tf.data.Dataset
@@ -180,7 +184,7 @@ def prefetch_rows(
     with tf.control_dependencies([done]):
       return tf.nest.map_structure(tf.identity, element)
 
-  return dataset.map(stage).prefetch(1)
+  return dataset.map(stage).prefetch(READ_AHEAD_BATCHES)
 
 
 def _ids(value: Any) -> tf.Tensor:

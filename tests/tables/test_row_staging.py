@@ -50,6 +50,38 @@ def test_rows_read_ahead_are_taken_from_ram(tmp_path):
   assert cache.staging.taken == 2
 
 
+def test_rows_a_current_read_ahead_holds_are_read_once(tmp_path, monkeypatch):
+  """Two coming batches share rows (``data.prefetch_rows`` reads two
+  batches ahead): the second read ahead reads only the rows the first
+  does not hold, or holds stale (written since); both steps take theirs
+  from RAM."""
+  cache = _cache(tmp_path, slots=8)
+  cache.stored(np.arange(ROWS))
+  read = []
+  files_read = cache.files.read
+
+  def reading(rows):
+    if rows.size:  # (rows the disk reads)
+      read.append(rows.tolist())
+    return files_read(rows)
+
+  monkeypatch.setattr(cache.files, "read", reading)
+  cache.prefetch(np.array([3, 7, 8]))
+  cache.staging.take(np.array([3]))  # (the read is done)
+  cache.write_back(np.array([8]), _values([8], 0.5))  # (8's copy: stale)
+  cache.wait()
+  assert cache.staging.held(np.array([3, 7, 8, 9])).tolist() == [
+    True, True, False, False,
+  ]  # fmt: skip
+  cache.prefetch(np.array([7, 8, 9]))
+  cache.staging.take(np.array([9]))  # (the second read is done)
+  assert read == [[3, 7, 8], [8, 9]]
+  assert _load(cache, [3, 7]) == [[3, 7], [1003, 1007]]
+  assert _load(cache, [8, 9]) == [[8.5, 9], [1008.5, 1009]]
+  assert cache.staging.taken == 2 + 4  # (3 and 9 above, then 3, 7, 8, 9)
+  assert read == [[3, 7, 8], [8, 9]]  # (nothing read by the steps)
+
+
 @pytest.mark.parametrize("finished", [True, False])
 def test_a_row_written_after_its_read_ahead_is_read_again(tmp_path, finished):
   """Written back after the read ahead (the write done or still in

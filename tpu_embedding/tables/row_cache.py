@@ -311,9 +311,9 @@ class RowCache:
   def prefetch(self, rows: np.ndarray) -> None:
     """Reads ahead the stored values of the rows of ``rows`` (a coming
     step's ids) not cached now, in the background. Changes nothing else
-    (any thread may call it); ids out of range, grid blocks never written
-    and rows whose write-back is in flight (``load`` takes them from it)
-    are skipped."""
+    (any thread may call it); ids out of range, grid blocks never written,
+    rows whose write-back is in flight (``load`` takes them from it) and
+    rows a current read ahead holds already are skipped."""
     rows = np.asarray(rows, np.int64).reshape([-1])
     rows = rows[(rows >= 0) & (rows < self.rows)]
     rows = rows[self._slot_of_row[rows] == 0]  # (before sorting: fewer)
@@ -322,7 +322,8 @@ class RowCache:
     with self.staging.lock:  # (a write-back starting now marks them stale)
       for written, _, _ in self._in_flight:
         rows = rows[~np.isin(rows, written, assume_unique=True)]
-      self.staging.read_ahead(rows)
+      # (rows an earlier batch's read ahead holds: read once)
+      self.staging.read_ahead(rows[~self.staging.held(rows)])
 
   def _drop_done(self) -> bool:
     """Whether no drop runs (raising the last one's failure)."""

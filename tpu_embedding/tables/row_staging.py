@@ -41,8 +41,8 @@ from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 
 #: Read-ahead sets a table keeps: a step's, and those of the steps its
-#: input pipeline prepares beyond it.
-SETS = 3
+#: input pipeline prepares beyond it (``data.prefetch_rows``: two).
+SETS = 4
 
 #: Threads that start read-aheads, shared by every table (each read
 #: itself runs on ``row_files``' readers).
@@ -92,6 +92,18 @@ class RowStaging:
     with self.lock:
       values = _stagers().submit(self._files.read, rows)
       self._sets.append(_Staged(rows, np.zeros(rows.size, bool), values))
+
+  def held(self, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` a set read ahead (or being read) holds current:
+    a step may take them from there (hold ``lock`` until the next read
+    ahead starts, so that none turns stale in between unseen)."""
+    rows = np.asarray(rows, np.int64)
+    found = np.zeros(rows.size, bool)
+    with self.lock:
+      for staged in self._sets:
+        at, mine = _positions(staged.rows, rows)
+        found[mine[~staged.stale[at]]] = True
+    return found
 
   def invalidate(self, rows: np.ndarray | None = None) -> None:
     """Marks the staged copies of ``rows`` (None: every row) stale: the
