@@ -222,7 +222,7 @@ def test_benchmark_disk_storage_against_memory_and_the_io_floor(tmp_path):
     "benchmark.py",
     "--storage=disk", "--tables=2", "--rows=3000", "--dim=4",
     "--batch_size=64", "--steps=3", "--warmup=1", "--repeats=2",
-    "--disk_warmup=5",
+    "--disk_warmup=5", "--batches_ahead=1",
     "--dist=zipf", "--zipf=1.05", "--cache_fraction=0.1",
     "--disk_probe_mib=8", f"--disk_dir={tmp_path}", "--skip_keras",
     f"--json={tmp_path / 'd.json'}",

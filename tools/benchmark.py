@@ -471,6 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
     "cache is full), so that the cache's counts of each row's lookups "
     "have learnt which rows are hot, as in a long training run.",
   )
+  parser.add_argument(
+    "--batches_ahead",
+    type=cli.positive_int,
+    default=2,
+    help="--storage disk: batches whose missed rows data.prefetch_rows "
+    "reads ahead of the step (2: the disk kept busy; 1: less CPU beside "
+    "the step).",
+  )
   return parser
 
 
@@ -836,6 +844,7 @@ def _timed(
           ),
         ),
         embedding,
+        batches_ahead=args.batches_ahead,
       )
     start = time.perf_counter()
     for batch in fed:

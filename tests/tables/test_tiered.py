@@ -619,6 +619,34 @@ def test_prefetched_batches_train_as_in_memory(tmp_path):
   assert_same(values(got), values(want))
 
 
+@pytest.mark.parametrize("batches_ahead", [1, 2])
+def test_batches_read_one_or_two_ahead_train_as_in_memory(
+  batches_ahead, tmp_path
+):
+  """Read ahead one batch or two (rows two batches share read once): the
+  rows come from RAM and the numbers are the in-memory table's; fewer
+  than one batch ahead is refused in one line."""
+  data = batches("dense", np.random.default_rng(6))
+  want = make_embedding(tpe.Adagrad(0.3))
+  train(want, data, "dense")
+  got = make_embedding(tpe.Adagrad(0.3), tmp_path, 32)
+  spec = tf.nest.map_structure(tf.type_spec_from_value, data[0])
+  dataset = tf.data.Dataset.from_generator(
+    lambda: iter(data), output_signature=spec
+  )
+  train(
+    got,
+    input_data.prefetch_rows(dataset, got, batches_ahead=batches_ahead),
+    "dense",
+  )
+  assert got.disk_tier_counts()["big"].rows_read_ahead > 0
+  assert_same(values(got), values(want))
+  with pytest.raises(
+    ValueError, match="^batches_ahead must be at least 1, got 0.$"
+  ):
+    input_data.prefetch_rows(dataset, got, batches_ahead=0)
+
+
 @pytest.mark.parametrize("cache_rows", [32, ROWS])
 def test_a_prefetch_reads_ahead_the_rows_not_cached(cache_rows, tmp_path):
   """The rows of past steps, prefetched, then trained on again: the rows

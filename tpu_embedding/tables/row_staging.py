@@ -41,7 +41,8 @@ from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 
 #: Read-ahead sets a table keeps: a step's, and those of the steps its
-#: input pipeline prepares beyond it (``data.prefetch_rows``: two).
+#: input pipeline prepares beyond it (``data.prefetch_rows``' default:
+#: two).
 SETS = 4
 
 #: Threads that start read-aheads, shared by every table (each read
