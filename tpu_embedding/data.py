@@ -131,11 +131,12 @@ def prefetch_rows(
 ) -> tf.data.Dataset:
   """Reads the rows of a batch's disk-tiered tables while a step runs.
 
-  Each batch passes through unchanged and a batch ahead: on its way, its
-  ids go to their tables (``TableStore.prefetch_rows``), and a table kept
-  on disk (``sharding.DiskTier``) reads those of its rows that its RAM
-  cache does not hold into RAM, in the background, so that the step that
-  looks them up takes them from there (as FBGEMM prefetches batch i + 1
+  Each batch passes through unchanged, ``batches_ahead`` batches ahead of
+  the step: on its way, its ids go to their tables
+  (``TableStore.prefetch_rows``), and a table kept on disk
+  (``sharding.DiskTier``) reads those of its rows that its RAM cache does
+  not hold into RAM, in the background (each row once), so that the step
+  that looks them up takes them from there (as FBGEMM prefetches batch i + 1
   during batch i). No number changes (a row written after it was read
   ahead is read again); without tables on disk the dataset is returned
   as it is.
@@ -182,7 +183,11 @@ def prefetch_rows(
 
   def stage(*element: Any) -> Any:
     element = element[0] if len(element) == 1 else element
-    values = tf.nest.flatten(pick(element))
+    picked = pick(element)
+    tf.nest.assert_same_structure(
+      embedding.feature_config, picked, check_types=False
+    )
+    values = tf.nest.flatten(picked)
     ids = [_ids(values[at]) for at in reading]
     done = tf.numpy_function(warm, ids, tf.bool, stateful=True)
     with tf.control_dependencies([done]):

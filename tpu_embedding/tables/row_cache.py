@@ -418,6 +418,7 @@ class RowCache:
       else:
         self._write_initial(np.array([block]))
         self.files.write_range(lo, {key: piece})
+    self.staging.invalidate()  # (and those read ahead while it wrote)
 
   def write_rows(self, key: str, rows: np.ndarray, value: np.ndarray) -> None:
     """Writes rows ``rows`` of ``key`` (not cached; their grid blocks'
@@ -426,6 +427,7 @@ class RowCache:
     records[self.keys.index(key)] = value
     self.staging.invalidate(rows)
     self.files.write(rows, records)
+    self.staging.invalidate(rows)  # (and those read ahead while it wrote)
     self.mark_changed(rows)
 
   def forget(self) -> None:

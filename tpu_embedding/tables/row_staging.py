@@ -40,10 +40,11 @@ import numpy as np
 from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 
-#: Read-ahead sets a table keeps: a step's, and those of the steps its
-#: input pipeline prepares beyond it (``data.prefetch_rows``' default:
-#: two).
-SETS = 4
+#: Read-ahead sets a table (or a block of one) keeps: a step's, and those
+#: of the batches its input pipeline prepares beyond it
+#: (``data.prefetch_rows``: two by default), one a replica's batch (two
+#: replicas' blocks of a row-sharded table each get every replica's).
+SETS = 8
 
 #: Threads that start read-aheads, shared by every table (each read
 #: itself runs on ``row_files``' readers).
@@ -101,7 +102,10 @@ class RowStaging:
     rows = np.asarray(rows, np.int64)
     found = np.zeros(rows.size, bool)
     with self.lock:
-      for staged in self._sets:
+      sets = list(self._sets)
+      if len(sets) == SETS:  # (the oldest leaves at the next read ahead)
+        sets = sets[1:]
+      for staged in sets:
         at, mine = _positions(staged.rows, rows)
         found[mine[~staged.stale[at]]] = True
     return found
