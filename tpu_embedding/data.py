@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -175,6 +176,18 @@ def prefetch_rows(
   tables = [stores[embedding.table_names[c.table]] for c in configs]
   reading = [at for at, table in enumerate(tables) if table.reads_ahead]
   pick = features or (lambda element: element)
+  given = pick(dataset.element_spec)
+  try:
+    tf.nest.assert_same_structure(
+      embedding.feature_config, given, check_types=False
+    )
+  except (ValueError, TypeError):
+    raise ValueError(
+      "prefetch_rows: the batches' features are not shaped like the "
+      f"embedding's feature_config ({_paths(embedding.feature_config)}; "
+      f"got {_paths(given)}): pass features= picking the nest that "
+      "enqueue takes."
+    ) from None
 
   def warm(*ids: np.ndarray) -> np.bool_:
     for at, rows in zip(reading, ids, strict=True):
@@ -183,17 +196,24 @@ def prefetch_rows(
 
   def stage(*element: Any) -> Any:
     element = element[0] if len(element) == 1 else element
-    picked = pick(element)
-    tf.nest.assert_same_structure(
-      embedding.feature_config, picked, check_types=False
-    )
-    values = tf.nest.flatten(picked)
+    values = tf.nest.flatten(pick(element))
     ids = [_ids(values[at]) for at in reading]
     done = tf.numpy_function(warm, ids, tf.bool, stateful=True)
     with tf.control_dependencies([done]):
       return tf.nest.map_structure(tf.identity, element)
 
   return dataset.map(stage).prefetch(batches_ahead)
+
+
+def _paths(nest: Any, prefix: str = "") -> str:
+  """A nest's paths (``a/0, b``), for an error's one line."""
+  if isinstance(nest, Mapping):
+    items = [(str(key), nest[key]) for key in sorted(nest)]
+  elif isinstance(nest, (list, tuple)):
+    items = [(str(at), value) for at, value in enumerate(nest)]
+  else:
+    return prefix[:-1] or "one value"
+  return ", ".join(_paths(value, f"{prefix}{key}/") for key, value in items)
 
 
 def _ids(value: Any) -> tf.Tensor:

@@ -645,6 +645,14 @@ def test_batches_read_one_or_two_ahead_train_as_in_memory(
     ValueError, match="^batches_ahead must be at least 1, got 0.$"
   ):
     input_data.prefetch_rows(dataset, got, batches_ahead=0)
+  renamed = dataset.map(lambda batch: {"z": batch["a"]})
+  with pytest.raises(ValueError) as raised:
+    input_data.prefetch_rows(renamed, got)
+  assert str(raised.value) == (
+    "prefetch_rows: the batches' features are not shaped like the "
+    "embedding's feature_config (a, b, c; got z): pass features= picking the "
+    "nest that enqueue takes."
+  )
 
 
 @pytest.mark.parametrize("cache_rows", [32, ROWS])
