@@ -151,7 +151,7 @@ def prefetch_rows(
       once): 2 keeps the disk busy while a step takes the rows of the
       batch before (where the disk is the limit: 1.3x the rate of 1 on
       this machine); 1 uses less CPU beside the step (where the step's
-      host work is the limit: about 1.1x the rate of 2).
+      host work is the limit: 1.1-1.2x the rate of 2).
 
   Returns:
     The same batches.

@@ -75,6 +75,7 @@ from model_garden.ranking.progress import Progress
 from model_garden.ranking.progress import format_metrics
 from model_garden.ranking.task import RankingTask
 from tpu_embedding import data
+from tpu_embedding.tables.row_cache import CacheCounts
 
 
 def _write_scalars(
@@ -497,15 +498,13 @@ class Trainer:
     run = _counts_since(self.task.embedding.disk_tier_counts(), before)
     if not run:
       return
-    reads = sum(c.rows_read for c in run.values()) / max(seconds, 1e-9)
-    writes = sum(c.rows_written for c in run.values()) / max(seconds, 1e-9)
+    total = sum(run.values(), CacheCounts())
+    reads = total.rows_read / max(seconds, 1e-9)
+    writes = total.rows_written / max(seconds, 1e-9)
     rates = ", ".join(f"{n} {c.hit_rate:.1%}" for n, c in sorted(run.items()))
-    ahead = sum(c.rows_read_ahead for c in run.values()) / max(
-      sum(c.rows_read for c in run.values()), 1
-    )
     self.log(
       f"Disk tables: hit rate {rates}; {reads:,.0f} rows read/s "
-      f"({ahead:.0%} read ahead), {writes:,.0f} written/s."
+      f"({total.read_ahead_rate:.0%} read ahead), {writes:,.0f} written/s."
     )
 
   def _ps_step(self, dataset_fn: Any, step: Any) -> tuple[Any, Any]:

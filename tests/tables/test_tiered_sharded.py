@@ -127,9 +127,11 @@ def train(emb, data, strategy=None):
     emb.flush_pipeline()
     return
 
+  step = replica_step(emb, strategy)
+
   @tf.function
   def sharded_step(features):
-    emb.enqueue(
+    step(
       strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.nest.map_structure(
           lambda t: t[ctx.replica_id_in_sync_group * BATCH :][:BATCH],
@@ -137,6 +139,17 @@ def train(emb, data, strategy=None):
         )
       )
     )
+
+  for batch in data:
+    sharded_step(batch)
+  strategy.run(tf.function(emb.flush_pipeline))
+
+
+def replica_step(emb, strategy):
+  """A step on per-replica ``features``: each replica its slice's loss."""
+
+  def step(features):
+    emb.enqueue(features)
 
     def replica_fn():
       with tf.GradientTape() as tape:
@@ -147,9 +160,7 @@ def train(emb, data, strategy=None):
 
     strategy.run(replica_fn)
 
-  for batch in data:
-    sharded_step(batch)
-  strategy.run(tf.function(emb.flush_pipeline))
+  return step
 
 
 def values(emb):
@@ -304,19 +315,7 @@ def test_per_replica_batches_read_ahead_for_both_blocks(tmp_path):
     )
     return input_data.prefetch_rows(dataset, got)
 
-  @tf.function
-  def step(features):
-    got.enqueue(features)
-
-    def replica_fn():
-      with tf.GradientTape() as tape:
-        activations = got.dequeue()
-        tape.watch(activations)
-        value = loss(activations)
-      got.apply_gradients(tape.gradient(value, activations))
-
-    strategy.run(replica_fn)
-
+  step = tf.function(replica_step(got, strategy))
   for features in strategy.distribute_datasets_from_function(dataset_fn):
     step(features)
   strategy.run(tf.function(got.flush_pipeline))
