@@ -172,9 +172,14 @@ def prefetch_rows(
   if not embedding.disk_tier_counts():
     return dataset  # (no table on disk: nothing to read ahead)
   configs = tf.nest.flatten(embedding.feature_config)
+  names = [embedding.table_names[c.table] for c in configs]
   stores = embedding.table_stores
-  tables = [stores[embedding.table_names[c.table]] for c in configs]
-  reading = [at for at, table in enumerate(tables) if table.reads_ahead]
+  # Per table read ahead, its features (a batch's rows of a table: one set).
+  reading = {
+    name: [at for at, other in enumerate(names) if other == name]
+    for name in dict.fromkeys(names)
+    if stores[name].reads_ahead
+  }
   pick = features or (lambda element: element)
   given = pick(dataset.element_spec)
   try:
@@ -190,14 +195,17 @@ def prefetch_rows(
     ) from None
 
   def warm(*ids: np.ndarray) -> np.bool_:
-    for at, rows in zip(reading, ids, strict=True):
-      tables[at].prefetch_rows(rows)
+    for name, rows in zip(reading, ids, strict=True):
+      stores[name].prefetch_rows(rows)
     return np.bool_(True)
 
   def stage(*element: Any) -> Any:
     element = element[0] if len(element) == 1 else element
     values = tf.nest.flatten(pick(element))
-    ids = [_ids(values[at]) for at in reading]
+    ids = [
+      tf.concat([_ids(values[at]) for at in features], 0)
+      for features in reading.values()
+    ]
     done = tf.numpy_function(warm, ids, tf.bool, stateful=True)
     with tf.control_dependencies([done]):
       return tf.nest.map_structure(tf.identity, element)

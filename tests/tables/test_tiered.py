@@ -623,13 +623,17 @@ def test_prefetched_batches_train_as_in_memory(tmp_path):
 def test_batches_read_one_or_two_ahead_train_as_in_memory(
   batches_ahead, tmp_path
 ):
-  """Read ahead one batch or two (rows two batches share read once): the
-  rows come from RAM and the numbers are the in-memory table's; fewer
-  than one batch ahead is refused in one line."""
+  """Read ahead one batch or two (rows two batches share read once; a
+  batch's features of one table, "a" and "b", one read ahead): the rows
+  come from RAM and the numbers are the in-memory table's; fewer than one
+  batch ahead is refused in one line."""
   data = batches("dense", np.random.default_rng(6))
   want = make_embedding(tpe.Adagrad(0.3))
   train(want, data, "dense")
   got = make_embedding(tpe.Adagrad(0.3), tmp_path, 32)
+  store, asked = got.table_stores["big"], []
+  read_ahead = store.prefetch_rows
+  store.prefetch_rows = lambda ids: asked.append(ids) or read_ahead(ids)
   spec = tf.nest.map_structure(tf.type_spec_from_value, data[0])
   dataset = tf.data.Dataset.from_generator(
     lambda: iter(data), output_signature=spec
@@ -640,6 +644,10 @@ def test_batches_read_one_or_two_ahead_train_as_in_memory(
     "dense",
   )
   assert got.disk_tier_counts()["big"].rows_read_ahead > 0
+  assert [ids.tolist() for ids in asked] == [
+    np.concatenate([batch["a"], batch["b"]]).reshape(-1).tolist()
+    for batch in data
+  ]
   assert_same(values(got), values(want))
   with pytest.raises(
     ValueError, match="^batches_ahead must be at least 1, got 0.$"

@@ -40,10 +40,12 @@ import numpy as np
 from tpu_embedding.tables import file_threads
 from tpu_embedding.tables.row_files import RowFiles
 
-#: Read-ahead sets a table (or a block of one) keeps: a step's, and those
-#: of the batches its input pipeline prepares beyond it
-#: (``data.prefetch_rows``: two by default), one a replica's batch (two
-#: replicas' blocks of a row-sharded table each get every replica's).
+#: Read-ahead sets a table (or a block of one) keeps: one a batch (all its
+#: features of the table: ``data.prefetch_rows``), for a step's batches and
+#: those its input pipeline holds beyond them. Measured with two replicas'
+#: batches through ``distribute_datasets_from_function`` (each block of a
+#: row-sharded table gets every replica's): four steps' batches, 8 sets
+#: (``prefetch_rows``' two and the distributed iterator's own).
 SETS = 8
 
 #: Threads that start read-aheads, shared by every table (each read
