@@ -112,7 +112,10 @@ def loss_fn(activations, projection):
   )
 
 
-def train_single_device(emb, batches, projection):
+def single_device_step(emb, projection):
+  """``emb``'s training step, traced once: ``step(batch)``, its
+  activations."""
+
   @tf.function
   def step(features):
     emb.enqueue(features)
@@ -123,6 +126,11 @@ def train_single_device(emb, batches, projection):
     emb.apply_gradients(tape.gradient(loss, activations))
     return activations
 
+  return step
+
+
+def train_single_device(emb, batches, projection):
+  step = single_device_step(emb, projection)
   return [step(b) for b in batches]
 
 
@@ -133,7 +141,9 @@ def replica_slice(structure, replica, replicas):
   )
 
 
-def train_sharded(emb, strategy, batches, projection):
+def sharded_step(emb, strategy, projection):
+  """``emb``'s training step under ``strategy``, traced once:
+  ``step(batch)``, the batch's activations (each replica's slice)."""
   replicas = strategy.num_replicas_in_sync
 
   @tf.function
@@ -158,16 +168,18 @@ def train_sharded(emb, strategy, batches, projection):
 
     return strategy.run(replica_fn)
 
-  outputs = []
-  for batch in batches:
-    result = step(batch)
-    outputs.append(
-      {
-        k: tf.concat(strategy.experimental_local_results(v), axis=0)
-        for k, v in result.items()
-      }
-    )
-  return outputs
+  def whole_batch(batch):
+    return {
+      k: tf.concat(strategy.experimental_local_results(v), axis=0)
+      for k, v in step(batch).items()
+    }
+
+  return whole_batch
+
+
+def train_sharded(emb, strategy, batches, projection):
+  step = sharded_step(emb, strategy, projection)
+  return [step(b) for b in batches]
 
 
 def full_values(emb):

@@ -26,6 +26,8 @@ from tests.backends.test_sharded import V_BIG
 from tests.backends.test_sharded import V_SMALL
 from tests.backends.test_sharded import make_batches
 from tests.backends.test_sharded import projections
+from tests.backends.test_sharded import sharded_step
+from tests.backends.test_sharded import single_device_step
 from tests.backends.test_sharded import train_sharded
 from tests.backends.test_sharded import train_single_device
 from tests.conftest import mirrored_strategy
@@ -60,9 +62,10 @@ def initial_values(rng):
   }
 
 
-def check_steps(strategy, optimizer, storage, rng, train):
+def check_steps(strategy, optimizer, storage, rng, make_step):
   """Trains a 16-bit embedding under ``strategy`` and checks each step
-  against its float32 twin's step (given the same values), rounded."""
+  against its float32 twin's step (given the same values), rounded
+  (``make_step(emb, projection)``: ``emb``'s traced step)."""
   if optimizer in ("adam", "ftrl") and storage.slots != "float32":
     storage = tpe.RowStorage(storage.dtype, seed=storage.seed)
   inits = initial_values(rng)
@@ -85,12 +88,13 @@ def check_steps(strategy, optimizer, storage, rng, train):
   for (table, key), value in state(low).items():
     want = rounded_table(state(twin)[table, key], nearest, streams[key], 0)
     np.testing.assert_array_equal(value, want, err_msg=f"{table}/{key}")
+  low_step, twin_step = make_step(low, projection), make_step(twin, projection)
   for step, batch in enumerate(batches):
     before = state(low)
     for (table, key), value in before.items():
       twin.variables[table][key].assign(value.astype(np.float32))
-    want_activations = train(twin, batch, projection)
-    got_activations = train(low, batch, projection)
+    want_activations = twin_step(batch)
+    got_activations = low_step(batch)
     for name, value in want_activations.items():
       np.testing.assert_array_equal(
         got_activations[name], value, err_msg=f"step {step} {name}"
@@ -123,11 +127,12 @@ def check_steps(strategy, optimizer, storage, rng, train):
 def test_each_step_is_the_float32_step_then_the_rounding(
   optimizer, storage, rng
 ):
-  def train(emb, batch, projection):
-    return train_single_device(emb, [batch], projection)[0]
-
   check_steps(
-    tf.distribute.get_strategy(), optimizer, STORAGES[storage], rng, train
+    tf.distribute.get_strategy(),
+    optimizer,
+    STORAGES[storage],
+    rng,
+    single_device_step,
   )
 
 
@@ -145,10 +150,10 @@ def test_mirrored_steps_round_rows_by_their_global_ids(
   numbers its rows globally and counts its updates as one device would."""
   strategy = mirrored_strategy(replicas)
 
-  def train(emb, batch, projection):
-    return train_sharded(emb, strategy, [batch], projection)[0]
+  def make_step(emb, projection):
+    return sharded_step(emb, strategy, projection)
 
-  low = check_steps(strategy, optimizer, STORAGES[storage], rng, train)
+  low = check_steps(strategy, optimizer, STORAGES[storage], rng, make_step)
   plan = low.sharding_plan.placements
   assert plan["big"].kind == "row_sharded", plan
   assert plan["small"].kind == "replicated", plan

@@ -107,8 +107,30 @@ def _make(
   return emb, table
 
 
-def _train(strategy, emb, stream, loss_r):
-  """Runs the steps; returns each step's global activations."""
+def _train(strategy, emb, stream, loss_r, step=None):
+  """Runs the steps (``step``: ``_step(strategy, emb)``, traced once for
+  tests that step an embedding call by call); returns each step's global
+  activations."""
+  if step is None:
+    step = _step(strategy, emb)
+  outputs = []
+  for (dense, lengths, flat, w), (r_a, r_b) in zip(stream, loss_r, strict=True):
+    ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
+    weights = tf.RaggedTensor.from_row_lengths(w.astype(np.float32), lengths)
+    acts = step(tf.constant(dense), ragged, weights, r_a, r_b)
+    outputs.append(
+      {
+        k: np.concatenate(
+          [a[k].numpy() for a in strategy.experimental_local_results(acts)]
+        )
+        for k in ("a", "b")
+      }
+    )
+  return outputs
+
+
+def _step(strategy, emb):
+  """A training step of ``emb``: its activations per replica."""
   replicas = strategy.num_replicas_in_sync
   per = BATCH // replicas
 
@@ -146,20 +168,7 @@ def _train(strategy, emb, stream, loss_r):
 
     return strategy.run(replica_fn)
 
-  outputs = []
-  for (dense, lengths, flat, w), (r_a, r_b) in zip(stream, loss_r, strict=True):
-    ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
-    weights = tf.RaggedTensor.from_row_lengths(w.astype(np.float32), lengths)
-    acts = step(tf.constant(dense), ragged, weights, r_a, r_b)
-    outputs.append(
-      {
-        k: np.concatenate(
-          [a[k].numpy() for a in strategy.experimental_local_results(acts)]
-        )
-        for k in ("a", "b")
-      }
-    )
-  return outputs
+  return step
 
 
 def _oracle_run(
@@ -355,14 +364,15 @@ def test_16_bit_tables_train_as_their_float32_twin_rounded(
     slot: i + 1 for i, slot in enumerate(make_optimizer().SLOT_NAMES)
   }
   stream, loss_r = _stream(seed=7), _loss_terms(seed=3)
+  low_step, twin_step = _step(strategy, low), _step(strategy, twin)
   for step, data in enumerate(zip(stream, loss_r, strict=True)):
     before = {
       key: tf.convert_to_tensor(v) for key, v in low.variables["users"].items()
     }
     for key, value in before.items():
       twin.variables["users"][key].assign(tf.cast(value, tf.float32))
-    got = _train(strategy, low, [data[0]], [data[1]])
-    want = _train(strategy, twin, [data[0]], [data[1]])
+    got = _train(strategy, low, [data[0]], [data[1]], low_step)
+    want = _train(strategy, twin, [data[0]], [data[1]], twin_step)
     for k in ("a", "b"):
       np.testing.assert_array_equal(got[0][k], want[0][k], err_msg=f"{step}")
     for key, variable in low.variables["users"].items():
@@ -458,11 +468,12 @@ def test_checkpoint_moves_between_replica_counts(tmp_path, sharded):
   stream, loss_r = _stream(seed=11), _loss_terms(seed=5)
   two = mirrored_strategy(2)
   emb, _ = _make(two, tpe.Adagrad(0.3), 2, "lru", sharded=sharded)
-  _train(two, emb, stream[:4], loss_r[:4])
+  step = _step(two, emb)
+  _train(two, emb, stream[:4], loss_r[:4], step)
   path = tf.train.Checkpoint(embedding=emb).save(str(tmp_path / "ckpt"))
   saved = dict(tf.train.list_variables(path))
   assert saved["embedding/users.Svocabulary/.ATTRIBUTES/keys"] == [CAPACITY]
-  expected = _train(two, emb, stream[4:], loss_r[4:])
+  expected = _train(two, emb, stream[4:], loss_r[4:], step)
   for strategy, layout in (
     (tf.distribute.get_strategy(), False),
     (mirrored_strategy(4), False),
