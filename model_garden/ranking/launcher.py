@@ -15,7 +15,10 @@ Every line a process prints is forwarded with its task as a prefix
 (``[worker 1] step 100/300 ...``). When a process dies (killed,
 preempted, crashed) the whole job stops and starts again, on new ports,
 from the last checkpoint in ``model_dir`` (the training resumes there),
-up to ``max_restarts`` times.
+up to ``max_restarts`` times. A task whose server cannot bind its port
+(another process on the host took it between the launcher choosing it
+and the task starting, seconds later) starts the job again on new ports
+without counting a restart, up to ``PORT_RETRIES`` times.
 
 On a real cluster, start the same command on each machine with its own
 ``TF_CONFIG`` instead (see the README).
@@ -31,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -43,6 +47,16 @@ from typing import Any
 from typing import TextIO
 
 from model_garden.ranking.strategies import free_port
+
+#: Attempts a job may lose to a port taken by another process after the
+#: launcher chose it, each started again on new ports, not a restart.
+PORT_RETRIES = 3
+
+#: What TensorFlow says when a task's server cannot bind its port.
+PORT_TAKEN = "Could not start gRPC server"
+
+#: Lines of a task's output kept to tell why it failed.
+_TAIL_LINES = 50
 
 
 def cluster_configs(
@@ -108,6 +122,7 @@ class _Process:
   ):
     self.name = task_name(tf_config)
     self.tf_config = tf_config
+    self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     env = dict(os.environ, TF_CONFIG=json.dumps(tf_config))
     self.popen = subprocess.Popen(
       list(command),
@@ -125,9 +140,21 @@ class _Process:
   def _forward(self, stream: TextIO, lock: threading.Lock) -> None:
     assert self.popen.stdout is not None
     for line in self.popen.stdout:
+      self.tail.append(line)
       with lock:
         stream.write(f"[{self.name}] {line}")
         stream.flush()
+
+  @property
+  def address(self) -> str:
+    """Its server's ``host:port``."""
+    task = self.tf_config["task"]
+    return self.tf_config["cluster"][task["type"]][task["index"]]
+
+  def lost_its_port(self) -> bool:
+    """Whether it failed because its server could not bind its port (read
+    once it stopped: its last lines are in)."""
+    return any(PORT_TAKEN in line for line in self.tail)
 
   def stop(self, kill: bool = False) -> None:
     """Stops the process: SIGTERM (then SIGKILL after 10 s), or SIGKILL at
@@ -192,8 +219,9 @@ def launch(
       stream.flush()
 
   attempts = max_restarts + 1
+  attempt = port_retries = 0
   code = 1
-  for attempt in range(attempts):
+  while attempt < attempts:
     configs = cluster_configs(strategy, num_workers, num_ps)
     processes = []
     target = (
@@ -217,15 +245,25 @@ def launch(
     if failed is None:
       say("all tasks finished.")
       return 0
-    if attempt + 1 < attempts:
+    if failed.lost_its_port() and port_retries < PORT_RETRIES:
+      port_retries += 1
       say(
-        f"{failed} stopped ({_exit_text(code)}); restarting every task "
-        f"from the last checkpoint (restart {attempt + 1} of "
+        f"{failed.name} could not start its server on {failed.address}: "
+        "another process took the port after the launcher chose it; "
+        f"starting every task again on new ports (not a restart; "
+        f"{port_retries} of {PORT_RETRIES})."
+      )
+      continue
+    attempt += 1
+    if attempt < attempts:
+      say(
+        f"{failed.name} stopped ({_exit_text(code)}); restarting every "
+        f"task from the last checkpoint (restart {attempt} of "
         f"{max_restarts})."
       )
     else:
       say(
-        f"{failed} stopped ({_exit_text(code)}); giving up after "
+        f"{failed.name} stopped ({_exit_text(code)}); giving up after "
         f"{max_restarts} restart(s)."
       )
   return code if code > 0 else 1
@@ -241,7 +279,7 @@ def _ports(tf_config: dict[str, Any]) -> str:
 
 def _supervise(
   strategy: str, processes: list[_Process], poll_seconds: float
-) -> tuple[str | None, int]:
+) -> tuple[_Process | None, int]:
   """Waits until the job succeeds or a task fails.
 
   Returns:
@@ -256,9 +294,9 @@ def _supervise(
       if coordinator is not None:
         if process is coordinator and code == 0:
           return None, 0
-        return process.name, code  # a server never exits by itself
+        return process, code  # a server never exits by itself
       if code != 0:
-        return process.name, code
+        return process, code
     if coordinator is None and all(p.popen.poll() == 0 for p in processes):
       return None, 0
     time.sleep(poll_seconds)

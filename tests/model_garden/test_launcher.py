@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from model_garden.ranking import launcher
+from model_garden.ranking import strategies
 
 TASK = textwrap.dedent(
   """
@@ -96,6 +98,68 @@ def test_a_failed_task_restarts_the_job_with_prefixed_logs(tmp_path):
   )
   assert re.search(r"\[launcher\] attempt 2 of 3: started worker 0 \(pid", out)
   assert lines[-1] == "[launcher] all tasks finished."
+
+
+#: A task that starts its real TensorFlow server (gRPC on its address).
+SERVER_TASK = textwrap.dedent(
+  """
+  import json, os
+  import tensorflow as tf
+  config = json.loads(os.environ["TF_CONFIG"])
+  task = config["task"]
+  tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]),
+                       job_name=task["type"], task_index=task["index"])
+  print("server up", flush=True)
+  """
+)
+
+
+def test_a_port_taken_before_its_task_binds_it_starts_the_job_again(
+  tmp_path, monkeypatch
+):
+  """Another process took a port after the launcher chose it (a busy
+  host): the task's real server cannot bind it, and the job starts again
+  on new ports, not counted as a restart (``max_restarts=0``); a port
+  taken every time counts as a failure after ``PORT_RETRIES`` tries."""
+  taken = socket.socket()
+  taken.bind(("127.0.0.1", 0))
+  taken.listen(1)
+  address = f"127.0.0.1:{taken.getsockname()[1]}"
+  script = tmp_path / "server.py"
+  script.write_text(SERVER_TASK)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+
+  def launch(ports):
+    monkeypatch.setattr(launcher, "free_port", ports)
+    out = io.StringIO()
+    code = launcher.launch(
+      [sys.executable, str(script)],
+      "multi_worker_mirrored",
+      1,
+      max_restarts=0,
+      stream=out,
+      poll_seconds=0.05,
+    )
+    return code, out.getvalue()
+
+  first = iter([taken.getsockname()[1]])
+  code, out = launch(lambda: next(first, None) or strategies.free_port())
+  assert code == 0, out
+  assert out.count("[worker 0] server up") == 1, out
+  assert (
+    f"[launcher] worker 0 could not start its server on {address}: another "
+    "process took the port after the launcher chose it; starting every task "
+    "again on new ports (not a restart; 1 of 3)." in out.splitlines()
+  ), out
+  assert out.splitlines()[-1] == "[launcher] all tasks finished."
+  monkeypatch.setattr(launcher, "PORT_RETRIES", 1)
+  code, out = launch(lambda: taken.getsockname()[1])
+  assert code == 1, out
+  assert out.count("could not start its server") == 1, out
+  assert out.splitlines()[-1] == (
+    "[launcher] worker 0 stopped (exit code 1); giving up after 0 restart(s)."
+  )
+  taken.close()
 
 
 def test_the_launcher_gives_up_after_max_restarts(tmp_path):
