@@ -55,6 +55,7 @@ from memory_workload import restore_checkpoint  # noqa: E402
 from memory_workload import save_checkpoint  # noqa: E402
 from memory_workload import vocabulary_bytes  # noqa: E402
 
+from tpu_embedding import allocator  # noqa: E402
 from tpu_embedding import export  # noqa: E402
 
 
@@ -225,7 +226,10 @@ def run_ps(args: argparse.Namespace, workload: Workload) -> None:
 
 
 def run_server() -> None:
-  """A ``tf.distribute.Server`` for the task of ``TF_CONFIG``, forever."""
+  """A ``tf.distribute.Server`` for the task of ``TF_CONFIG``, forever,
+  set up as docs/large_tables.md asks of a parameter-server task
+  (``allocator.return_large_buffers()`` first)."""
+  allocator.return_large_buffers()
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(
     resolver.cluster_spec(),

@@ -46,6 +46,7 @@ import tensorflow as tf
 from absl import logging
 
 from model_garden.ranking.configs import definitions
+from tpu_embedding import allocator
 from tpu_embedding import run_lock
 
 
@@ -270,6 +271,9 @@ def run_server_if_not_coordinator() -> bool:
   """
   kind, index = task_type()
   if kind in ("worker", "ps"):
+    # The coordinator builds the tables' rows here; no build in this
+    # process would set the allocator up for their buffers.
+    allocator.return_large_buffers()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
       resolver.cluster_spec(),

@@ -188,3 +188,43 @@ def test_restore_leaves_tables_the_checkpoint_lacks(tmp_path):
   tables = restored.variables
   np.testing.assert_array_equal(tables["a"]["parameters"].numpy(), 1.0)
   np.testing.assert_array_equal(tables["b"]["parameters"].numpy(), 2.0)
+
+
+@pytest.mark.parametrize("io_device", [None, "/job:localhost/device:CPU:1"])
+def test_parts_are_read_where_the_restore_options_say(
+  io_device, tmp_path, monkeypatch
+):
+  """Each part is read on its block's host (a parameter server reads its
+  own rows), or on ``CheckpointOptions.experimental_io_device`` if set,
+  and holds the saved rows either way."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  table = tpe.TableConfig(ROWS, DIM, name="t")
+  with strategy.scope():
+    saved = tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)}, tpe.SGD(0.1), row_sharding_threshold=0
+    )
+    saved.build()
+    blocks = saved.variables["t"]["parameters"].variables
+    for block, first in zip(blocks, [0, ROWS // 2], strict=True):
+      block.assign(VALUE[first : first + block.shape[0]])
+    path = tf.train.Checkpoint(embedding=saved).write(f"{tmp_path}/ckpt")
+    restored = tpe.TPUEmbedding(
+      {"f": tpe.FeatureConfig(table)}, tpe.SGD(0.1), row_sharding_threshold=0
+    )
+    restored.build()
+  where = []
+  restore_v2 = tf.raw_ops.RestoreV2
+
+  def restore(**kwargs):
+    where.append(tf.constant(0.0).device)  # (the device scope it runs in)
+    return restore_v2(**kwargs)
+
+  monkeypatch.setattr(tf.raw_ops, "RestoreV2", restore)
+  options = tf.train.CheckpointOptions(experimental_io_device=io_device)
+  checkpoints.restore(tf.train.Checkpoint(embedding=restored), path, options)
+  blocks = restored.variables["t"]["parameters"].variables
+  np.testing.assert_array_equal(
+    np.concatenate([block.numpy() for block in blocks]), VALUE
+  )
+  host = "/job:localhost/replica:0/task:0/device:CPU:"
+  assert set(where) == {host + ("1" if io_device else "0")}, where

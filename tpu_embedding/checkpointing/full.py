@@ -135,7 +135,10 @@ def restore(
   Args:
     checkpoint: a ``tf.train.Checkpoint``.
     save_path: the checkpoint prefix (any chunk size wrote it).
-    options: optional ``tf.train.CheckpointOptions``.
+    options: optional ``tf.train.CheckpointOptions``; its
+      ``experimental_io_device`` reads every part (default: each block's
+      host: a parameter server reads its rows itself, as in TensorFlow's
+      restore, so the checkpoint's path must reach it).
     chunk_bytes: the most bytes of a built table's rows a process reads at
       once (at least one row); None (default): stored pieces up to a
       sixteenth of its block (between 8 and 64 MiB) whole, other rows by
@@ -157,7 +160,8 @@ def restore(
   _checked(chunk_bytes)
   if deltas:  # Refused before anything changes.
     delta_saves.check_chain(save_path, deltas)
-  saved = rows.SavedRows(save_path)
+  io_device = getattr(options, "experimental_io_device", None)
+  saved = rows.SavedRows(save_path, io_device)
   tables = _held(checkpoint, saved) if save_path else []
   previous = [compat.update_uid(v) for _, v in tables]
   for _, variable in tables:  # TensorFlow's restore leaves them alone.

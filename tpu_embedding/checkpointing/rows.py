@@ -22,7 +22,11 @@ A checkpoint not stored so (a piece split along its columns, another
 dtype, a big-endian checkpoint) is read by ``RestoreV2`` a chunk at a
 time, as TensorFlow would. ``restore_blocks`` fills a table's row blocks
 (``RowBlocks``) so, in place: a restore holds one part beside the tables.
-Whole tensors are read by ``read_tensors`` (``RestoreV2``).
+Whole tensors are read by ``read_tensors`` (``RestoreV2``), on the host of
+the block they fill (``reading_host``): a parameter server reads its own
+rows from the checkpoint files, as TensorFlow's own restore has it do,
+rather than receive each part over RPC (held there in a few copies while
+it arrives, in a heap the server keeps).
 
 Example:
   >>> import tempfile
@@ -73,10 +77,12 @@ def read_tensors(
   keys: Sequence[str],
   dtypes: Sequence[tf.DType],
   specs: Sequence[str] | None = None,
+  host: str = "CPU",
 ) -> list[tf.Tensor]:
   """TensorFlow's read of ``keys`` (whole, or their slices ``specs``)
-  from the checkpoint ``prefix``, checksummed, on this process's CPU."""
-  with tf.device("CPU"):
+  from the checkpoint ``prefix``, checksummed, on ``host`` (default: this
+  process's CPU)."""
+  with tf.device(host):
     return list(
       tf.raw_ops.RestoreV2(
         prefix=prefix,
@@ -108,10 +114,14 @@ class SavedRows:
   Args:
     prefix: the checkpoint's prefix (``save_path``); its index is read
       when first needed, once.
+    io_device: the device that reads the files for every block
+      (``tf.train.CheckpointOptions.experimental_io_device``); None
+      (default): each block's own host (``reading_host``).
   """
 
-  def __init__(self, prefix: str):
+  def __init__(self, prefix: str, io_device: str | None = None):
     self.prefix = prefix
+    self.io_device = io_device
 
   @functools.cached_property
   def _index(self) -> CheckpointIndex | None:
@@ -147,6 +157,7 @@ class SavedRows:
     *,
     whole_rows: int,
     range_rows: int,
+    host: str = "CPU",
   ) -> Iterator[tuple[int, tf.Tensor]]:
     """Rows ``[start, start + count)`` of checkpoint ``key``, part by part.
 
@@ -158,9 +169,11 @@ class SavedRows:
       dtype: its dtype.
       whole_rows: the most rows of a stored piece read whole.
       range_rows: the most rows read at once by byte range.
+      host: the CPU device that reads parts ``RestoreV2`` reads (default:
+        this process's); byte ranges are read by this process.
 
     Yields:
-      ``(first row, value)`` of each part, on this process's CPU, in order.
+      ``(first row, value)`` of each part, in order.
     """
     end = start + count
     pieces = [
@@ -174,7 +187,7 @@ class SavedRows:
       for first in range(start, end, whole_rows):
         rows = min(whole_rows, end - first)
         spec = parts.slice_spec(full_shape, [(first, rows), (0, -1)])
-        yield first, read_tensors(self.prefix, [key], [dtype], [spec])[0]
+        yield first, read_tensors(self.prefix, [key], [dtype], [spec], host)[0]
       return
     for piece in sorted(pieces, key=lambda p: p.first):
       low, high = max(start, piece.first), min(end, piece.first + piece.rows)
@@ -182,7 +195,8 @@ class SavedRows:
       # (TensorFlow reads no float16 slice: ``Dtype half not supported``.)
       by_tensorflow = not piece.spec or dtype != tf.float16
       if whole and piece.rows <= whole_rows and by_tensorflow:
-        yield low, read_tensors(self.prefix, [key], [dtype], [piece.spec])[0]
+        (value,) = read_tensors(self.prefix, [key], [dtype], [piece.spec], host)
+        yield low, value
         continue
       for first in range(low, high, range_rows):
         rows = min(range_rows, high - first)
@@ -298,6 +312,25 @@ def restore_rows(
     restore_blocks([(variable, 0)], saved, key, variable.shape, chunk_bytes)
 
 
+def reading_host(device: str) -> str:
+  """The CPU that reads a checkpoint's parts into a block on ``device``:
+  that device's host (a parameter server's own CPU; ``RestoreV2`` runs on
+  CPUs only), or this process's where ``device`` names none.
+
+  Example:
+    >>> reading_host("/job:ps/replica:0/task:1/device:CPU:0")
+    '/job:ps/replica:0/task:1/device:CPU:0'
+    >>> reading_host("/job:worker/replica:0/task:0/device:GPU:1")
+    '/job:worker/replica:0/task:0/device:CPU:0'
+    >>> reading_host("")
+    'CPU'
+  """
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.job is None:
+    return "CPU"
+  return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
 def restore_blocks(
   blocks: Sequence[tuple[tf.Variable, int]],
   saved: SavedRows,
@@ -330,7 +363,10 @@ def restore_blocks(
   for variable, start in blocks:
     count = int(variable.shape[0])
     dtype = saved_dtype or variable.dtype
-    pieces = saved.read_rows(key, full_shape, start, count, dtype, **sizes)
+    host = saved.io_device or reading_host(variable.device)
+    pieces = saved.read_rows(
+      key, full_shape, start, count, dtype, **sizes, host=host
+    )
     for first, value in pieces:
       with tf.device(variable.device):
         tf.raw_ops.ResourceScatterUpdate(
