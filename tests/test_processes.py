@@ -216,3 +216,37 @@ def test_a_broken_status_connection_stays_in_its_own_test(
     os.kill(process.pid, 9)
     with contextlib.suppress(ValueError):  # failed: keep it from the next
       subprocess._active.remove(process)
+
+
+PORT_RACE = textwrap.dedent(
+  """
+  import json, os, sys
+  runs = sys.argv[1] + "/" + os.environ["TF_CONFIG"].split('"index": ')[1][0]
+  with open(runs, "a") as f:
+    f.write(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0] + "\\n")
+  if sum(1 for _ in open(runs)) <= int(sys.argv[2]):
+    sys.exit("UnknownError: Could not start gRPC server")
+  print("OK")
+  """
+)
+
+
+@pytest.mark.parametrize("run", ["run_workers", "run_job"])
+def test_a_job_whose_server_lost_its_port_runs_again_on_new_ports(
+  run, tmp_path
+):
+  """``tests/distributed/cluster.py``: a worker whose server could not bind
+  the port chosen for it (another process took it) runs the job again, on
+  new ports, up to ``PORT_RETRIES`` times; other failures are returned."""
+  from tests.distributed import cluster
+
+  script = tmp_path / "race.py"
+  script.write_text(PORT_RACE)
+  for failures, want in [(2, 0), (cluster.PORT_RETRIES + 1, 1)]:
+    runs = tmp_path / f"runs{failures}"
+    runs.mkdir()
+    finished = getattr(cluster, run)([script, runs, failures], timeout=60)
+    assert [f.returncode for f in finished][0] == want, finished
+    started = (runs / "0").read_text().split()
+    assert len(started) == min(failures + 1, cluster.PORT_RETRIES + 1)
+    assert len(set(started)) > 1  # new ports each time

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -36,6 +37,25 @@ class Finished(NamedTuple):
     assert self.returncode == 0, self.stdout[-3000:] + self.stderr[-6000:]
     assert self.stdout.strip().endswith("OK"), self.stdout[-3000:]
     return self.stdout
+
+
+#: Times a job whose server could not bind its port is run again (on new
+#: ports): another process on the host can take a port ``free_port`` chose
+#: before the server binds it.
+PORT_RETRIES = 3
+
+#: What TensorFlow says when a server's port is taken.
+PORT_TAKEN = "Could not start gRPC server"
+
+
+def _on_free_ports(run: Callable[[], list[Finished]]) -> list[Finished]:
+  """``run()``, again on new ports while a server could not bind its own
+  (at most ``PORT_RETRIES`` times)."""
+  for _ in range(PORT_RETRIES):
+    finished = run()
+    if not any(PORT_TAKEN in f.stderr for f in finished):
+      return finished
+  return run()
 
 
 def free_port() -> int:
@@ -106,8 +126,11 @@ def run_workers(
   Returns:
     The workers' results, in task order.
   """
-  envs = _worker_envs(num_workers, env)
-  return _wait([_start(args, e) for e in envs], timeout)
+  return _on_free_ports(
+    lambda: _wait(
+      [_start(args, e) for e in _worker_envs(num_workers, env)], timeout
+    )
+  )
 
 
 def run_job(
@@ -123,6 +146,15 @@ def run_job(
   Returns:
     The workers' results, in task order (killed ones: returncode -9).
   """
+  return _on_free_ports(lambda: _run_job(args, num_workers, env, timeout))
+
+
+def _run_job(
+  args: Sequence[str],
+  num_workers: int,
+  env: dict[str, str] | None,
+  timeout: int,
+) -> list[Finished]:
   with tempfile.TemporaryDirectory() as directory:
     outputs, workers = [], []
     for index, worker_env in enumerate(_worker_envs(num_workers, env)):
@@ -167,7 +199,8 @@ def run_script(
   """Runs ``python *args`` in one fresh process (no ``TF_CONFIG``)."""
   clean = _env(env)
   clean.pop("TF_CONFIG", None)
-  return _wait([_start(args, clean)], timeout)[0]
+  # (a script may start in-process servers on ports it chose: free_port)
+  return _on_free_ports(lambda: _wait([_start(args, clean)], timeout))[0]
 
 
 def split_phases(finished: Finished) -> dict[str, Finished]:
