@@ -221,11 +221,12 @@ def test_a_broken_status_connection_stays_in_its_own_test(
 PORT_RACE = textwrap.dedent(
   """
   import json, os, sys
-  runs = sys.argv[1] + "/" + os.environ["TF_CONFIG"].split('"index": ')[1][0]
-  with open(runs, "a") as f:
-    f.write(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0] + "\\n")
-  if sum(1 for _ in open(runs)) <= int(sys.argv[2]):
-    sys.exit("UnknownError: Could not start gRPC server")
+  config = json.loads(os.environ["TF_CONFIG"])
+  if config["task"]["index"] == 0:  # (only worker 0 loses its port)
+    with open(sys.argv[1] + "/0", "a") as f:
+      f.write(config["cluster"]["worker"][0] + "\\n")
+    if sum(1 for _ in open(sys.argv[1] + "/0")) <= int(sys.argv[2]):
+      sys.exit("UnknownError: Could not start gRPC server")
   print("OK")
   """
 )
