@@ -247,7 +247,7 @@ def test_a_job_whose_server_lost_its_port_runs_again_on_new_ports(
     runs = tmp_path / f"runs{failures}"
     runs.mkdir()
     finished = getattr(cluster, run)([script, runs, failures], timeout=60)
-    assert [f.returncode for f in finished][0] == want, finished
+    assert finished[0].returncode == want, finished
     started = (runs / "0").read_text().split()
     assert len(started) == min(failures + 1, cluster.PORT_RETRIES + 1)
     assert len(set(started)) > 1  # new ports each time

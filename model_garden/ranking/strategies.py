@@ -271,8 +271,8 @@ def run_server_if_not_coordinator() -> bool:
   """
   kind, index = task_type()
   if kind in ("worker", "ps"):
-    # The coordinator builds the tables' rows here; no build in this
-    # process would set the allocator up for their buffers.
+    # A parameter server holds rows the coordinator builds: no build in
+    # this process sets the allocator up for their buffers.
     allocator.return_large_buffers()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
