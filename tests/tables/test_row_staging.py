@@ -153,3 +153,16 @@ def test_the_sets_kept_are_bounded(tmp_path):
     cache.prefetch(np.array([row]))
   assert _load(cache, [0, row]) == [[0, row], [1000, 1000 + row]]
   assert cache.staging.taken == 1  # (row 0's set is gone)
+
+
+def test_a_row_read_again_as_its_read_ahead_leaves_is_kept(tmp_path):
+  """With every set in use, a row held only by the oldest (which leaves
+  at the next read ahead) is read again into the new set, and the
+  oldest's leaving keeps the new copy."""
+  cache = _cache(tmp_path)
+  cache.stored(np.arange(ROWS))
+  for row in range(row_staging.SETS):
+    cache.prefetch(np.array([row]))  # (row 0's set is the oldest)
+  cache.prefetch(np.array([0, 50]))
+  assert _load(cache, [0, 50]) == [[0, 50], [1000, 1050]]
+  assert cache.staging.taken == 2

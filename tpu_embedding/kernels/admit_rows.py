@@ -37,7 +37,6 @@ import ctypes
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -298,9 +297,10 @@ def _kernels() -> tuple[Callable[..., int], Callable[..., int]] | None:
   return admit_rows, mark
 
 
-def _pointers(*arrays: np.ndarray) -> list[Any]:
-  """Each array's data (contiguous: ``CacheMap`` checked the types)."""
+def _pointers(*arrays: np.ndarray) -> list[int]:
+  """Each array's data address (contiguous: ``CacheMap`` checked the
+  types; an int costs half a ``c_void_p``, 26 tables a step)."""
   for array in arrays:
     if not array.flags.c_contiguous:
       raise ValueError("admit_rows: arrays must be contiguous")
-  return [array.ctypes.data_as(ctypes.c_void_p) for array in arrays]
+  return [array.ctypes.data for array in arrays]

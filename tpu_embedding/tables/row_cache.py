@@ -80,10 +80,8 @@ AGING = 128
 #: Write-backs of a table in flight at once (a step waits beyond).
 IN_FLIGHT = 4
 
-#: A write-back: its rows (sorted), their values per key, its end.
-_WriteBack = tuple[
-  np.ndarray, list[np.ndarray], concurrent.futures.Future[None]
-]
+#: A write-back: its number in ``RowStaging``, its end.
+_WriteBack = tuple[int, concurrent.futures.Future[None]]
 
 #: ``initial(key, first, count)``: rows ``[first, first + count)`` of a
 #: variable's initial value (within one grid block).
@@ -284,26 +282,11 @@ class RowCache:
     blocks = rows // self._grid
     self._write_initial(np.unique(blocks[~self._written[blocks]]))
     self.reads += rows.size
-    source = np.full(rows.size, -1)  # the write-back holding each row
-    at = np.zeros(rows.size, np.int64)  # and where in it
-    for number, (written, _, _) in enumerate(self._in_flight):
-      place = np.minimum(np.searchsorted(written, rows), written.size - 1)
-      found = written[place] == rows
-      source[found], at[found] = number, place[found]
-    stored = np.flatnonzero(source < 0)
-    staged, values = self.staging.take(rows[stored])
-    read = self.files.read(rows[stored[~staged]])
-    for value, piece in zip(values, read, strict=True):
-      value[~staged] = piece
-    if stored.size < rows.size:  # (rows of write-backs in flight)
-      whole = [np.empty([rows.size, self.dim], np.float32) for _ in self.keys]
-      for value, part in zip(whole, values, strict=True):
-        value[stored] = part
-      values = whole
-    for number, (_, pending, _) in enumerate(self._in_flight):
-      mine = source == number
-      for value, held in zip(values, pending, strict=True):
-        value[mine] = held[at[mine]]
+    held, values = self.staging.take(rows)
+    if not held.all():
+      read = self.files.read(rows[~held])
+      for value, piece in zip(values, read, strict=True):
+        value[~held] = piece
     if self.step % DROP_EVERY == 0 and self._drop_done():
       self._dropped = _writer().submit(self.files.drop_cache)
     return values
@@ -318,12 +301,7 @@ class RowCache:
     rows = rows[(rows >= 0) & (rows < self.rows)]
     rows = rows[self._slot_of_row[rows] == 0]  # (before sorting: fewer)
     rows = np.unique(rows)
-    rows = rows[self._written[rows // self._grid]]
-    with self.staging.lock:  # (a write-back starting now marks them stale)
-      for written, _, _ in self._in_flight:
-        rows = rows[~np.isin(rows, written, assume_unique=True)]
-      # (rows an earlier batch's read ahead holds: read once)
-      self.staging.read_ahead(rows[~self.staging.held(rows)])
+    self.staging.read_ahead(rows[self._written[rows // self._grid]])
 
   def _drop_done(self) -> bool:
     """Whether no drop runs (raising the last one's failure)."""
@@ -334,19 +312,17 @@ class RowCache:
     return True
 
   def write_back(self, rows: np.ndarray, values: Sequence[np.ndarray]) -> None:
-    """Writes ``values`` (one array per key) of ``rows`` to the file, in
-    the background (``load`` reads the rows from it meanwhile; at most
-    ``IN_FLIGHT`` at once; a failure, such as a full disk, is raised by
-    a later ``load`` or ``wait``)."""
+    """Writes ``values`` (one array per key) of ``rows`` (distinct) to
+    the file, in the background (``load`` takes the rows from them
+    meanwhile; at most ``IN_FLIGHT`` at once; a failure, such as a full
+    disk, is raised by a later ``load`` or ``wait``)."""
     if rows.size == 0:
       return
-    order = np.argsort(rows)
-    rows = np.asarray(rows)[order]
-    values = [np.asarray(v)[order] for v in values]
-    with self.staging.lock:
+    rows = np.array(rows, np.int64)  # (copies: held until written)
+    values = [np.array(value, np.float32) for value in values]
+    with self.staging.lock:  # (a read ahead starting now skips them)
       done = _writer().submit(self.files.write, rows, values)
-      self._in_flight.append((rows, values, done))
-      self.staging.invalidate(rows)
+      self._in_flight.append((self.staging.writing(rows, values), done))
     self.writes += rows.size
     self._wait(self._in_flight[:-IN_FLIGHT])
 
@@ -359,8 +335,10 @@ class RowCache:
     raising the first failure."""
     kept = []
     for write_back in self._in_flight:
-      if any(write_back is other for other in these) or write_back[2].done():
-        write_back[2].result()
+      number, done = write_back
+      if any(write_back is other for other in these) or done.done():
+        done.result()  # (a failed one stays: its values are the latest)
+        self.staging.written(number)
       else:
         kept.append(write_back)
     self._in_flight = kept
