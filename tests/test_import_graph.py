@@ -43,6 +43,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   # names).
   # How rows are stored (RowStorage).
   ("keys", "optimizers", "replicas", "checkpointing", "row_storage"),
+  # A task of a parameter-server cluster, set up for tables.
+  ("servers",),
   # Table variables as checkpoint dependencies (read part by part).
   ("tracking",),
   ("checkpoints",),

@@ -55,8 +55,8 @@ from memory_workload import restore_checkpoint  # noqa: E402
 from memory_workload import save_checkpoint  # noqa: E402
 from memory_workload import vocabulary_bytes  # noqa: E402
 
-from tpu_embedding import allocator  # noqa: E402
 from tpu_embedding import export  # noqa: E402
+from tpu_embedding import servers  # noqa: E402
 
 
 def emit(event: str, **fields) -> None:
@@ -226,19 +226,8 @@ def run_ps(args: argparse.Namespace, workload: Workload) -> None:
 
 
 def run_server() -> None:
-  """A ``tf.distribute.Server`` for the task of ``TF_CONFIG``, forever,
-  set up as docs/large_tables.md asks of a parameter-server task
-  (``allocator.return_large_buffers()`` first)."""
-  allocator.return_large_buffers()
-  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-  server = tf.distribute.Server(
-    resolver.cluster_spec(),
-    job_name=resolver.task_type,
-    task_index=resolver.task_id,
-    protocol="grpc",
-    start=True,
-  )
-  server.join()
+  """The task of ``TF_CONFIG``, served forever (``tpe.servers.serve``)."""
+  servers.serve()
 
 
 def main() -> None:

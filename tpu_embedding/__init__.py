@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from tpu_embedding import checkpoints
 from tpu_embedding import errors
 from tpu_embedding import memory
+from tpu_embedding import servers
 from tpu_embedding.config import FeatureConfig
 from tpu_embedding.config import QuantizationConfig
 from tpu_embedding.config import TableConfig
@@ -64,6 +65,7 @@ __all__ = [
   "checkpoints",
   "errors",
   "memory",
+  "servers",
   "serving_embedding_lookup",
 ]
 

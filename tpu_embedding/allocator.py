@@ -15,9 +15,9 @@ tables are built (``backends/stacks.create_stacked_tables``, before the
 first table buffer is allocated), once per process, glibc only, unless
 the user set ``MALLOC_MMAP_THRESHOLD_`` (then glibc uses theirs) or
 ``TPU_EMBEDDING_MALLOC_TUNING=0`` (glibc's default dynamic threshold).
-A parameter-server task holds tables the coordinator builds, so nothing
-there applies it: such a task calls ``return_large_buffers()`` itself,
-before starting its ``tf.distribute.Server`` (Model Garden's do).
+A parameter-server task holds tables the coordinator builds, so no
+build applies it there: ``servers.serve`` does, before it starts the
+task's ``tf.distribute.Server``.
 
 Example:
   >>> from tpu_embedding import allocator

@@ -46,8 +46,8 @@ import tensorflow as tf
 from absl import logging
 
 from model_garden.ranking.configs import definitions
-from tpu_embedding import allocator
 from tpu_embedding import run_lock
+from tpu_embedding import servers
 
 
 def use_logical_cpus(num_devices: int) -> None:
@@ -271,19 +271,8 @@ def run_server_if_not_coordinator() -> bool:
   """
   kind, index = task_type()
   if kind in ("worker", "ps"):
-    # A parameter server holds rows the coordinator builds: no build in
-    # this process sets the allocator up for their buffers.
-    allocator.return_large_buffers()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
-      resolver.cluster_spec(),
-      job_name=kind,
-      task_index=index,
-      protocol=resolver.rpc_layer or "grpc",
-      start=True,
-    )
     logging.info("Serving as %s %d.", kind, index)
-    server.join()
+    servers.serve()  # (set up for the rows the coordinator builds here)
   return False
 
 

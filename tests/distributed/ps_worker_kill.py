@@ -1,7 +1,7 @@
 """A parameter-server job whose worker process is killed mid-training.
 
 ``python ps_worker_kill.py`` starts 1 parameter server and 2 workers as
-real processes (``tf.distribute.Server`` on 127.0.0.1, ``server`` mode of
+real processes (``tpe.servers.serve`` on 127.0.0.1, ``server`` mode of
 this script) and coordinates from this process: 40 steps are scheduled
 with ``ClusterCoordinator.schedule``, each with its step id
 (``apply_gradients(step_id=...)``). A test-only hook holds each worker's
@@ -41,14 +41,13 @@ def free_port() -> int:
 
 
 def serve(spec: str, job: str, index: int) -> None:
-  server = tf.distribute.Server(
-    tf.train.ClusterSpec(json.loads(spec)),
-    job_name=job,
-    task_index=index,
-    protocol="grpc",
-    start=True,
+  from tpu_embedding import servers  # noqa: PLC0415
+
+  servers.serve(
+    tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(json.loads(spec)), task_type=job, task_id=index
+    )
   )
-  server.join()
 
 
 def main() -> None:
