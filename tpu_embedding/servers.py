@@ -66,7 +66,7 @@ def serve(
     resolver.cluster_spec(),
     job_name=kind,
     task_index=resolver.task_id,
-    protocol=resolver.rpc_layer or "grpc",
+    protocol=getattr(resolver, "rpc_layer", None) or "grpc",
     start=True,
   )
   if join:

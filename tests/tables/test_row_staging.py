@@ -166,3 +166,28 @@ def test_a_row_read_again_as_its_read_ahead_leaves_is_kept(tmp_path):
   cache.prefetch(np.array([0, 50]))
   assert _load(cache, [0, 50]) == [[0, 50], [1000, 1050]]
   assert cache.staging.taken == 2
+
+
+def test_a_failed_write_back_keeps_failing_and_serving_its_rows(
+  tmp_path, monkeypatch
+):
+  """A write-back whose file write fails (after one that succeeded): every
+  later load raises the disk's error, not another, until the write is
+  given up; the rows of the write that succeeded come from the file."""
+  cache = _cache(tmp_path)
+  cache.stored(np.arange(ROWS))
+  write = cache.files.write
+
+  def full_for_row_2(rows, values):
+    if 2 in rows.tolist():
+      raise OSError(28, "No space left on device")
+    write(rows, values)
+
+  monkeypatch.setattr(cache.files, "write", full_for_row_2)
+  cache.write_back(np.array([1]), _values([1], 0.5))
+  cache.write_back(np.array([2]), _values([2], 0.5))
+  for _ in range(2):
+    with pytest.raises(OSError, match="No space left"):
+      cache.wait()
+  assert cache.staging.take(np.array([2]))[0].tolist() == [True]
+  assert cache.files.read(np.array([1]))[0][:, 0].tolist() == [1.5]

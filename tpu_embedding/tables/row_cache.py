@@ -333,15 +333,19 @@ class RowCache:
   def _wait(self, these: list[_WriteBack]) -> None:
     """Waits for the write-backs ``these``; forgets every finished one,
     raising the first failure."""
-    kept = []
-    for write_back in self._in_flight:
-      number, done = write_back
-      if any(write_back is other for other in these) or done.done():
-        done.result()  # (a failed one stays: its values are the latest)
-        self.staging.written(number)
-      else:
-        kept.append(write_back)
-    self._in_flight = kept
+    kept: list[_WriteBack] = []
+    remaining = list(self._in_flight)
+    try:
+      while remaining:
+        number, done = remaining[0]
+        if any(remaining[0] is other for other in these) or done.done():
+          done.result()  # (a failed one stays, and those after it)
+          self.staging.written(number)
+        else:
+          kept.append(remaining[0])
+        remaining.pop(0)
+    finally:
+      self._in_flight = kept + remaining
 
   # --- whole values -----------------------------------------------------------
 

@@ -103,6 +103,11 @@ class _Index:
 _Reading = concurrent.futures.Future[list[np.ndarray]]
 
 
+#: Source numbers wrap around (a code holds one in 31 bits); the few
+#: live at once are never reused.
+_NUMBERS = 2**30
+
+
 def _is_read(source: int) -> bool:
   """Whether source number ``source`` is a read ahead's."""
   return source % 2 == 1
@@ -233,5 +238,5 @@ class RowStaging:
     """A new source's number: odd for a read ahead, even for a
     write-back."""
     number = self._next + (self._next % 2 != odd)
-    self._next = number + 1
+    self._next = (number + 1) % _NUMBERS
     return number
