@@ -130,7 +130,7 @@ def read_runs(
 
 
 def _address(array: np.ndarray) -> int:
-  return int(array.ctypes.data)  # (an int: half the cost of a c_void_p)
+  return array.ctypes.data  # (an int: half the cost of a c_void_p)
 
 
 def _read_in_python(

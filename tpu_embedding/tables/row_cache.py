@@ -334,18 +334,18 @@ class RowCache:
     """Waits for the write-backs ``these``; forgets every finished one,
     raising the first failure."""
     kept: list[_WriteBack] = []
-    remaining = list(self._in_flight)
-    try:
-      while remaining:
-        number, done = remaining[0]
-        if any(remaining[0] is other for other in these) or done.done():
-          done.result()  # (a failed one stays, and those after it)
-          self.staging.written(number)
-        else:
-          kept.append(remaining[0])
-        remaining.pop(0)
-    finally:
-      self._in_flight = kept + remaining
+    for at, write_back in enumerate(self._in_flight):
+      number, done = write_back
+      if not (done.done() or any(write_back is other for other in these)):
+        kept.append(write_back)
+        continue
+      try:
+        done.result()
+      except BaseException:
+        self._in_flight = kept + self._in_flight[at:]  # (it, and those after)
+        raise
+      self.staging.written(number)
+    self._in_flight = kept
 
   # --- whole values -----------------------------------------------------------
 

@@ -10,7 +10,7 @@ i + 1 during batch i. Rows evicted from the cache are written back in
 the background; until their write is done, a step that admits them again
 takes their values from the write-back (the file may not hold them yet).
 
-One sorted index maps each such row to where its values are: a read
+One index maps each such row to where its values are: a read
 ahead (a ``SETS``-bounded ring of them) or a write-back in flight, a
 write-back being newer than any read ahead of the row. A staged value is
 only as good as the file it came from: each write of a row to the file
@@ -168,8 +168,7 @@ class RowStaging:
   def written(self, number: int) -> None:
     """The write-back ``number`` is in the file: forgets it."""
     with self.lock:
-      rows, _ = self._writes.pop(number)
-      self._index.drop(rows, lambda source: source == number)
+      self._forget(number)
 
   def held(self, rows: np.ndarray) -> np.ndarray:
     """Which of ``rows`` a read ahead (or being read) or a write-back in
@@ -229,9 +228,10 @@ class RowStaging:
     return found, values
 
   def _forget(self, number: int) -> None:
-    """Forgets the read ahead ``number`` (the entries of its rows that are
+    """Forgets the source ``number`` (the entries of its rows that are
     still its)."""
-    rows, _ = self._reads.pop(number)
+    sources = self._reads if _is_read(number) else self._writes
+    rows, _ = sources.pop(number)
     self._index.drop(rows, lambda source: source == number)
 
   def _number(self, odd: bool) -> int:
